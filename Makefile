@@ -1,0 +1,22 @@
+# Two entry points, each doing its own set-up on a fresh machine:
+#   make demo   - the training demo (examples/train_lm.py)
+#   make test   - the test suite (CPU tests always; GPU tests when a GPU is present)
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# On a machine with an NVIDIA driver, install the CUDA build of jax.
+REQS := $(if $(shell command -v nvidia-smi 2>/dev/null),requirements-gpu.txt,requirements-cpu.txt)
+
+.PHONY: demo test
+$(VENV)/.installed-$(REQS): pyproject.toml $(REQS)
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r $(REQS)
+	$(PY) -m pip install -q --no-deps -e .
+	touch $@
+
+demo: $(VENV)/.installed-$(REQS)
+	$(PY) examples/train_lm.py $(ARGS)
+
+test: $(VENV)/.installed-$(REQS)
+	$(PY) -m pytest -q tests $(ARGS)
