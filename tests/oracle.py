@@ -68,3 +68,91 @@ def bits(a):
         u[np.isnan(a.astype(np.float32))] = 0x7FC0
         return u
     raise TypeError(a.dtype)
+
+
+def _bf16_round(x):
+    """Round float64/float32 values to the nearest BF16 (ties to even), returned as float64."""
+    import ml_dtypes
+
+    return np.asarray(x, np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
+
+
+def _fq64(x, axis=-1, mask=None):
+    """NVFP4 fake quantization of float64 ``x``: rounded to FP32 first (the kernels' working precision)."""
+    return fq_oracle(np.asarray(x, np.float32), axis=axis, mask=mask).astype(np.float64)
+
+
+def _visible(tq, tk, is_causal):
+    rows = np.arange(tq)[:, None]
+    cols = np.arange(tk)[None, :]
+    return (cols <= rows) if is_causal else np.ones((tq, tk), bool)
+
+
+def attention_oracle(q, k, v, *, scale, is_causal, block_n, quantize_qkv=True, quantize_p=True):
+    """Float64 re-derivation of the SPEC section 3 forward: (O, O', lse) with O, O' float64.
+
+    q: [B, Tq, N, D]; k, v: [B, Tk, K, D]; walks KV tiles of ``block_n`` keys.
+    """
+    q, k, v = (np.asarray(t, np.float32) for t in (q, k, v))
+    if quantize_qkv:
+        q, k, v = (fq_oracle(t) for t in (q, k, v))
+    q, k, v = (t.astype(np.float64) for t in (q, k, v))
+    b, tq, n, d = q.shape
+    tk, kh = k.shape[1], k.shape[2]
+    k = np.repeat(k, n // kh, axis=2)
+    v = np.repeat(v, n // kh, axis=2)
+    s_all = scale * np.einsum("bqnd,bknd->bnqk", q, k)
+    vis = _visible(tq, tk, is_causal)
+    m = np.full((b, n, tq), -np.inf)
+    l = np.zeros((b, n, tq))
+    acc = np.zeros((b, n, tq, d))
+    acc_hp = np.zeros((b, n, tq, d))
+    with np.errstate(invalid="ignore"):
+        for start in range(0, tk, block_n):
+            sl = slice(start, min(start + block_n, tk))
+            valid = vis[:, sl]
+            s = np.where(valid, s_all[..., sl], -np.inf)
+            m_new = np.maximum(m, s.max(axis=-1))
+            m_safe = np.where(np.isinf(m_new), 0.0, m_new)
+            pt = np.where(valid, np.exp(s - m_safe[..., None]), 0.0)
+            pf = _fq64(pt, mask=np.broadcast_to(valid, pt.shape)) if quantize_p else _bf16_round(pt)
+            alpha = np.where(np.isinf(m), 0.0, np.exp(m - m_safe))
+            l = alpha * l + pt.sum(-1)
+            acc = alpha[..., None] * acc + np.einsum("bnqk,bknd->bnqd", pf, v[:, sl])
+            acc_hp = alpha[..., None] * acc_hp + np.einsum("bnqk,bknd->bnqd", _bf16_round(pt), v[:, sl])
+            m = m_new
+    empty = l == 0
+    inv = np.where(empty, 0.0, 1.0 / np.where(empty, 1.0, l))[..., None]
+    lse = np.where(empty, -np.inf, m + np.log(np.where(empty, 1.0, l)))
+    to_btnh = lambda x: (x * inv).transpose(0, 2, 1, 3)
+    return to_btnh(acc), to_btnh(acc_hp), lse
+
+
+def attention_grad_oracle(do, q, k, v, o_for_delta, lse, *, scale, is_causal, quantize_qkv=True,
+                          quantize_p_backward=True):
+    """Float64 re-derivation of the SPEC section 3 backward with materialized P: (dQ, dK, dV) float64."""
+    q, k, v = (np.asarray(t, np.float32) for t in (q, k, v))
+    if quantize_qkv:
+        q, k, v = (fq_oracle(t) for t in (q, k, v))
+    q, k, v = (t.astype(np.float64) for t in (q, k, v))
+    do = np.asarray(do, np.float32).astype(np.float64)
+    o = np.asarray(o_for_delta, np.float32).astype(np.float64)
+    lse = np.asarray(lse, np.float64)
+    b, tq, n, d = q.shape
+    tk, kh = k.shape[1], k.shape[2]
+    g = n // kh
+    kr = np.repeat(k, g, axis=2)
+    vr = np.repeat(v, g, axis=2)
+    vis = _visible(tq, tk, is_causal)
+    s = scale * np.einsum("bqnd,bknd->bnqk", q, kr)
+    with np.errstate(invalid="ignore"):
+        p = np.where(vis & np.isfinite(lse)[..., None], np.exp(s - np.where(np.isfinite(lse), lse, 0)[..., None]), 0.0)
+    delta = np.einsum("bqnd,bqnd->bnq", o, do)[..., None]
+    dp = np.einsum("bqnd,bknd->bnqk", do, vr)
+    ds = _bf16_round(p * (dp - delta))
+    dq = scale * np.einsum("bnqk,bknd->bqnd", ds, kr)
+    dk = scale * np.einsum("bnqk,bqnd->bknd", ds, q)
+    pq = _fq64(p, mask=np.broadcast_to(vis, p.shape)) if quantize_p_backward else _bf16_round(p)
+    dv = np.einsum("bnqk,bqnd->bknd", pq, do)
+    fold = lambda x: x.reshape(b, tk, kh, g, d).sum(axis=3)
+    return dq, fold(dk), fold(dv)
