@@ -3,11 +3,13 @@
 Public API:
   attention, attention_forward, attention_backward, QATConfig  - QAT attention (SPEC section 3)
   nvfp4.fake_quantize / quantize / dequantize                   - NVFP4 quantizer (SPEC section 2)
+  rope_qdq                                                      - tail RoPE + microscaled QDQ (SPEC section 4)
 """
 
 from jqat import nvfp4
 from jqat._src.attention import DEFAULT_BLOCK_N, attention, attention_backward, attention_forward
 from jqat._src.attention_reference import QATConfig
+from jqat._src.rope_qdq import rope_qdq
 
-__all__ = ["DEFAULT_BLOCK_N", "QATConfig", "attention", "attention_backward", "attention_forward", "nvfp4"]
+__all__ = ["DEFAULT_BLOCK_N", "QATConfig", "attention", "attention_backward", "attention_forward", "nvfp4", "rope_qdq"]
 __version__ = "0.1.0"

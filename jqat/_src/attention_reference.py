@@ -28,7 +28,9 @@ class QATConfig(NamedTuple):
 
 
 def _bf16(x):
-  return x.astype(jnp.bfloat16).astype(jnp.float32)
+  # Round FP32 to the nearest BF16 value, kept in FP32. Not a convert pair: under jit,
+  # XLA's excess-precision rule may drop f32->bf16->f32 converts; reduce_precision stays.
+  return lax.reduce_precision(x, exponent_bits=8, mantissa_bits=7)
 
 
 def _inputs(q, k, v, cfg):
@@ -88,6 +90,10 @@ def forward(q, k, v, *, scale, is_causal, block_n, cfg: QATConfig):
   lse = jnp.where(empty, -jnp.inf, m + jnp.log(jnp.where(empty, 1.0, l)))
 
   def to_btnh(x):
+    # Rounded explicitly: under jit a consumer of O' (the backward's delta) could
+    # otherwise read the FP32 value through an elided convert.
+    fi = jnp.finfo(q.dtype)
+    x = lax.reduce_precision(x, exponent_bits=fi.nexp, mantissa_bits=fi.nmant)
     return x.transpose(0, 3, 1, 2, 4).reshape(b, tq, n, d).astype(q.dtype)
 
   return to_btnh(acc * inv), to_btnh(acc_hp * inv), lse.reshape(b, n, tq)

@@ -1,0 +1,203 @@
+"""The pure-JAX QAT attention (the "xla" implementation) against a float64 NumPy re-derivation of SPEC section 3."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jqat
+from conftest import assert_close
+from oracle import attention_grad_oracle, attention_oracle
+
+# Bounds. Outputs and gradients are stored in BF16, whose round-to-nearest
+# relative error is at most 2**-9 per element, so the Frobenius-relative error
+# of a correctly computed BF16 result is at most 2**-9 ~ 2.0e-3. The gradients
+# also round dS to BF16 before the matmuls (as the spec does, and the oracle
+# too, from float64 values), and an FP32 probability can fall on the other side
+# of an E2M1 boundary than its float64 twin. 2 * 2**-9 covers both; the
+# measured errors sit well under it. lse is FP32 end to end: 1e-5.
+OUT_BOUND = 2 * 2.0**-9
+LSE_BOUND = 1e-5
+
+SHAPES = [  # (B, Tq, Tk, N, K, D)
+    (1, 1, 1, 1, 1, 64),
+    (2, 17, 17, 4, 2, 64),
+    (1, 40, 23, 4, 1, 32),
+    (1, 23, 70, 2, 2, 128),
+    (1, 64, 64, 8, 8, 16),
+]
+# Attn-QAT, plain BF16, and each switch off alone (the paper's ablations).
+SWITCHES = [(True,) * 4, (False,) * 4] + [tuple(j != i for j in range(4)) for i in range(4)]
+
+
+def _inputs(shape, seed, dtype=jnp.bfloat16):
+  b, tq, tk, n, kh, d = shape
+  ks = jax.random.split(jax.random.key(seed), 4)
+  q = jax.random.normal(ks[0], (b, tq, n, d), jnp.float32).astype(dtype)
+  k = jax.random.normal(ks[1], (b, tk, kh, d), jnp.float32).astype(dtype)
+  v = jax.random.normal(ks[2], (b, tk, kh, d), jnp.float32).astype(dtype)
+  do = jax.random.normal(ks[3], (b, tq, n, d), jnp.float32).astype(dtype)
+  return q, k, v, do
+
+
+def _switches(cfg):
+  return dict(zip(["quantize_qkv", "quantize_p", "high_precision_delta", "quantize_p_backward"], cfg))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("block_n", [16, 64])
+def test_forward_matches_float64(shape, is_causal, block_n):
+  q, k, v, _ = _inputs(shape, seed=sum(shape) + block_n)
+  scale = 1 / math.sqrt(shape[-1])
+  out, out_hp, lse = jax.jit(jqat.attention_forward, static_argnames=("is_causal", "implementation", "block_n"))(
+      q, k, v, is_causal=is_causal, implementation="xla", block_n=block_n)
+  ref_o, ref_ohp, ref_lse = attention_oracle(q, k, v, scale=scale, is_causal=is_causal, block_n=block_n)
+  assert out.dtype == q.dtype and lse.dtype == jnp.float32 and lse.shape == (shape[0], shape[3], shape[1])
+  assert_close(out, ref_o, rel=OUT_BOUND, name="O")
+  assert_close(out_hp, ref_ohp, rel=OUT_BOUND, name="O'")
+  assert_close(lse, ref_lse, rel=LSE_BOUND, name="lse")
+
+
+@pytest.mark.parametrize("cfg", SWITCHES, ids=lambda c: "".join("1" if s else "0" for s in c))
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_switches_forward_and_backward(cfg, is_causal):
+  shape = (1, 33, 48, 4, 2, 32)
+  sw = _switches(cfg)
+  q, k, v, do = _inputs(shape, seed=3)
+  scale = 0.3
+  config = jqat.QATConfig(*cfg)
+  out, out_hp, lse = jqat.attention_forward(q, k, v, scale=scale, is_causal=is_causal, implementation="xla",
+                                            block_n=16, config=config)
+  ref_o, ref_ohp, ref_lse = attention_oracle(q, k, v, scale=scale, is_causal=is_causal, block_n=16,
+                                             quantize_qkv=sw["quantize_qkv"], quantize_p=sw["quantize_p"])
+  assert_close(out, ref_o, rel=OUT_BOUND, name="O")
+  assert_close(out_hp, ref_ohp, rel=OUT_BOUND, name="O'")
+  assert_close(lse, ref_lse, rel=LSE_BOUND, name="lse")
+
+  # jax.grad through the custom VJP == float64 backward fed with the residual the switch selects.
+  loss = lambda q, k, v: jnp.sum(jqat.attention(q, k, v, scale=scale, is_causal=is_causal, implementation="xla",
+                                                block_n=16, **sw).astype(jnp.float32) * do.astype(jnp.float32))
+  dq, dk, dv = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+  o_delta = out_hp if sw["high_precision_delta"] else out
+  rdq, rdk, rdv = attention_grad_oracle(do, q, k, v, o_delta, lse, scale=scale, is_causal=is_causal,
+                                        quantize_qkv=sw["quantize_qkv"],
+                                        quantize_p_backward=sw["quantize_p_backward"])
+  assert_close(dq, rdq, rel=OUT_BOUND, name="dQ")
+  assert_close(dk, rdk, rel=OUT_BOUND, name="dK")
+  assert_close(dv, rdv, rel=OUT_BOUND, name="dV")
+
+
+@pytest.mark.parametrize("shape", SHAPES[1:4])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_explicit_backward_matches_float64(shape, is_causal):
+  q, k, v, do = _inputs(shape, seed=11)
+  scale = 1 / math.sqrt(shape[-1])
+  _, out_hp, lse = jqat.attention_forward(q, k, v, is_causal=is_causal, implementation="xla")
+  dq, dk, dv = jqat.attention_backward(do, q, k, v, out_hp, lse, is_causal=is_causal, implementation="xla")
+  rdq, rdk, rdv = attention_grad_oracle(do, q, k, v, out_hp, lse, scale=scale, is_causal=is_causal)
+  assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
+  assert_close(dq, rdq, rel=OUT_BOUND, name="dQ")
+  assert_close(dk, rdk, rel=OUT_BOUND, name="dK")
+  assert_close(dv, rdv, rel=OUT_BOUND, name="dV")
+
+
+def test_dv_uses_quantized_p_and_delta_uses_o_prime():
+  """The switches change exactly the term they name, and by far more than the test bound."""
+  shape = (1, 32, 32, 2, 2, 64)
+  q, k, v, do = _inputs(shape, seed=5)
+  q = q * 3  # sharper softmax: P far from uniform, so fq(P) differs clearly from P
+  grads = {}
+  for name, sw in {"qat": {}, "no_pq": {"quantize_p_backward": False}, "no_oprime": {"high_precision_delta": False}}.items():
+    loss = lambda q, k, v: jnp.sum(jqat.attention(q, k, v, implementation="xla", is_causal=True, **sw).astype(
+        jnp.float32) * do.astype(jnp.float32))
+    grads[name] = jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+  rel = lambda a, b: float(jnp.linalg.norm((a - b).astype(jnp.float32)) / jnp.linalg.norm(b.astype(jnp.float32)))
+  # quantize_p_backward only moves dV.
+  assert rel(grads["no_pq"][2], grads["qat"][2]) > 10 * OUT_BOUND
+  assert rel(grads["no_pq"][0], grads["qat"][0]) == 0 and rel(grads["no_pq"][1], grads["qat"][1]) == 0
+  # delta from O instead of O' moves dQ and dK but not dV.
+  assert rel(grads["no_oprime"][0], grads["qat"][0]) > 10 * OUT_BOUND
+  assert rel(grads["no_oprime"][2], grads["qat"][2]) == 0
+  # And the QAT gradient matches the oracle only when it is fed O' (not O).
+  out, out_hp, lse = jqat.attention_forward(q, k, v, is_causal=True, implementation="xla")
+  _, _, rdv = attention_grad_oracle(do, q, k, v, out_hp, lse, scale=1 / 8, is_causal=True)
+  _, _, rdv_plain = attention_grad_oracle(do, q, k, v, out_hp, lse, scale=1 / 8, is_causal=True,
+                                          quantize_p_backward=False)
+  assert_close(grads["qat"][2], rdv, rel=OUT_BOUND, name="dV")
+  assert rel(jnp.asarray(rdv_plain), jnp.asarray(rdv)) > 10 * OUT_BOUND
+  rdq_o, _, _ = attention_grad_oracle(do, q, k, v, out, lse, scale=1 / 8, is_causal=True)
+  assert_close(grads["no_oprime"][0], rdq_o, rel=OUT_BOUND, name="dQ from O")
+
+
+def test_all_switches_off_is_plain_attention():
+  q, k, v, _ = _inputs((2, 30, 30, 4, 2, 64), seed=7)
+  off = dict(quantize_qkv=False, quantize_p=False, high_precision_delta=False, quantize_p_backward=False)
+  out = jqat.attention(q, k, v, is_causal=True, implementation="xla", **off)
+  up = lambda t: jnp.repeat(t, 2, axis=2).astype(jnp.float32)
+  ref = jax.nn.dot_product_attention(q.astype(jnp.float32), up(k), up(v), is_causal=True)
+  assert_close(out, ref, rel=OUT_BOUND, name="O")
+
+
+def test_rows_without_visible_keys():
+  """Causal cross-attention with Tq > Tk leaves no row empty, but Tk = 0 tiles do not exist; a
+  row sees nothing only through the mask, e.g. query 0 of a causal op sees key 0 only."""
+  q, k, v, _ = _inputs((1, 5, 3, 1, 1, 16), seed=1)
+  out, out_hp, lse = jqat.attention_forward(q, k, v, is_causal=True, implementation="xla")
+  assert np.isfinite(np.asarray(lse)).all() and np.isfinite(np.asarray(out, np.float32)).all()
+
+
+def test_transforms_jit_vmap_checkpoint_grad():
+  q, k, v, do = _inputs((2, 20, 20, 4, 2, 32), seed=9)
+  f = lambda q, k, v: jqat.attention(q, k, v, is_causal=True, implementation="xla")
+  loss = lambda q, k, v: jnp.sum(f(q, k, v).astype(jnp.float32) * do.astype(jnp.float32))
+  # Eager and jit agree to FP32 reduction-order noise (1e-5), far under the 2e-3 a BF16
+  # rounding skipped by XLA's excess-precision rewrites under jit would cause; every
+  # spec rounding is explicit (reduce_precision). jit and jit+remat agree bitwise.
+  g_plain = jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+  g_jit = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+  g_remat = jax.jit(jax.grad(jax.checkpoint(loss), argnums=(0, 1, 2)))(q, k, v)
+  for a, b, c in zip(g_plain, g_jit, g_remat):
+    assert_close(a, b, rel=1e-5, name="eager vs jit grad")
+    np.testing.assert_array_equal(np.asarray(b, np.float32), np.asarray(c, np.float32))
+  # vmap over a leading axis equals the batched call.
+  batched = jax.vmap(f)(q[:, None], k[:, None], v[:, None])[:, 0]
+  np.testing.assert_array_equal(np.asarray(batched, np.float32), np.asarray(f(q, k, v), np.float32))
+  g_vmap = jax.jit(jax.vmap(jax.grad(lambda q, k, v, do: jnp.sum(f(q[None], k[None], v[None])[0].astype(jnp.float32)
+                                                         * do.astype(jnp.float32)), argnums=0)))(q, k, v, do)
+  np.testing.assert_array_equal(np.asarray(g_vmap, np.float32), np.asarray(g_jit[0], np.float32))
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, match",
+    [
+        (((1, 4, 2, 64), (1, 4, 2, 64), (1, 4, 2, 64)), {}, None),
+        (((4, 2, 64), (1, 4, 2, 64), (1, 4, 2, 64)), {}, "query must have rank 4"),
+        (((1, 4, 2, 60), (1, 4, 2, 60), (1, 4, 2, 60)), {}, "multiple of 16"),
+        (((1, 4, 3, 64), (1, 4, 2, 64), (1, 4, 2, 64)), {}, r"query heads \(3\) must be a multiple"),
+        (((1, 4, 2, 64), (1, 5, 2, 64), (1, 4, 2, 64)), {}, "value must have the shape of key"),
+        (((1, 4, 2, 64), (2, 4, 2, 64), (2, 4, 2, 64)), {}, "key batch"),
+        (((1, 4, 2, 64), (1, 4, 2, 32), (1, 4, 2, 32)), {}, "key head dim"),
+        (((1, 4, 2, 64), (1, 4, 2, 64), (1, 4, 2, 64)), {"block_n": 24}, "block_n"),
+        (((1, 4, 2, 64), (1, 4, 2, 64), (1, 4, 2, 64)), {"implementation": "cuda"}, "implementation must be"),
+    ],
+)
+def test_validation_names_the_argument(args, kwargs, match):
+  q, k, v = (jnp.zeros(s, jnp.bfloat16) for s in args)
+  if match is None:
+    assert jqat.attention(q, k, v, implementation="xla").shape == q.shape
+    return
+  with pytest.raises((ValueError, TypeError), match=match):
+    jqat.attention(q, k, v, **kwargs)
+
+
+def test_dtype_validation_and_triton_request_without_gpu():
+  q = jnp.zeros((1, 4, 2, 64), jnp.int8)
+  with pytest.raises(TypeError, match="query must be bfloat16"):
+    jqat.attention(q, q, q)
+  x = jnp.zeros((1, 4, 2, 64), jnp.bfloat16)
+  if jax.default_backend() == "cpu":
+    with pytest.raises(RuntimeError, match="implementation='triton' cannot run here"):
+      jqat.attention(x, x, x, implementation="triton")
