@@ -1,0 +1,88 @@
+"""Public tail RoPE + microscaled QDQ (SPEC section 4): validation and implementation dispatch."""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+
+from jqat._src import dispatch
+from jqat._src import rope_qdq_reference as reference
+
+_CHOICES = ", ".join(f"(quantization={q!r}, group_size={g}, scale_format={s!r})" for q, g, s in reference.MODES)
+
+
+def _mode(quantization, group_size, scale_format) -> reference.Mode:
+  if quantization not in ("fp4", "fp8"):
+    raise ValueError(f"quantization must be 'fp4' or 'fp8', got {quantization!r}")
+  if scale_format not in ("ue8m0", "e4m3"):
+    raise ValueError(f"scale_format must be 'ue8m0' or 'e4m3', got {scale_format!r}")
+  if isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer)) or group_size not in (16, 32):
+    raise ValueError(f"group_size must be 16 or 32, got {group_size!r}")
+  key = (quantization, int(group_size), scale_format)
+  if key not in reference.MODES:
+    raise ValueError(f"quantization, group_size and scale_format must be one of {_CHOICES}; "
+                     f"got (quantization={quantization!r}, group_size={group_size}, scale_format={scale_format!r})")
+  return reference.MODES[key]
+
+
+def _check(x, cache, positions, mode: reference.Mode, implementation):
+  """Validates everything static (SPEC section 6); raises naming the argument, expected and given."""
+  for name, a in (("x", x), ("cache", cache), ("positions", positions)):
+    if not hasattr(a, "shape") or not hasattr(a, "dtype"):
+      raise TypeError(f"{name} must be an array, got {type(a).__name__}")
+  if x.dtype != jnp.bfloat16:
+    raise TypeError(f"x must be bfloat16, got {x.dtype}")
+  if mode.per_token:
+    if x.ndim != 3 or x.shape[-1] != mode.width:
+      raise ValueError(f"x must have shape [N, H, {mode.width}] for quantization='fp4', group_size=32, "
+                       f"scale_format='ue8m0', got {tuple(x.shape)}")
+    count, pos_shapes = x.shape[0], [(x.shape[0],)]
+  else:
+    if x.ndim < 2 or x.shape[-1] != mode.width:
+      raise ValueError(f"x must have shape [..., {mode.width}] with rank >= 2 for this mode, got {tuple(x.shape)}")
+    count = math.prod(x.shape[:-1])
+    pos_shapes = [tuple(x.shape[:-1]), (count,)]
+  if cache.dtype != jnp.float32:
+    raise TypeError(f"cache must be float32, got {cache.dtype}")
+  if cache.ndim != 2 or cache.shape[1] != reference.ROPE_CHANNELS or cache.shape[0] < 1:
+    raise ValueError(f"cache must have shape [P, 64] with P >= 1 (32 cosines then 32 sines), got {tuple(cache.shape)}")
+  if positions.dtype not in (jnp.int32, jnp.int64):
+    raise TypeError(f"positions must be int32 or int64, got {positions.dtype}")
+  if tuple(positions.shape) not in pos_shapes:
+    per = "token (x.shape[0])" if mode.per_token else "row (prod(x.shape[:-1]))"
+    raise ValueError(f"positions must hold one id per {per}: shape "
+                     f"{' or '.join(str(s) for s in dict.fromkeys(pos_shapes))}, got {tuple(positions.shape)}")
+  dispatch.check_implementation(implementation)
+
+
+def rope_qdq(x, cache, positions, *, quantization="fp4", group_size=32, scale_format="ue8m0", implementation=None):
+  """Tail RoPE on the last 64 channels, then microscaled quantize/dequantize of every channel.
+
+  x: [N, H, 128] bf16 for (fp4, 32, ue8m0); [..., 512] bf16 (rank >= 2) for
+    (fp8, 32, ue8m0) and (fp4, 16, e4m3).
+  cache: [P, 64] float32, 32 cosines then 32 sines per position.
+  positions: int32/int64; [N] (one per token, shared by its H heads) for the
+    [N, H, 128] mode, else x.shape[:-1] or flat [prod(x.shape[:-1])] (one per row).
+    Ids must lie in [0, P); out-of-range ids are clamped (never read out of bounds).
+  implementation: None (Triton on a supported GPU, else XLA), "triton" or "xla".
+
+  Returns a new bf16 array shaped like x. Functional; under
+  ``jax.jit(..., donate_argnums=0)`` the Triton path writes into x's buffer.
+  Inputs are assumed finite (as in the vendor contract).
+  """
+  mode = _mode(quantization, group_size, scale_format)
+  _check(x, cache, positions, mode, implementation)
+  x, cache, positions = jnp.asarray(x), jnp.asarray(cache), jnp.asarray(positions)
+  impl = dispatch.resolve(implementation, x)
+  if x.size == 0:
+    return x
+  heads = x.shape[1] if mode.per_token else 1
+  if impl == "triton":
+    from ffi import rope_qdq as ffi_rope_qdq  # GPU only: jax-triton needs CUDA to import
+    return ffi_rope_qdq.rope_qdq(x, cache, positions.reshape(-1), heads=heads, width=mode.width, group=mode.group,
+                                 fp8=mode.fp8, e4m3_scale=mode.e4m3_scale, amax_floor=mode.floor)
+  row_positions = jnp.repeat(positions.reshape(-1), heads)
+  out = reference.rope_qdq(x.reshape(-1, mode.width), cache, row_positions, mode)
+  return out.reshape(x.shape)
