@@ -1,0 +1,229 @@
+"""NVFP4 QAT attention backward (SPEC section 3) as Triton kernels, deterministic (no atomics).
+
+Given fq(Q), fq(K), fq(V) (written once by ``fake_quantize_kernel``), dO, lse
+and ``delta = rowsum(O_for_delta * dO)`` (``attention_bwd_delta_kernel``):
+
+    P  = exp(scale * Qh @ Kh^T - lse)      0 where masked or lse = -inf
+    dS = P * (dO @ Vh^T - delta)
+    dQ = scale * bf16(dS) @ Kh                                   (dQ kernel)
+    dK = scale * bf16(dS)^T @ Qh,  dV = fq(P)^T @ dO             (dK/dV kernel)
+
+The dK/dV program of one KV head loops over the query heads that share it
+(GQA), so dK and dV are reduced in a fixed order inside one program. It holds
+P transposed, ``[keys, queries]``: fq(P) runs along keys, i.e. along axis 0 of
+that tile, in blocks of 16 at absolute key indices (key tiles start at
+multiples of BLOCK_N, a multiple of 16).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from kernels_triton.attention_fwd import bf16_dot, cast_out, qk_dot
+from kernels_triton.nvfp4 import fq_probs_t
+
+# Per head dim: (dQ BLOCK_M, dQ BLOCK_N, dK/dV BLOCK_N, dK/dV BLOCK_M, num_warps, num_stages).
+# The dQ program keeps a tall Q/dO tile and streams thin K/V tiles; the dK/dV
+# program the reverse. D = 256 halves the resident tiles for shared memory; at D = 128
+# a 64-key dK/dV tile spills fewer registers on sm_90 than 128 keys (ptxas -v).
+_CONFIGS = {64: (128, 32, 128, 32, 4, 3), 128: (128, 32, 64, 32, 8, 2), 256: (64, 32, 64, 32, 8, 2)}
+
+
+def launch_config(head_dim: int) -> dict:
+  """Block sizes and launch parameters of the dQ and dK/dV kernels for head dim ``head_dim``."""
+  key = min((d for d in _CONFIGS if d >= head_dim), default=256)
+  dq_m, dq_n, kv_n, kv_m, warps, stages = _CONFIGS[key]
+  return {"DQ_BLOCK_M": dq_m, "DQ_BLOCK_N": dq_n, "KV_BLOCK_N": kv_n, "KV_BLOCK_M": kv_m, "num_warps": warps,
+          "num_stages": stages}
+
+
+@triton.jit
+def attention_bwd_delta_kernel(o_ptr, do_ptr, tq, n_heads, stride_ob, stride_ot, stride_on, stride_db, stride_dt,
+                               stride_dn, delta_ptr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+  """``delta[b, n, i] = sum_d O[b, i, n, d] * dO[b, i, n, d]`` in FP32; delta: [B, N, Tq] contiguous.
+
+  Grid: (cdiv(Tq, BLOCK_M), B * N).
+  """
+  pid_bh = tl.program_id(1)
+  b = pid_bh // n_heads
+  h = pid_bh % n_heads
+  offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+  offs_d = tl.arange(0, HEAD_DIM)
+  row_ok = offs_m < tq
+  rows = offs_m.to(tl.int64)[:, None]
+  o = tl.load(o_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_on + rows * stride_ot + offs_d[None, :],
+              mask=row_ok[:, None], other=0.0).to(tl.float32)
+  do = tl.load(do_ptr + b.to(tl.int64) * stride_db + h.to(tl.int64) * stride_dn + rows * stride_dt + offs_d[None, :],
+               mask=row_ok[:, None], other=0.0).to(tl.float32)
+  tl.store(delta_ptr + pid_bh.to(tl.int64) * tq + offs_m, tl.sum(o * do, axis=1), mask=row_ok)
+
+
+@triton.jit
+def _dq_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, offs_d, tk, stride_kt, stride_vt,
+             qk_scale, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr,
+             SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr):
+  kn = start_n + offs_n
+  k_ptrs = k_base + tl.cast(start_n, tl.int64) * stride_kt + offs_n[:, None] * stride_kt + offs_d[None, :]
+  v_ptrs = v_base + tl.cast(start_n, tl.int64) * stride_vt + offs_n[:, None] * stride_vt + offs_d[None, :]
+  if MASKED:
+    k = tl.load(k_ptrs, mask=kn[:, None] < tk, other=0.0)
+    v = tl.load(v_ptrs, mask=kn[:, None] < tk, other=0.0)
+  else:
+    k = tl.load(k_ptrs)
+    v = tl.load(v_ptrs)
+  p = tl.math.exp2(qk_dot(q, k, QK_F32, DOT_PREC) * qk_scale - lse2[:, None])
+  if MASKED:
+    valid = kn[None, :] < tk
+    if IS_CAUSAL:
+      valid = valid & (kn[None, :] <= offs_m[:, None])
+    p = tl.where(valid, p, 0.0)
+  dp = qk_dot(do, v, QK_F32, DOT_PREC)
+  ds = p * (dp - delta[:, None])
+  return dq + bf16_dot(ds, k, DOT_BF16, DOT_PREC, SOFT_BF16)
+
+
+@triton.jit
+def attention_bwd_dq_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, scale, tq, tk, n_heads, group,
+    stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
+    stride_db, stride_dt, stride_dn,
+    dq_ptr,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
+    QK_F32: tl.constexpr, DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr):
+  """dQ for query rows [pid0 * BLOCK_M, +BLOCK_M) of head pid1 % N, batch pid1 // N.
+
+  q: fq(Q) [B, Tq, N, D] (strides stride_q*, shared by dq); k, v: fq(K), fq(V)
+  [B, Tk, K, D]; do: [B, Tq, N, D] (strides stride_d*); lse, delta: [B, N, Tq]
+  fp32 contiguous. Grid: (cdiv(Tq, BLOCK_M), B * N).
+  """
+  pid_bh = tl.program_id(1)
+  b = pid_bh // n_heads
+  h = pid_bh % n_heads
+  kvh = h // group
+  start_m = tl.program_id(0) * BLOCK_M
+  offs_m = start_m + tl.arange(0, BLOCK_M)
+  offs_n = tl.arange(0, BLOCK_N)
+  offs_d = tl.arange(0, HEAD_DIM)
+  row_ok = offs_m < tq
+  rows = offs_m.to(tl.int64)[:, None]
+  q_off = b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qn + rows * stride_qt + offs_d[None, :]
+  q = tl.load(q_ptr + q_off, mask=row_ok[:, None], other=0.0)
+  do = tl.load(do_ptr + b.to(tl.int64) * stride_db + h.to(tl.int64) * stride_dn + rows * stride_dt + offs_d[None, :],
+               mask=row_ok[:, None], other=0.0)
+  lse = tl.load(lse_ptr + pid_bh.to(tl.int64) * tq + offs_m, mask=row_ok, other=float("-inf"))
+  delta = tl.load(delta_ptr + pid_bh.to(tl.int64) * tq + offs_m, mask=row_ok, other=0.0)
+  # In log2 units; +inf for a row without visible keys (or a padding row) makes its P exactly 0.
+  lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+  qk_scale = scale * 1.4426950408889634
+  k_base = k_ptr + b.to(tl.int64) * stride_kb + kvh.to(tl.int64) * stride_kn
+  v_base = v_ptr + b.to(tl.int64) * stride_vb + kvh.to(tl.int64) * stride_vn
+
+  dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+  # Same tiling as the forward: [0, full_end) unmasked, [full_end, end) masked.
+  end = tk
+  if IS_CAUSAL:
+    end = tl.minimum(tk, start_m + BLOCK_M)
+  full_end = (tk // BLOCK_N) * BLOCK_N
+  if IS_CAUSAL:
+    full_end = tl.minimum(full_end, (start_m // BLOCK_N) * BLOCK_N)
+  full_end = tl.minimum(full_end, end)
+  for start_n in range(0, full_end, BLOCK_N):
+    dq = _dq_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, offs_d, tk, stride_kt, stride_vt,
+                  qk_scale, False, IS_CAUSAL, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC)
+  for start_n in range(full_end, end, BLOCK_N):
+    dq = _dq_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, offs_d, tk, stride_kt, stride_vt,
+                  qk_scale, True, IS_CAUSAL, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC)
+  tl.store(dq_ptr + q_off, cast_out(dq * scale, dq_ptr, SOFT_BF16), mask=row_ok[:, None])
+
+
+@triton.jit
+def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, kn, offs_m, offs_d, tq, tk,
+               stride_qt, stride_dt, qk_scale, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
+               QUANTIZE_P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QK_F32: tl.constexpr,
+               DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr,
+               HW_E2M1: tl.constexpr):
+  """One query tile's contribution to dK, dV of the key tile ``kn``; P held as [keys, queries]."""
+  qm = start_m + offs_m
+  row_ok = qm < tq
+  rows = qm.to(tl.int64)[:, None]
+  q = tl.load(q_base + rows * stride_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+  do = tl.load(do_base + rows * stride_dt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+  lse = tl.load(lse_base + qm, mask=row_ok, other=float("-inf"))
+  delta = tl.load(delta_base + qm, mask=row_ok, other=0.0)
+  lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)  # P = 0 for such rows
+  p_t = tl.math.exp2(qk_dot(k, q, QK_F32, DOT_PREC) * qk_scale - lse2[None, :])  # [BLOCK_N, BLOCK_M]
+  if MASKED:
+    # Masked keys must be exactly +0 before fq(P): they share blocks of 16 with valid keys.
+    valid = kn[:, None] < tk
+    if IS_CAUSAL:
+      valid = valid & (kn[:, None] <= qm[None, :])
+    p_t = tl.where(valid, p_t, 0.0)
+  dp_t = qk_dot(v, do, QK_F32, DOT_PREC)
+  ds_t = p_t * (dp_t - delta[None, :])
+  dk += bf16_dot(ds_t, q, DOT_BF16, DOT_PREC, SOFT_BF16)
+  if QUANTIZE_P:
+    p_t = fq_probs_t(p_t, BLOCK_N, BLOCK_M, HW_E4M3, HW_E2M1)  # blocks of 16 along keys (axis 0)
+  dv += bf16_dot(p_t, do, DOT_BF16, DOT_PREC, SOFT_BF16)
+  return dk, dv
+
+
+@triton.jit
+def attention_bwd_dkdv_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, scale, tq, tk, n_heads, group,
+    stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
+    stride_db, stride_dt, stride_dn,
+    dk_ptr, dv_ptr,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
+    QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr,
+    DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr):
+  """dK, dV for keys [pid0 * BLOCK_N, +BLOCK_N) of KV head pid1 % K, batch pid1 // K.
+
+  Arrays as in ``attention_bwd_dq_kernel``; dk, dv: [B, Tk, K, D] with the
+  strides of k and v. Grid: (cdiv(Tk, BLOCK_N), B * K). BLOCK_N % 16 == 0.
+  """
+  n_kv = n_heads // group
+  pid_bk = tl.program_id(1)
+  b = pid_bk // n_kv
+  kvh = pid_bk % n_kv
+  start_n = tl.program_id(0) * BLOCK_N
+  kn = start_n + tl.arange(0, BLOCK_N)
+  offs_m = tl.arange(0, BLOCK_M)
+  offs_d = tl.arange(0, HEAD_DIM)
+  key_ok = kn < tk
+  keys = kn.to(tl.int64)[:, None]
+  k_off = b.to(tl.int64) * stride_kb + kvh.to(tl.int64) * stride_kn + keys * stride_kt + offs_d[None, :]
+  v_off = b.to(tl.int64) * stride_vb + kvh.to(tl.int64) * stride_vn + keys * stride_vt + offs_d[None, :]
+  k = tl.load(k_ptr + k_off, mask=key_ok[:, None], other=0.0)
+  v = tl.load(v_ptr + v_off, mask=key_ok[:, None], other=0.0)
+  qk_scale = scale * 1.4426950408889634
+
+  # Query tiles [lo, mask_end) need the elementwise mask (causal diagonal, or
+  # every tile when this key tile is ragged); [mask_end, Tq) do not.
+  lo = 0
+  mask_end = 0
+  if IS_CAUSAL:
+    lo = (start_n // BLOCK_M) * BLOCK_M  # earlier query rows see none of these keys
+    mask_end = tl.cdiv(start_n + BLOCK_N - 1, BLOCK_M) * BLOCK_M
+  mask_end = tl.where(start_n + BLOCK_N > tk, tq, mask_end)
+  mask_end = tl.minimum(tl.maximum(mask_end, lo), tq)
+
+  dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+  dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+  for g in range(group):  # the query heads of this KV head, in a fixed order: deterministic
+    h = kvh * group + g
+    bh = b * n_heads + h
+    q_base = q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qn
+    do_base = do_ptr + b.to(tl.int64) * stride_db + h.to(tl.int64) * stride_dn
+    lse_base = lse_ptr + bh.to(tl.int64) * tq
+    delta_base = delta_ptr + bh.to(tl.int64) * tq
+    for start_m in range(lo, mask_end, BLOCK_M):
+      dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, kn, offs_m, offs_d, tq, tk,
+                          stride_qt, stride_dt, qk_scale, True, IS_CAUSAL, QUANTIZE_P, BLOCK_M, BLOCK_N, QK_F32,
+                          DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1)
+    for start_m in range(mask_end, tq, BLOCK_M):
+      dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, kn, offs_m, offs_d, tq, tk,
+                          stride_qt, stride_dt, qk_scale, False, IS_CAUSAL, QUANTIZE_P, BLOCK_M, BLOCK_N, QK_F32,
+                          DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1)
+  tl.store(dk_ptr + k_off, cast_out(dk * scale, dk_ptr, SOFT_BF16), mask=key_ok[:, None])
+  tl.store(dv_ptr + v_off, cast_out(dv, dv_ptr, SOFT_BF16), mask=key_ok[:, None])

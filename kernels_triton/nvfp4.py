@@ -1,0 +1,176 @@
+"""NVFP4 fake quantization as Triton device functions and a standalone kernel (SPEC section 2).
+
+Framework-free: imports Triton only. The device functions quantize a 2-D FP32
+tile in blocks of 16 along its last axis and are shared by the attention
+kernels; ``fake_quantize_kernel`` applies them to a whole tensor.
+
+No plain ``/``: Triton's FP32 division is not guaranteed correctly rounded.
+
+- E4M3 block scale ``e4m3(max(amax / 6, 2**-9))``: ``tl.div_rn`` gives the IEEE
+  quotient; then either the hardware ``cvt.rn.satfinite.e4m3x2.f32`` (through
+  ``.to(tl.float8e4nv)``, sm_89+) or a software round-to-nearest-even on the
+  FP32 bits (Ampere and the interpreter).
+- E2M1 code of ``x / s``: in software, ``|x|`` is compared with the exact
+  products ``s * b`` for the seven rounding boundaries ``b`` (a correctly
+  rounded quotient reaches ``b`` only when ``|x| == s * b``); on sm_100+ the
+  native ``cvt.rn.satfinite.e2m1x2.f32`` rounds ``tl.div_rn(x, s)``.
+
+Host side, :func:`quant_flags` picks the paths from the compute capability.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+BLOCK = 16
+
+
+def quant_flags(compute_capability, interpret: bool = False) -> dict:
+  """Constexpr flags for the device functions: ``{"HW_E4M3": bool, "HW_E2M1": bool}``.
+
+  compute_capability: ``90``, ``"9.0"``, ``9.0`` or ``(9, 0)``; None means no GPU.
+  interpret: True under ``TRITON_INTERPRET=1`` (no inline PTX, no FP8 hardware).
+  """
+  if interpret or compute_capability is None:
+    return {"HW_E4M3": False, "HW_E2M1": False}
+  if isinstance(compute_capability, (tuple, list)):
+    cc = 10 * int(compute_capability[0]) + int(compute_capability[1])
+  elif isinstance(compute_capability, str) or isinstance(compute_capability, float):
+    major, _, minor = str(compute_capability).partition(".")
+    cc = 10 * int(major) + int(minor or 0)
+  else:
+    cc = int(compute_capability)
+  # cvt.rn.satfinite.e4m3x2.f32 exists from sm_89; e2m1x2 from sm_100 (and sm_120).
+  return {"HW_E4M3": cc >= 89, "HW_E2M1": cc >= 100}
+
+
+@triton.jit
+def e4m3_block_scale(amax, HW_E4M3: tl.constexpr):
+  """``e4m3(max(amax / 6, 2**-9))`` RNE, saturating at 448; ``amax >= 0`` FP32 (may be +Inf)."""
+  t = tl.maximum(tl.div_rn(amax, 6.0), 0.001953125)
+  if HW_E4M3:
+    s = t.to(tl.float8e4nv).to(tl.float32)  # cvt.rn.satfinite: RNE, +Inf and >448 -> 448
+  else:
+    t = tl.minimum(t, 448.0)  # saturate first so the rounding below cannot carry into Inf
+    # Normal E4M3 (t >= 2**-6): keep 3 mantissa bits, ties to even, on the FP32 bits.
+    b = t.to(tl.int32, bitcast=True)
+    b = (b + 0x7FFFF + ((b >> 20) & 1)) & -0x100000
+    normal = b.to(tl.float32, bitcast=True)
+    # Subnormal E4M3: multiples of 2**-9; t * 512 is exact and adding 2**23 rounds it
+    # to an integer with the FPU's ties-to-even.
+    sub = ((t * 512.0 + 8388608.0) - 8388608.0) * 0.001953125
+    s = tl.where(t >= 0.015625, normal, sub)
+  return s
+
+
+@triton.jit
+def e2m1_magnitude(ax, s, HW_E2M1: tl.constexpr):
+  """``|e2m1(ax / s)|`` as FP32 (0, .5, 1, 1.5, 2, 3, 4, 6), RNE, saturating; ``ax >= 0``, ``s`` E4M3.
+
+  ``s`` broadcasts against ``ax``. Ties: 0.25->0, 0.75->1, 1.25->1, 1.75->2,
+  2.5->2, 3.5->4, 5->4 (strict ``>`` where the lower code is even).
+  """
+  if HW_E2M1:
+    y = tl.div_rn(ax, s)
+    h = tl.inline_asm_elementwise(
+        asm="""{
+        .reg .b8 q;
+        .reg .b16 lo, hi;
+        .reg .b32 h2;
+        cvt.rn.satfinite.e2m1x2.f32 q, $1, $1;
+        cvt.rn.f16x2.e2m1x2 h2, q;
+        mov.b32 {lo, hi}, h2;
+        mov.b16 $0, lo;
+        }""",
+        constraints="=h,r",
+        args=[y],
+        dtype=tl.float16,
+        is_pure=True,
+        pack=1,
+    )
+    mag = h.to(tl.float32)
+  else:
+    mag = tl.where(ax > s * 0.25, 0.5, 0.0)
+    mag += tl.where(ax >= s * 0.75, 0.5, 0.0)
+    mag += tl.where(ax > s * 1.25, 0.5, 0.0)
+    mag += tl.where(ax >= s * 1.75, 0.5, 0.0)
+    mag += tl.where(ax > s * 2.5, 1.0, 0.0)
+    mag += tl.where(ax >= s * 3.5, 1.0, 0.0)
+    mag += tl.where(ax > s * 5.0, 2.0, 0.0)
+  return mag
+
+
+@triton.jit
+def fq_tile(x, valid, ROWS: tl.constexpr, COLS: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr):
+  """Fake-quantizes ``x: [ROWS, COLS] fp32`` in blocks of 16 along axis 1 (COLS % 16 == 0).
+
+  valid: [ROWS, COLS] bool. Invalid elements are ignored for the amax and the
+  NaN check (a padded tail must not shrink or poison its block) and give +0.
+  A NaN among a block's valid elements makes the block NaN; +-Inf saturates.
+  """
+  NB: tl.constexpr = COLS // 16
+  x3 = tl.reshape(x, [ROWS, NB, 16])
+  v3 = tl.reshape(valid, [ROWS, NB, 16])
+  ax = tl.abs(x3)
+  nan = tl.max(((x3 != x3) & v3).to(tl.int32), axis=2) > 0
+  amax = tl.max(tl.where(v3, ax, 0.0), axis=2)
+  s = e4m3_block_scale(tl.where(nan, 0.0, amax), HW_E4M3)
+  s3 = s[:, :, None]
+  mag = e2m1_magnitude(ax, s3, HW_E2M1)
+  # Copy the sign bit instead of negating: Triton lowers -x to 0 - x, which loses -0.
+  sign = x3.to(tl.int32, bitcast=True) & -0x80000000
+  out = ((mag * s3).to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+  out = tl.where(nan[:, :, None], float("nan"), out)
+  out = tl.where(v3, out, 0.0)
+  return tl.reshape(out, [ROWS, COLS])
+
+
+@triton.jit
+def fq_probs(p, ROWS: tl.constexpr, COLS: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr):
+  """``fq_tile`` for softmax probabilities ``p: [ROWS, COLS] fp32`` (blocks along axis 1).
+
+  Precondition: ``p >= 0`` and exactly +0 at masked positions. Then a masked
+  zero never raises a block's amax and quantizes to +0 by itself, so the mask
+  and sign handling of ``fq_tile`` can be skipped on this hot path. (A NaN
+  probability already makes its row NaN through the row sum.)
+  """
+  NB: tl.constexpr = COLS // 16
+  p3 = tl.reshape(p, [ROWS, NB, 16])
+  s = e4m3_block_scale(tl.max(p3, axis=2), HW_E4M3)
+  s3 = s[:, :, None]
+  out = e2m1_magnitude(p3, s3, HW_E2M1) * s3
+  return tl.reshape(out, [ROWS, COLS])
+
+
+@triton.jit
+def fq_probs_t(pt, ROWS: tl.constexpr, COLS: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr):
+  """``fq_probs`` with the blocks along axis 0: ``pt: [ROWS, COLS]``, ROWS % 16 == 0.
+
+  For the dK/dV kernel, which holds P transposed (keys on axis 0) and must
+  quantize along keys.
+  """
+  NB: tl.constexpr = ROWS // 16
+  p3 = tl.reshape(pt, [NB, 16, COLS])
+  s = e4m3_block_scale(tl.max(p3, axis=1), HW_E4M3)
+  s3 = s[:, None, :]
+  out = e2m1_magnitude(p3, s3, HW_E2M1) * s3
+  return tl.reshape(out, [ROWS, COLS])
+
+
+@triton.jit
+def fake_quantize_kernel(x_ptr, rows, cols, stride_x, stride_out, out_ptr, BLOCK_R: tl.constexpr,
+                         BLOCK_C: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr):
+  """``out = fq(x)`` along the last axis of a 2-D view ``x: [rows, cols]`` (bf16, fp16 or fp32).
+
+  Grid: (cdiv(rows, BLOCK_R), cdiv(cols, BLOCK_C)); BLOCK_C % 16 == 0, so
+  blocks of 16 start at column 0 and a ragged tail block is masked. Row
+  offsets are 64-bit: rows * stride may exceed 2**31.
+  """
+  r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+  c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+  valid = (r[:, None] < rows) & (c[None, :] < cols)
+  r64 = r.to(tl.int64)[:, None]
+  x = tl.load(x_ptr + r64 * stride_x + c[None, :], mask=valid, other=0.0).to(tl.float32)
+  y = fq_tile(x, valid, BLOCK_R, BLOCK_C, HW_E4M3, HW_E2M1)
+  tl.store(out_ptr + r64 * stride_out + c[None, :], y.to(out_ptr.dtype.element_ty), mask=valid)

@@ -1,0 +1,169 @@
+"""The Triton NVFP4 quantizer against the NumPy oracle, bit for bit (SPEC section 2).
+
+CPU: the kernel runs under ``TRITON_INTERPRET=1`` on torch CPU tensors, with
+the software E4M3/E2M1 paths. GPU (``@pytest.mark.gpu``): the same checks,
+compiled for the local GPU with the hardware paths ``quant_flags`` picks.
+"""
+
+import os
+
+from conftest import HAS_GPU  # noqa: E402
+
+# Before triton is imported: the interpreter on CPU machines, compiled kernels on a GPU.
+os.environ.setdefault("TRITON_INTERPRET", "0" if HAS_GPU else "1")
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+triton = pytest.importorskip("triton")
+
+from oracle import bits, fq_oracle  # noqa: E402
+
+from kernels_triton import nvfp4 as knv  # noqa: E402
+
+INTERPRET = os.environ["TRITON_INTERPRET"] == "1"
+_TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def _device():
+  if INTERPRET:
+    return "cpu"
+  if not torch.cuda.is_available():
+    pytest.skip("compiled Triton needs a CUDA torch build; run with TRITON_INTERPRET=0 on a GPU")
+  return "cuda"
+
+
+def _flags(device):
+  if device == "cpu":
+    return knv.quant_flags(None, interpret=True)
+  return knv.quant_flags(torch.cuda.get_device_capability(), interpret=False)
+
+
+def _fq_triton(x32: np.ndarray, dtype: str, device: str, flags=None) -> np.ndarray:
+  """fq along the last axis of ``x32`` (FP32 values representable in ``dtype``), via the kernel."""
+  x = torch.from_numpy(np.ascontiguousarray(x32, np.float32)).to(_TORCH_DTYPES[dtype]).to(device)
+  x2 = x.reshape(-1, x.shape[-1])
+  out = torch.full_like(x2, float("nan"))  # poisoned: every element must be written
+  rows, cols = x2.shape
+  block_c = min(128, max(16, triton.next_power_of_2(cols)))
+  grid = (triton.cdiv(rows, 16), triton.cdiv(cols, block_c))
+  knv.fake_quantize_kernel[grid](x2, rows, cols, x2.stride(0), out.stride(0), out, BLOCK_R=16, BLOCK_C=block_c,
+                                 **(flags or _flags(device)))
+  return out.reshape(x.shape).cpu().float().numpy()
+
+
+def _check(x32, dtype="bfloat16", device="cpu", flags=None):
+  got = _fq_triton(x32, dtype, device, flags)
+  want = fq_oracle(x32).astype(np.float32)
+  if dtype != "float32":  # fq(x) is exact in bf16/fp16; the kernel stores the input dtype
+    want = torch.from_numpy(want).to(_TORCH_DTYPES[dtype]).float().numpy()
+  bad = np.nonzero(bits(got) != bits(want))
+  assert bad[0].size == 0, f"{bad[0].size} mismatches, first at {tuple(i[0] for i in bad)}: " \
+      f"x={x32[tuple(i[0] for i in bad)]} got={got[tuple(i[0] for i in bad)]} want={want[tuple(i[0] for i in bad)]}"
+
+
+def _all_bf16_patterns():
+  """All 65536 bf16 bit patterns as FP32, [4096, 16]: each block a run of neighbouring patterns."""
+  u = np.arange(65536, dtype=np.uint32) << 16
+  return u.view(np.float32).reshape(4096, 16)
+
+
+def _all_bf16_patterns_shuffled():
+  """The same patterns in random blocks, so small values share blocks with large ones."""
+  x = _all_bf16_patterns().reshape(-1)
+  x = x[np.random.default_rng(0).permutation(x.size)]
+  x = x[~np.isnan(x)]  # a NaN would turn its whole block NaN and hide the rest
+  return x[: x.size // 16 * 16].reshape(-1, 16)
+
+
+def _midpoints():
+  """Exact E2M1 boundaries b*s (and their float neighbours) for every E4M3 scale of a block with amax 6s."""
+  rows = []
+  e4m3 = fq_oracle.__globals__["E4M3_VALUES"]
+  for s in e4m3[1:]:
+    s = np.float32(s)
+    if s * 6 > 3e38:
+      continue
+    vals = [np.float32(s * b) for b in (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)]
+    row = [np.float32(6 * s)] + vals + [np.nextafter(v, np.float32(np.inf)) for v in vals] + [np.float32(0)]
+    rows.append(np.array(row, np.float32))
+  x = np.stack(rows)
+  return np.concatenate([x, -x])
+
+
+def _special_cases():
+  """Zero blocks, +-0, amax > 2688, Inf, NaN-in-block, the SPEC's 0.5859375 / 0.46875 midpoint."""
+  blocks = np.zeros((8, 16), np.float32)
+  blocks[1, :] = -0.0
+  blocks[1, 3] = 0.0
+  blocks[2, :8] = [1e5, -3000.0, 2689.0, 1.0, -1.0, 0.1, -0.1, -0.0]
+  blocks[3, :4] = [np.inf, 1.0, -np.inf, -0.0]
+  blocks[4, :3] = [np.nan, 1.0, -2.0]
+  blocks[5, :2] = [0.5859375, 2.8125]  # amax 2.8125 -> scale 0.46875; 0.5859375/0.46875 = 1.25 -> 1.0
+  blocks[6, :3] = [3e38, -3e38, 1e-40]
+  blocks[7, :] = np.float32(2.0**-12) * np.arange(16)
+  return blocks
+
+
+CASES = {
+    "all_bf16_patterns": (_all_bf16_patterns, "bfloat16"),
+    "all_bf16_patterns_shuffled": (_all_bf16_patterns_shuffled, "bfloat16"),
+    "midpoints_fp32": (_midpoints, "float32"),
+    "special_bf16": (_special_cases, "bfloat16"),
+    "special_fp32": (_special_cases, "float32"),
+    "special_fp16": (lambda: np.clip(_special_cases(), -60000, 60000), "float16"),
+    "random_fp32_tail": (lambda: np.random.default_rng(1).standard_normal((5, 37)).astype(np.float32) * 3, "float32"),
+    "random_fp16_tail": (lambda: np.random.default_rng(2).standard_normal((3, 90)).astype(np.float32), "float16"),
+    "single_element": (lambda: np.array([[-0.3]], np.float32), "bfloat16"),
+}
+
+
+def _case(name):
+  make, dtype = CASES[name]
+  x = make()
+  if dtype != "float32":
+    x = torch.from_numpy(x).to(_TORCH_DTYPES[dtype]).float().numpy()
+  return x, dtype
+
+
+@pytest.mark.filterwarnings("ignore:All-NaN slice")  # the interpreter's max over a NaN block
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_fake_quantize_kernel_matches_oracle(name):
+  x, dtype = _case(name)
+  _check(x, dtype, _device())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("path", ["software", "hardware"])
+def test_fake_quantize_kernel_matches_oracle_gpu(name, path):
+  if INTERPRET:
+    pytest.skip("compiled-kernel variant: run with TRITON_INTERPRET=0")
+  device = _device()
+  flags = _flags(device) if path == "hardware" else knv.quant_flags(None)
+  x, dtype = _case(name)
+  _check(x, dtype, device, flags)
+
+
+def test_masked_positions_are_ignored():
+  """Columns past ``cols`` are masked: neither their huge values nor their NaN reach the valid blocks."""
+  device = _device()
+  x = np.random.default_rng(3).standard_normal((4, 40)).astype(np.float32)
+  wide = np.concatenate([x, np.full((4, 8), np.nan, np.float32)], axis=1)
+  wide[:, 41] = 1e6  # in the same block of 16 as columns 32..39
+  t = torch.from_numpy(wide).to(device)
+  view = t[:, :40]  # rows keep the wide stride; the kernel reads columns < 40 only
+  out = torch.full((4, 40), float("nan"), dtype=torch.float32, device=device)
+  knv.fake_quantize_kernel[(1, 1)](view, 4, 40, view.stride(0), out.stride(0), out, BLOCK_R=16, BLOCK_C=64,
+                                   **_flags(device))
+  assert (bits(out.cpu().numpy()) == bits(fq_oracle(x).astype(np.float32))).all()
+
+
+def test_quant_flags():
+  assert knv.quant_flags(None) == {"HW_E4M3": False, "HW_E2M1": False}
+  assert knv.quant_flags((9, 0), interpret=True) == {"HW_E4M3": False, "HW_E2M1": False}
+  assert knv.quant_flags((8, 0)) == {"HW_E4M3": False, "HW_E2M1": False}
+  assert knv.quant_flags("9.0") == {"HW_E4M3": True, "HW_E2M1": False}
+  assert knv.quant_flags(100) == {"HW_E4M3": True, "HW_E2M1": True}
+  assert knv.quant_flags((12, 0)) == {"HW_E4M3": True, "HW_E2M1": True}
