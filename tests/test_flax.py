@@ -1,0 +1,161 @@
+"""jqat.flax: the attention_fn inside flax's nnx and linen attention modules."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from conftest import assert_close
+from flax import nnx
+
+import jqat
+import jqat.flax
+
+BF16_OFF = dict(quantize_qkv=False, quantize_p=False, high_precision_delta=False, quantize_p_backward=False)
+# Both sides compute in bf16 (projections, attention output) but round at different
+# places: flax's XLA attention keeps bf16 logits, jqat's FP32 logits and bf16(P).
+# A few bf16 half-ulps (2**-9 = 2e-3 each) of relative error: 1e-2.
+BF16_REL = 1e-2
+B, T, FEATURES, HEADS = 2, 40, 128, 2  # head dim 64; T=40 is not a multiple of block_n
+
+
+def _inputs(seed=1):
+  return jax.random.normal(jax.random.key(seed), (B, T, FEATURES), jnp.float32)
+
+
+def _nnx_mha(attention_fn, **kw):
+  kw = dict(attention_fn=attention_fn, **kw) if attention_fn is not None else kw
+  return nnx.MultiHeadAttention(num_heads=HEADS, in_features=FEATURES, dtype=jnp.bfloat16, decode=False,
+                                rngs=nnx.Rngs(0), **kw)
+
+
+def _as64(x):
+  return np.asarray(x.astype(jnp.float32), np.float64)
+
+
+@pytest.mark.parametrize("call", ["none", "causal_mask", "is_causal", "all_true_mask"])
+def test_nnx_matches_flax_default(call):
+  x = _inputs()
+  kw = {"none": {}, "causal_mask": dict(mask=nnx.make_causal_mask(x[..., 0])), "is_causal": dict(is_causal=True),
+        "all_true_mask": dict(mask=jnp.ones((B, 1, T, T), bool))}[call]
+  expected = _nnx_mha(None)(x, **kw)
+  actual = _nnx_mha(jqat.flax.make_attention_fn(**BF16_OFF))(x, **kw)
+  assert actual.dtype == expected.dtype == jnp.bfloat16
+  assert_close(_as64(actual), _as64(expected), rel=BF16_REL, name=f"nnx output ({call})")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_linen_matches_flax_default(causal):
+  x = _inputs()
+  mask = nn.make_causal_mask(x[..., 0]) if causal else None
+  make = lambda **kw: nn.MultiHeadDotProductAttention(num_heads=HEADS, qkv_features=FEATURES, dtype=jnp.bfloat16, **kw)
+  params = make().init(jax.random.key(0), x, x, mask=mask)
+  expected = make().apply(params, x, x, mask=mask)
+  actual = make(attention_fn=jqat.flax.make_attention_fn(**BF16_OFF)).apply(params, x, x, mask=mask)
+  assert_close(_as64(actual), _as64(expected), rel=BF16_REL, name=f"linen output (causal={causal})")
+
+
+def test_nnx_grads_match_flax_default():
+  """The backward through the module agrees too (the switches off make it plain attention)."""
+  x = _inputs()
+  loss = lambda m: jnp.sum(jnp.sin(m(x, is_causal=True).astype(jnp.float32)))
+  ref, ours = _nnx_mha(None), _nnx_mha(jqat.flax.make_attention_fn(**BF16_OFF))
+  g_ref, g_ours = nnx.grad(loss)(ref), nnx.grad(loss)(ours)
+  # bf16 gradients of a bf16 module; one more bf16 rounding per matmul than the forward.
+  for (path, a), (_, e) in zip(nnx.to_flat_state(g_ours), nnx.to_flat_state(g_ref)):
+    if path == ("key", "bias"):  # exactly 0 in exact math (softmax is shift-invariant): only rounding noise
+      continue
+    assert_close(_as64(a[...]), _as64(e[...]), rel=2 * BF16_REL, name=f"grad {'/'.join(map(str, path))}")
+
+
+@pytest.mark.parametrize("how", ["causal_mask", "is_causal_call", "is_causal_factory"])
+def test_masks_map_to_the_kernel_flags(how):
+  """The attention_fn equals jqat.attention with the mapped is_causal, bit for bit."""
+  q, k, v = (jax.random.normal(jax.random.key(i), (B, T, HEADS, 64), jnp.bfloat16) for i in range(3))
+  fn = jqat.flax.make_attention_fn(is_causal=how == "is_causal_factory")
+  kw = {"causal_mask": dict(mask=nnx.make_causal_mask(q[..., 0, 0])),
+        "is_causal_call": dict(is_causal=True), "is_causal_factory": {}}[how]
+  np.testing.assert_array_equal(np.asarray(fn(q, k, v, **kw), np.float32),
+                                np.asarray(jqat.attention(q, k, v, is_causal=True), np.float32))
+  np.testing.assert_array_equal(np.asarray(jqat.flax.attention_fn(q, k, v, mask=jnp.ones((T, T))), np.float32),
+                                np.asarray(jqat.attention(q, k, v), np.float32))
+
+
+def test_batch_dims_and_dtype():
+  """Any number of batch dims (none included); ``dtype`` promotes the inputs like flax does."""
+  q = jax.random.normal(jax.random.key(0), (2, 3, 17, 2, 64), jnp.float32)
+  out = jqat.flax.attention_fn(q, q, q, dtype=jnp.bfloat16)
+  assert out.shape == q.shape and out.dtype == jnp.bfloat16
+  flat = jqat.attention(*(q.reshape(6, 17, 2, 64).astype(jnp.bfloat16),) * 3)
+  np.testing.assert_array_equal(np.asarray(out.reshape(6, 17, 2, 64), np.float32), np.asarray(flat, np.float32))
+  single = jqat.flax.attention_fn(q[0, 0], q[0, 0], q[0, 0], dtype=jnp.bfloat16)
+  np.testing.assert_array_equal(np.asarray(single, np.float32), np.asarray(out[0, 0], np.float32))
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(mask=jnp.tril(jnp.ones((T, T), bool), k=-1)), "neither all-true nor the causal"),
+    (dict(mask=jnp.ones((B, 1, 1, T), bool).at[:, :, :, -3:].set(False)), "neither all-true nor the causal"),
+    (dict(mask=jnp.triu(jnp.ones((T, T), bool))), "neither all-true nor the causal"),
+    (dict(mask=jnp.ones((T, T + 1), bool)), r"mask must broadcast to \[..., Tq=40, Tk=40\]"),
+    (dict(bias=jnp.zeros((1, 1, T, T))), "does not support an attention bias"),
+    (dict(dropout_rate=0.1, deterministic=False), "does not support attention dropout"),
+    (dict(module=object()), "cannot sow attention weights"),
+])
+def test_unsupported_arguments_raise(bad, match):
+  q = jnp.ones((B, T, HEADS, 64), jnp.bfloat16)
+  with pytest.raises(ValueError, match=match):
+    jqat.flax.attention_fn(q, q, q, **bad)
+
+
+def test_dropout_rate_is_fine_when_deterministic():
+  q = jnp.ones((B, T, HEADS, 64), jnp.bfloat16)
+  jqat.flax.attention_fn(q, q, q, dropout_rate=0.1, deterministic=True)
+
+
+def test_traced_mask_needs_the_factory_promise():
+  x = _inputs()
+  causal_mask = lambda: nnx.make_causal_mask(x[..., 0])  # built inside jit: a tracer
+  with pytest.raises(ValueError, match=r"traced mask .*make_attention_fn\(is_causal=True\)"):
+    nnx.jit(lambda m: m(x, mask=causal_mask()))(_nnx_mha(jqat.flax.attention_fn))
+  promised = _nnx_mha(jqat.flax.make_attention_fn(is_causal=True))
+  traced = nnx.jit(lambda m: m(x, mask=causal_mask()))(promised)
+  np.testing.assert_array_equal(np.asarray(traced, np.float32), np.asarray(promised(x, is_causal=True), np.float32))
+
+
+def test_switches_are_validated():
+  with pytest.raises(TypeError, match="quantize_p must be a bool"):
+    jqat.flax.make_attention_fn(quantize_p="yes")
+
+
+class _TinyLM(nnx.Module):
+  """Byte embedding, one causal QAT attention layer with a residual, tied unembedding."""
+
+  def __init__(self, rngs):
+    self.embed = nnx.Embed(256, FEATURES, rngs=rngs)
+    self.attn = _nnx_mha(jqat.flax.make_attention_fn(is_causal=True))
+    self.norm = nnx.LayerNorm(FEATURES, rngs=rngs)
+
+  def __call__(self, tokens):
+    h = self.embed(tokens)
+    h = h + self.attn(self.norm(h)).astype(h.dtype)
+    return self.embed.attend(h)
+
+
+def test_nnx_jit_training_step_lowers_the_loss():
+  tokens = jax.random.randint(jax.random.key(2), (B, T + 1), 0, 16)  # 16 symbols: learnable quickly
+  model = _TinyLM(nnx.Rngs(0))
+  optimizer = nnx.Optimizer(model, optax.adamw(3e-3), wrt=nnx.Param)
+
+  @nnx.jit
+  def step(model, optimizer, tokens):
+    def loss_fn(model):
+      logits = model(tokens[:, :-1])
+      return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+    loss, grads = nnx.value_and_grad(loss_fn)(model)
+    optimizer.update(model, grads)
+    return loss
+
+  losses = [float(step(model, optimizer, tokens)) for _ in range(15)]
+  assert all(np.isfinite(losses)), losses
+  assert losses[-1] < 0.7 * losses[0], losses
