@@ -12,6 +12,8 @@ from __future__ import annotations
 import functools
 import os
 
+import numpy as np
+
 _DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "jqat", "triton")
 
 
@@ -31,6 +33,9 @@ def triton_call(*args, kernel, out_shape, grid, num_warps=4, num_stages=2, input
                 name="", **metaparams):
   """``jax_triton.triton_call`` with jqat's defaults; see its docstring for the arguments."""
   jt = jax_triton()
+  # jax-triton types a Python float as fp64, which would promote the kernel's FP32
+  # arithmetic; kernel scalars are FP32.
+  args = tuple(np.float32(a) if isinstance(a, float) else a for a in args)
   return jt.triton_call(*args, kernel=kernel, out_shape=out_shape, grid=grid, num_warps=num_warps,
                         num_stages=num_stages, input_output_aliases=input_output_aliases or {},
                         name=name, **metaparams)

@@ -1,39 +1,65 @@
 """Tail RoPE + microscaled quantize/dequantize, one fused in-place pass (SPEC section 4).
 
-Framework-free: imports triton only. Each program reads ``BLOCK_R`` rows of
-``x`` once, rotates the adjacent pairs of the last 64 channels with the cache
-row of the row's position, rounds the rotated tail to BF16, then
-quantizes/dequantizes every channel in groups of ``GROUP`` and writes the rows
-back to ``out`` (the same buffer as ``x`` when called in place).
+Framework-free: imports triton only. Each program handles ``BLOCK_R`` rows as two
+2-D tiles, so every load and store is a wide, coalesced access:
 
-Numerics, all bit-exact with the spec:
+- the head ``[BLOCK_R, HEAD_BLOCK]`` (channels ``[0, D - 64)``, ``HEAD_BLOCK`` the
+  next power of two, the excess masked off) is quantized/dequantized as read;
+- the tail ``[BLOCK_R, 64]`` is split into its adjacent pairs, rotated with the
+  cache row of the row's position, rounded to BF16 and quantized/dequantized.
+
+Groups (16 or 32 channels) never straddle the head/tail boundary (64 is a
+multiple of both), so the two tiles are independent. ``out`` is the same
+buffer as ``x`` when called in place.
+
+Numerics, all bit-exact with the spec, without any per-element division:
 - RoPE: ``tl.fma`` is the single-rounding FP32 FMA; the product ``b * sin`` it
-  subtracts is a separately rounded FP32 multiply, as the spec writes it.
+  subtracts is a separately rounded FP32 multiply, negated on the sign bit.
 - Scales: UE8M0 takes the rounded product ``amax * fp32(1 / limit)`` and its
-  power-of-two ceiling from the exponent/mantissa bits (no log2, which is not
-  exact); E4M3 takes ``tl.div_rn(amax, 6)`` and rounds it in software.
-- Elements: ``tl.div_rn`` by an E4M3 scale (correctly rounded; plain ``/`` is
-  not guaranteed to be on GPU), a multiply by the exact reciprocal of a
-  power-of-two UE8M0 scale (the same correctly rounded quotient), clamp, then RNE onto E2M1/E4M3 with integer/magic-number tricks
-  that behave the same compiled and under ``TRITON_INTERPRET=1``.
+  power-of-two ceiling from the exponent/mantissa bits (no log2). E4M3 takes
+  the correctly rounded ``amax / 6`` from a reciprocal and one FMA correction
+  (Markstein), then rounds it to E4M3 (hardware ``cvt.rn.satfinite`` when HW).
+- Elements: ``|v| * 2**-k`` is the exact quotient by a UE8M0 scale. For an E4M3
+  scale ``s``, ``y0 = |v| * (1/s)`` corrected once, ``y = fma(fma(-y0, s, |v|), 1/s, y0)``,
+  is exact whenever the quotient is representable (a rounding tie), and
+  otherwise lies far from every E2M1 boundary (a BF16 ``|v|`` differs from an
+  exact ``s * boundary`` by at least 2**-9 relative), so RNE of ``y`` is RNE of
+  the correctly rounded quotient.
+- RNE onto E2M1/E4M3: ``(y + M) - M`` with ``M`` the power of two whose FP32
+  ulp is the target grid spacing at ``y`` (from ``y``'s exponent field): one
+  integer max/add and two float adds; on the GPU, ``.to(tl.float8e4nv)`` for E4M3.
 - ``q * s`` is exact (few significant bits) and exactly representable in BF16;
   the sign bit of the (rotated) input is OR-ed back so -0 stays -0.
+
+``HW`` (constexpr) selects hardware conversions that the Triton interpreter
+does not reproduce (it truncates FP32 -> BF16 and has no FP8 rounding): BF16
+rounding by ``.to(tl.bfloat16)`` and E4M3 by ``.to(tl.float8e4nv)`` (sm_89+).
+Without ``HW`` the same roundings are done on the bits.
 """
 
 import triton
 import triton.language as tl
 
+ROPE = 64  # rotated tail channels
+
+
+def launch_config(width: int, hw_e4m3: bool) -> dict:
+  """Constexprs and ``num_warps`` for rows of ``width`` channels (a power of two >= 128)."""
+  head = width - ROPE
+  head_block = 1 << (head - 1).bit_length()
+  block_r = max(1, 8192 // (head_block + ROPE))  # ~16 KiB of bf16 per program
+  return dict(BLOCK_R=block_r, HEAD_BLOCK=head_block, HW=bool(hw_e4m3), num_warps=8 if width >= 512 else 4)
+
 
 @triton.jit
-def _round_bf16(v):
-  """FP32 ``v`` (finite) rounded to BF16, ties to even, kept in FP32.
-
-  Done on the bits rather than with ``.to(tl.bfloat16)`` because the Triton
-  interpreter truncates that cast; compiled, this is a handful of integer ops.
-  """
-  bits = v.to(tl.int32, bitcast=True)
-  bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536  # clear the low 16 bits
-  return bits.to(tl.float32, bitcast=True)
+def _round_bf16(v, HW: tl.constexpr):
+  """FP32 ``v`` (finite) rounded to BF16, ties to even, kept in FP32."""
+  if HW:
+    r = v.to(tl.bfloat16).to(tl.float32)  # cvt.rn.bf16.f32
+  else:
+    bits = v.to(tl.int32, bitcast=True)
+    r = ((bits + 0x7FFF + ((bits >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
+  return r
 
 
 @triton.jit
@@ -43,89 +69,45 @@ def _negate(v):
 
 
 @triton.jit
+def _round_grid(y, MIN_EXP_BITS: tl.constexpr, SHIFT_BITS: tl.constexpr):
+  """RNE of non-negative FP32 ``y`` keeping ``23 - SHIFT`` mantissa bits, with the spacing of the
+  binade starting at ``MIN_EXP`` below it (the subnormal grid of the small format).
+
+  ``M = 2**(e + SHIFT)`` with ``e = max(exponent(y), MIN_EXP)``: ``y + M`` rounds (FP32 RNE)
+  onto multiples of ``ulp(M) = 2**(e + SHIFT - 23)``, and subtracting ``M`` is exact.
+  """
+  e = tl.maximum(y.to(tl.int32, bitcast=True) & 0x7F800000, MIN_EXP_BITS)
+  m = (e + SHIFT_BITS).to(tl.float32, bitcast=True)
+  return (y + m) - m
+
+
+@triton.jit
 def _round_e2m1(y):
-  """RNE of non-negative FP32 ``y <= 6`` onto E2M1 {0, .5, 1, 1.5, 2, 3, 4, 6}."""
-  # Below 1 the grid is 0.5: adding 2**22 (ulp 0.5) makes the FP32 add round RNE onto it.
-  sub = (y + 4194304.0) - 4194304.0
-  # From 1 up, keep one mantissa bit: add half an ulp of the kept bit minus 1, plus the
-  # kept LSB (ties to even), then truncate.
-  bits = y.to(tl.int32, bitcast=True)
-  bits = (bits + 0x1FFFFF + ((bits >> 22) & 1)) & -4194304  # clear the low 22 bits
-  return tl.where(y < 1.0, sub, bits.to(tl.float32, bitcast=True))
+  """RNE of non-negative FP32 ``y <= 6`` onto E2M1 {0, .5, 1, 1.5, 2, 3, 4, 6}: 1 mantissa bit, grid .5 below 1."""
+  return _round_grid(y, 127 << 23, 22 << 23)
 
 
 @triton.jit
-def _round_e4m3(y):
+def _round_e4m3(y, HW: tl.constexpr):
   """RNE of non-negative FP32 ``y <= 448`` onto E4M3 (fn): 3 mantissa bits, subnormal grid 2**-9."""
-  sub = (y + 16384.0) - 16384.0  # 2**14 has ulp 2**-9
-  bits = y.to(tl.int32, bitcast=True)
-  bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576  # clear the low 20 bits
-  return tl.where(y < 0.015625, sub, bits.to(tl.float32, bitcast=True))
+  if HW:
+    r = y.to(tl.float8e4nv).to(tl.float32)  # cvt.rn.satfinite.e4m3x2.f32 (sm_89+)
+  else:
+    r = _round_grid(y, 121 << 23, 20 << 23)
+  return r
 
 
 @triton.jit
-def _qdq(v, scale, inv_scale, FP8: tl.constexpr, POW2: tl.constexpr):
-  """``sign(v) * round(min(|v| / scale, limit)) * scale`` in FP32; the scales broadcast to ``v``.
-
-  For a power-of-two ``scale`` (POW2), ``|v| * inv_scale`` with the exact reciprocal is the
-  same correctly rounded quotient as ``tl.div_rn`` at a fraction of the instructions.
-  """
-  if POW2:
-    y = tl.abs(v) * inv_scale
-  else:
-    y = tl.div_rn(tl.abs(v), scale)
-  if FP8:
-    q = _round_e4m3(tl.minimum(y, 448.0))
-  else:
-    q = _round_e2m1(tl.minimum(y, 6.0))
-  mag = (q * scale).to(tl.int32, bitcast=True)
-  sign = v.to(tl.int32, bitcast=True) & -2147483648
-  return (mag | sign).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def rope_qdq_kernel(x_ptr, cache_ptr, pos_ptr, n_rows, n_pos, heads, out_ptr,
-                    D: tl.constexpr, GROUP: tl.constexpr, FP8: tl.constexpr, E4M3_SCALE: tl.constexpr,
-                    AMAX_FLOOR: tl.constexpr, BLOCK_R: tl.constexpr):
-  """x, out: [n_rows, D] bf16 (the same buffer in place); cache: [n_pos, 64] fp32;
-  pos: [n_rows // heads] int32/int64 (row r uses pos[r // heads]).
-
-  Grid: (cdiv(n_rows, BLOCK_R),). D and GROUP are powers of two, D >= 64.
-  """
-  HALF: tl.constexpr = D // 2
-  NG: tl.constexpr = D // GROUP
-  TAIL0: tl.constexpr = HALF - 32  # first rotated pair
-  # 64-bit row offsets: 4M rows of 512 channels already pass 2**31 elements.
-  rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-  row_ok = rows < n_rows
-  offs = rows[:, None] * D + tl.arange(0, D)[None, :]
-  x = tl.load(x_ptr + offs, mask=row_ok[:, None], other=0.0).to(tl.float32)
-  a, b = tl.split(tl.reshape(x, (BLOCK_R, HALF, 2)))  # channels 2p and 2p + 1
-
-  # Positions outside [0, n_pos) are a caller error; clamping keeps the read in bounds
-  # (and matches the clamping gather of the XLA reference).
-  pos = tl.load(pos_ptr + rows // heads, mask=row_ok, other=0).to(tl.int64)
-  pos = tl.minimum(tl.maximum(pos, 0), n_pos - 1)
-  pair = tl.arange(0, HALF) - TAIL0
-  tail = pair >= 0
-  cache_offs = pos[:, None] * 64 + tl.where(tail, pair, 0)[None, :]
-  in_tail = row_ok[:, None] & tail[None, :]
-  cos = tl.load(cache_ptr + cache_offs, mask=in_tail, other=1.0)
-  sin = tl.load(cache_ptr + cache_offs + 32, mask=in_tail, other=0.0)
-  real = tl.fma(a, cos, _negate(b * sin))
-  imag = tl.fma(b, cos, a * sin)
-  # Only the tail is rotated; a where (not cos=1, sin=0) keeps the head's -0 exact.
-  a = tl.where(tail[None, :], _round_bf16(real), a)
-  b = tl.where(tail[None, :], _round_bf16(imag), b)
-
-  # Group g holds pairs [g * GROUP/2, (g + 1) * GROUP/2): a pair never straddles groups.
-  a = tl.reshape(a, (BLOCK_R, NG, GROUP // 2))
-  b = tl.reshape(b, (BLOCK_R, NG, GROUP // 2))
-  amax = tl.maximum(tl.max(tl.abs(a), axis=2), tl.max(tl.abs(b), axis=2))
+def _scales(amax, FP8: tl.constexpr, E4M3_SCALE: tl.constexpr, AMAX_FLOOR: tl.constexpr, HW: tl.constexpr):
+  """Per-group ``(scale, 1 / scale, -scale)`` from the group amax (FP32, any shape)."""
   amax = tl.maximum(amax, AMAX_FLOOR)
   if E4M3_SCALE:
-    scale = _round_e4m3(tl.minimum(tl.div_rn(amax, tl.full(amax.shape, 6.0, tl.float32)), 448.0))
-    inv_scale = scale  # unused: E4M3 scales are not powers of two, the quotient uses div_rn
+    # Correctly rounded amax / 6: t0 is within an ulp, the residual is exact, and one FMA
+    # with the rounded reciprocal lands on RN(amax / 6) (Markstein; no underflow here).
+    t0 = amax * (1.0 / 6.0)
+    t = tl.fma(tl.fma(t0, -6.0, amax), 1.0 / 6.0, t0)
+    scale = _round_e4m3(tl.minimum(t, 448.0), HW)  # >= 2**-9 thanks to the floor
+    inv = 1.0 / scale  # any faithful reciprocal will do (see the module docstring)
   else:
     # 2**ceil(log2(t)) of the rounded FP32 product t (normal, >= 2**-126 thanks to the floor):
     # the exponent of t, plus one unless t is already a power of two.
@@ -137,11 +119,85 @@ def rope_qdq_kernel(x_ptr, cache_ptr, pos_ptr, n_rows, n_pos, heads, out_ptr,
     exp = (tb >> 23) + ((tb & 0x7FFFFF) != 0).to(tl.int32)
     scale = (exp << 23).to(tl.float32, bitcast=True)
     # The biased exponent stays in [1, 253] (floor below, bf16 range above), so 2**-k is normal.
-    inv_scale = ((254 - exp) << 23).to(tl.float32, bitcast=True)
-  scale = scale[:, :, None]
-  inv_scale = inv_scale[:, :, None]
-  a = _qdq(a, scale, inv_scale, FP8, not E4M3_SCALE)
-  b = _qdq(b, scale, inv_scale, FP8, not E4M3_SCALE)
+    inv = ((254 - exp) << 23).to(tl.float32, bitcast=True)
+  return scale, inv, 0.0 - scale
 
-  y = tl.reshape(tl.join(tl.reshape(a, (BLOCK_R, HALF)), tl.reshape(b, (BLOCK_R, HALF))), (BLOCK_R, D))
-  tl.store(out_ptr + offs, y.to(tl.bfloat16), mask=row_ok[:, None])  # exact: y holds BF16 values
+
+@triton.jit
+def _qdq(v, scale, inv, neg_scale, FP8: tl.constexpr, E4M3_SCALE: tl.constexpr, HW: tl.constexpr):
+  """``sign(v) * round(min(|v| / scale, limit)) * scale`` in FP32; the scales broadcast to ``v``."""
+  av = tl.abs(v)
+  y = av * inv  # exact for a power-of-two scale
+  if E4M3_SCALE:
+    y = tl.fma(tl.fma(y, neg_scale, av), inv, y)  # the quotient, exact when representable
+  if FP8:
+    q = _round_e4m3(tl.minimum(y, 448.0), HW)
+  else:
+    q = _round_e2m1(tl.minimum(y, 6.0))
+  mag = (q * scale).to(tl.int32, bitcast=True)
+  sign = v.to(tl.int32, bitcast=True) & -2147483648
+  return (mag | sign).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _qdq_tile(v, R: tl.constexpr, C: tl.constexpr, GROUP: tl.constexpr, FP8: tl.constexpr,
+              E4M3_SCALE: tl.constexpr, AMAX_FLOOR: tl.constexpr, HW: tl.constexpr):
+  """QDQ of ``v: [R, C]`` FP32 in groups of GROUP along axis 1."""
+  v3 = tl.reshape(v, (R, C // GROUP, GROUP))
+  scale, inv, neg = _scales(tl.max(tl.abs(v3), axis=2), FP8, E4M3_SCALE, AMAX_FLOOR, HW)
+  out = _qdq(v3, scale[:, :, None], inv[:, :, None], neg[:, :, None], FP8, E4M3_SCALE, HW)
+  return tl.reshape(out, (R, C))
+
+
+@triton.jit
+def rope_qdq_kernel(x_ptr, cache_ptr, pos_ptr, n_rows, n_pos, heads, out_ptr,
+                    D: tl.constexpr, GROUP: tl.constexpr, FP8: tl.constexpr, E4M3_SCALE: tl.constexpr,
+                    AMAX_FLOOR: tl.constexpr, BLOCK_R: tl.constexpr, HEAD_BLOCK: tl.constexpr,
+                    HW: tl.constexpr):
+  """x, out: [n_rows, D] bf16 (the same buffer in place); cache: [n_pos, 64] fp32;
+  pos: [n_rows // heads] int32/int64 (row r uses pos[r // heads]).
+
+  Grid: (cdiv(n_rows, BLOCK_R),). D, GROUP, BLOCK_R and HEAD_BLOCK >= D - 64 are powers
+  of two, D >= 128. HW: hardware BF16/E4M3 conversions (compiled for sm_89+, see above).
+  """
+  HEAD: tl.constexpr = D - 64
+  # 64-bit row offsets: 4M rows of 512 channels already pass 2**31 elements.
+  rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+  row_ok = rows < n_rows
+  base = rows[:, None] * D
+
+  # ---- head: channels [0, D - 64), as read.
+  hc = tl.arange(0, HEAD_BLOCK)[None, :]
+  if HEAD_BLOCK == HEAD:
+    hmask = row_ok[:, None]
+  else:
+    hmask = row_ok[:, None] & (hc < HEAD)
+  h = tl.load(x_ptr + base + hc, mask=hmask, other=0.0).to(tl.float32)
+  h = _qdq_tile(h, BLOCK_R, HEAD_BLOCK, GROUP, FP8, E4M3_SCALE, AMAX_FLOOR, HW)
+  tl.store(out_ptr + base + hc, h.to(tl.bfloat16), mask=hmask)  # exact: h holds BF16 values
+
+  # ---- tail: the 32 adjacent pairs of channels [D - 64, D).
+  tc = HEAD + tl.arange(0, 64)[None, :]
+  t = tl.load(x_ptr + base + tc, mask=row_ok[:, None], other=0.0).to(tl.float32)
+  a, b = tl.split(tl.reshape(t, (BLOCK_R, 32, 2)))  # channels 2p and 2p + 1
+  # Positions outside [0, n_pos) are a caller error; clamping keeps the read in bounds
+  # (and matches the clamping gather of the XLA reference).
+  pos = tl.load(pos_ptr + rows // heads, mask=row_ok, other=0).to(tl.int64)
+  pos = tl.minimum(tl.maximum(pos, 0), n_pos - 1)
+  cache_offs = pos[:, None] * 64 + tl.arange(0, 32)[None, :]
+  cos = tl.load(cache_ptr + cache_offs, mask=row_ok[:, None], other=1.0)
+  sin = tl.load(cache_ptr + cache_offs + 32, mask=row_ok[:, None], other=0.0)
+  real = _round_bf16(tl.fma(a, cos, _negate(b * sin)), HW)
+  imag = _round_bf16(tl.fma(b, cos, a * sin), HW)
+
+  # Group g of the tail holds pairs [g * GROUP/2, (g + 1) * GROUP/2): a pair never straddles groups.
+  NG: tl.constexpr = 64 // GROUP
+  re3 = tl.reshape(real, (BLOCK_R, NG, GROUP // 2))
+  im3 = tl.reshape(imag, (BLOCK_R, NG, GROUP // 2))
+  amax = tl.maximum(tl.max(tl.abs(re3), axis=2), tl.max(tl.abs(im3), axis=2))
+  scale, inv, neg = _scales(amax, FP8, E4M3_SCALE, AMAX_FLOOR, HW)
+  scale, inv, neg = scale[:, :, None], inv[:, :, None], neg[:, :, None]
+  re3 = _qdq(re3, scale, inv, neg, FP8, E4M3_SCALE, HW)
+  im3 = _qdq(im3, scale, inv, neg, FP8, E4M3_SCALE, HW)
+  y = tl.reshape(tl.join(tl.reshape(re3, (BLOCK_R, 32)), tl.reshape(im3, (BLOCK_R, 32))), (BLOCK_R, 64))
+  tl.store(out_ptr + base + tc, y.to(tl.bfloat16), mask=row_ok[:, None])

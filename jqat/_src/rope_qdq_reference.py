@@ -9,6 +9,13 @@ Two things XLA does by itself would break bit-exactness, so neither is relied on
   algorithm of Boldo and Melquiond ("Emulation of FMA and correctly rounded
   sums", IEEE TC 2008). The separately rounded ``b * sin`` of the spec is also
   formed from the two exact partial products, so it cannot be fused either.
+- Signed zeros never depend on operation structure: XLA (and the LLVM
+  back ends below it) may rewrite negations, subtractions and selects between
+  float constants ``-0.0``/``+0.0`` in ways that change only the sign of a
+  zero, so every sign that IEEE fixes for a zero result is computed from the
+  operands' bits with integer logic (product: xor of the signs; exact-zero
+  sum: -0 only when both addends are -0) and forced onto the result's bits.
+  Negation is a sign-bit flip. A nonzero result carries its sign in its value.
 - XLA:CPU flushes subnormal FP32 results and inputs of arithmetic to zero. The
   fp4/UE8M0 floor (``6 * 2**-126``) puts scales at ``2**-126`` and outputs at
   ``2**-127``, so the quantizer compares and builds values as integer bit
@@ -63,12 +70,31 @@ _E4M3_VALUES = np.array([m * 2.0**-9 for m in range(8)]
 _E4M3_MIDS = ((_E4M3_VALUES[:-1].astype(np.float64) + _E4M3_VALUES[1:]) / 2).astype(np.float32)
 
 
+_SIGN = np.int32(-2**31)
+_MAGNITUDE = np.int32(2**31 - 1)
+
+
 def _bits(x):
   return lax.bitcast_convert_type(x, jnp.int32)
 
 
 def _float(bits):
   return lax.bitcast_convert_type(bits, jnp.float32)
+
+
+def _sign_bits(x):
+  """The sign bit of FP32 ``x`` as an int32 (0 or -2**31): integer logic, immune to float rewrites."""
+  return _bits(x) & _SIGN
+
+
+def _with_sign(v, sign_bits):
+  """``|v|`` with the sign bit ``sign_bits`` (0 or -2**31), on the bits."""
+  return _float((_bits(v) & _MAGNITUDE) | sign_bits)
+
+
+def _negate(v):
+  """``-v`` as a sign-bit flip: exact for zeros too, whatever XLA makes of a float negation."""
+  return _float(_bits(v) ^ _SIGN)
 
 
 def _const_bits(values):
@@ -125,17 +151,24 @@ def _fma(a, c, d):
   uh, ul = _two_sum(p1, d)
   th, tl = _two_sum(p2, uh)
   z = th + _add_round_to_odd(tl, ul)
-  # An exactly zero result is +0 unless the product and d are zeros of the same sign
-  # (IEEE); the split may sign p2's zero differently from a * c, so set it here.
-  prod_negative = (_bits(a) ^ _bits(c)) < 0
-  negative_zero = prod_negative & ((a == 0) | (c == 0)) & (d == 0) & (_bits(d) < 0)
-  return jnp.where(z == 0, jnp.where(negative_zero, -0.0, 0.0), z)
+  # An exactly zero result is +0 in round-to-nearest unless the exact product a * c and d
+  # are both -0 (IEEE 754 6.3). The float path cannot be trusted with that sign (the split
+  # may sign p2's zero differently from a * c, and XLA may rewrite the adds, negations or
+  # selects between zero constants), so it is decided on the bits and set on the bits.
+  prod_negative_zero = ((a == 0) | (c == 0)) & (((_bits(a) ^ _bits(c)) & _SIGN) != 0)
+  negative_zero = prod_negative_zero & (d == 0) & (_sign_bits(d) != 0)
+  zero_bits = jnp.where(negative_zero, _SIGN, np.int32(0))
+  return _float(jnp.where(z == 0, zero_bits, _bits(z)))
 
 
 def _round_product(a, c):
-  """``fl(a * c)`` (one FP32 rounding) from the exact partial products, so no FMA can absorb it."""
+  """``fl(a * c)`` (one FP32 rounding) from the exact partial products, so no FMA can absorb it.
+
+  The sign of a product is the xor of the operands' signs, zero or not; it is set on the
+  bits because the sum of the partial products may sign a zero differently.
+  """
   p1, p2 = _exact_product_terms(a, c)
-  return p1 + p2
+  return _with_sign(p1 + p2, (_bits(a) ^ _bits(c)) & _SIGN)
 
 
 _TINY = 2.0**-40
@@ -147,7 +180,7 @@ def _scale_up_bf16(v):
   bits = _bits(v)
   normal = _float(bits + (_UP << 23))
   frac = (bits & 0x7FFFFF).astype(jnp.float32) * 2.0**(_UP - 149)  # v = frac * 2**-149 when subnormal
-  subnormal = jnp.where(bits < 0, -frac, frac)
+  subnormal = _float(_bits(frac) | (bits & _SIGN))  # frac >= 0: set v's sign on the bits
   return jnp.where((bits & 0x7F800000) == 0, subnormal, normal)
 
 
@@ -161,10 +194,12 @@ def rope(a, b, cos, sin):
   tiny = jnp.maximum(jnp.abs(a), jnp.abs(b)) < _TINY
   a = jnp.where(tiny, _scale_up_bf16(a), a)
   b = jnp.where(tiny, _scale_up_bf16(b), b)
-  real = _fma(a, cos, -_round_product(b, sin))
+  real = _fma(a, cos, _negate(_round_product(b, sin)))
   imag = _fma(b, cos, _round_product(a, sin))
   back = jnp.where(tiny, 2.0**-_UP, 1.0).astype(jnp.float32)
-  return tuple((v * back).astype(jnp.bfloat16).astype(jnp.float32) for v in (real, imag))
+  # Scaling back and rounding to BF16 keep the sign (also when they underflow to zero), so
+  # the sign bit of the FMA result, decided above, is set again on the bits.
+  return tuple(_with_sign((v * back).astype(jnp.bfloat16).astype(jnp.float32), _sign_bits(v)) for v in (real, imag))
 
 
 # ------------------------------------------------------------------------ quantization
