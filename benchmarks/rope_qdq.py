@@ -84,6 +84,23 @@ def bench(mode, rows, iters, repeats):
               pct_of_copy=100 * ours_gbs / copy_gbs, speedup_vs_reference=ref / ours)
 
 
+TARGET_ROWS = 1 << 20
+TARGET_PCT_OF_COPY = 80.0
+TARGET_SPEEDUP = 3.0
+
+
+def _summary(r):
+  """Pass/fail of one (mode, rows) result against both targets, as a dict with a printable line."""
+  bw_ok = r["pct_of_copy"] >= TARGET_PCT_OF_COPY
+  ref_ok = r["speedup_vs_reference"] >= TARGET_SPEEDUP
+  line = (f"{r['mode']:<14} rows {r['rows']:>8}: {r['ours_ms']:.4f} ms, {r['pct_of_copy']:5.1f}% of copy "
+          f"[{'PASS' if bw_ok else 'FAIL'}], {r['speedup_vs_reference']:5.1f}x vs reference "
+          f"[{'PASS' if ref_ok else 'FAIL'}] -> {'PASS' if bw_ok and ref_ok else 'FAIL'}")
+  return dict(mode=r["mode"], rows=r["rows"], pct_of_copy=r["pct_of_copy"], bandwidth_pass=bw_ok,
+              speedup_vs_reference=r["speedup_vs_reference"], speedup_pass=ref_ok, line=line,
+              **{"pass": bw_ok and ref_ok})
+
+
 def _plot(results, path):
   try:
     import matplotlib
@@ -127,11 +144,17 @@ def main(argv=None):
       results.append(r)
       print(f"{rows:>9} {mode:<14} {r['ours_ms']:>9.4f} {r['ours_gbs']:>8.0f} {r['copy_gbs']:>10.0f} "
             f"{r['pct_of_copy']:>6.1f}% {r['reference_ms']:>9.4f} {r['speedup_vs_reference']:>6.1f}x", flush=True)
-  big = [r for r in results if r["rows"] >= 1 << 20]
-  if big:
+  big = [r for r in results if r["rows"] >= TARGET_ROWS]
+  summary = [_summary(r) for r in big]
+  if summary:
+    print(f"per config (rows >= {TARGET_ROWS}; targets: >= {TARGET_PCT_OF_COPY:.0f}% of copy, "
+          f">= {TARGET_SPEEDUP:.0f}x the reference):")
+    for line in summary:
+      print("  " + line["line"])
     print(f"rows >= 1M: min % of copy {min(r['pct_of_copy'] for r in big):.1f} (target 80), "
-          f"min speedup vs reference {min(r['speedup_vs_reference'] for r in big):.1f}x (target 3x)")
-  payload = dict(device=jax.devices()[0].device_kind, jax=jax.__version__, results=results)
+          f"min speedup vs reference {min(r['speedup_vs_reference'] for r in big):.1f}x (target 3x); "
+          f"{'ALL PASS' if all(x['pass'] for x in summary) else 'SOME FAIL'}")
+  payload = dict(device=jax.devices()[0].device_kind, jax=jax.__version__, results=results, summary=summary)
   with open(args.out, "w") as f:
     json.dump(payload, f, indent=2)
   print(f"wrote {args.out}")

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 
 from ffi.triton_call import triton_call
-from kernels_triton.rope_qdq import rope_qdq_kernel
+from kernels_triton import nvfp4 as knv
+from kernels_triton.rope_qdq import launch_config, rope_qdq_kernel
 
-# Rows per program: 4096 channels (8 KiB of bf16) each, enough bytes in flight per
-# program for a streaming kernel while the whole row block stays in registers.
-_TILE = 4096
-_NUM_WARPS = 4
+
+@functools.lru_cache(maxsize=None)
+def _hw() -> bool:
+  """Hardware BF16/E4M3 conversions (cvt.rn.satfinite.e4m3x2.f32 needs sm_89+)."""
+  dev = jax.devices()[0]
+  return knv.quant_flags(getattr(dev, "compute_capability", None))["HW_E4M3"]
 
 
 def rope_qdq(x, cache, positions, *, heads, width, group, fp8, e4m3_scale, amax_floor):
@@ -20,15 +25,16 @@ def rope_qdq(x, cache, positions, *, heads, width, group, fp8, e4m3_scale, amax_
   ``jax.jit(..., donate_argnums=...)`` no new buffer is allocated.
   """
   n_rows = x.size // width
-  block_r = _TILE // width
+  config = launch_config(width, _hw())
+  num_warps = config.pop("num_warps")
   return triton_call(
       x, cache, positions, n_rows, cache.shape[0], heads,
       kernel=rope_qdq_kernel,
       out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-      grid=(-(-n_rows // block_r),),
-      num_warps=_NUM_WARPS,
+      grid=(-(-n_rows // config["BLOCK_R"]),),
+      num_warps=num_warps,
       input_output_aliases={0: 0},
       name="jqat_rope_qdq",
       D=width, GROUP=group, FP8=bool(fp8), E4M3_SCALE=bool(e4m3_scale), AMAX_FLOOR=float(amax_floor),
-      BLOCK_R=block_r,
+      **config,
   )

@@ -47,8 +47,8 @@ def launch_config(width: int, hw_e4m3: bool) -> dict:
   """Constexprs and ``num_warps`` for rows of ``width`` channels (a power of two >= 128)."""
   head = width - ROPE
   head_block = 1 << (head - 1).bit_length()
-  block_r = max(1, 8192 // (head_block + ROPE))  # ~16 KiB of bf16 per program
-  return dict(BLOCK_R=block_r, HEAD_BLOCK=head_block, HW=bool(hw_e4m3), num_warps=8 if width >= 512 else 4)
+  block_r = max(1, 8192 // width)  # 8192 channels, 16 KiB of bf16, per program
+  return dict(BLOCK_R=block_r, HEAD_BLOCK=head_block, HW=bool(hw_e4m3), num_warps=8)
 
 
 @triton.jit
@@ -162,9 +162,9 @@ def rope_qdq_kernel(x_ptr, cache_ptr, pos_ptr, n_rows, n_pos, heads, out_ptr,
   """
   HEAD: tl.constexpr = D - 64
   # 64-bit row offsets: 4M rows of 512 channels already pass 2**31 elements.
-  rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-  row_ok = rows < n_rows
-  base = rows[:, None] * D
+  row32 = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # n_rows is an int32
+  row_ok = row32 < n_rows
+  base = row32.to(tl.int64)[:, None] * D
 
   # ---- head: channels [0, D - 64), as read.
   hc = tl.arange(0, HEAD_BLOCK)[None, :]
@@ -182,7 +182,7 @@ def rope_qdq_kernel(x_ptr, cache_ptr, pos_ptr, n_rows, n_pos, heads, out_ptr,
   a, b = tl.split(tl.reshape(t, (BLOCK_R, 32, 2)))  # channels 2p and 2p + 1
   # Positions outside [0, n_pos) are a caller error; clamping keeps the read in bounds
   # (and matches the clamping gather of the XLA reference).
-  pos = tl.load(pos_ptr + rows // heads, mask=row_ok, other=0).to(tl.int64)
+  pos = tl.load(pos_ptr + row32 // heads, mask=row_ok, other=0).to(tl.int64)
   pos = tl.minimum(tl.maximum(pos, 0), n_pos - 1)
   cache_offs = pos[:, None] * 64 + tl.arange(0, 32)[None, :]
   cos = tl.load(cache_ptr + cache_offs, mask=row_ok[:, None], other=1.0)

@@ -93,6 +93,15 @@ def special_rows(mode):
   row[2 * group] = 6.25                                        # e4m3 scale rounds down: y > 6 clamps
   row[2 * group + 1] = 1.0
   rows.append(row)
+  # E4M3 group scales that are not powers of two (amax = 6 * s gives the scale s exactly in
+  # the e4m3 mode): exact ties s * boundary, and neighbours one BF16 ulp away.
+  bounds = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+  for s in (1.125, 1.375, 1.875, 0.0546875, 2.0**-9 * 1.625):
+    row = np.zeros(width)
+    for g, ties in enumerate((s * bounds, -s * bounds, s * bounds * (1 + 2.0**-7), s * bounds * (1 - 2.0**-8))):
+      row[g * group] = 6 * s
+      row[g * group + 1:g * group + 1 + len(ties)] = ties[:group - 1]
+    rows.append(row)
   return np.stack(rows).astype(ml_dtypes.bfloat16)
 
 
@@ -174,6 +183,30 @@ def test_reference_int64_positions_and_shapes(mode):
     assert_bitwise(run_jax(mode, x, cache, pos, "xla"), want, "int64 positions")
   if mode != FP4_32:  # positions shaped like x.shape[:-1] are accepted too
     assert_bitwise(run_jax(mode, x, cache, pos.reshape(shape[:-1]), "xla"), want, "nd positions")
+
+
+def signed_zero_case(mode):
+  """Rotations whose exact result is zero: zero pairs of both signs at sin = +0 and sin = -0."""
+  width = 128 if mode == FP4_32 else 512
+  x = np.zeros((8, width))
+  tail = x[:, width - 64:]
+  tail[:, 0::2] = np.where(np.arange(32) % 2, -0.0, 0.0)
+  tail[:, 1::2] = np.array([1.0, -1.0, 0.0, -0.0] * 8)
+  x[1::2] = -x[1::2]
+  cache = np.concatenate([np.ones((2, 32)), np.zeros((2, 32))], 1).astype(np.float32)
+  cache[1, 32:] = -0.0
+  cache[1, :16] = -1.0
+  pos = np.array([0, 0, 1, 1, 0, 1, 1, 0])
+  x = x.astype(ml_dtypes.bfloat16)
+  if mode == FP4_32:
+    return x[:, None, :], cache, pos.astype(np.int32)
+  return x, cache, pos.astype(np.int32)
+
+
+@pytest.mark.parametrize("mode", [FP4_32, FP8_32, FP4_16], ids=str)
+def test_reference_signed_zero_rotation(mode):
+  x, cache, pos = signed_zero_case(mode)
+  assert_bitwise(run_jax(mode, x, cache, pos, "xla"), rope_qdq_oracle(x, cache, pos, *mode), "xla signed zeros")
 
 
 def test_reference_under_jit_and_default_dispatch():
@@ -265,7 +298,7 @@ def _interpreter_kernel():
   return kernel
 
 
-def _launch_interpreted(mode, x, cache, pos, out=None):
+def _launch_interpreted(mode, x, cache, pos, out=None, block_r=None):
   """Launches the kernel on torch CPU tensors; in place unless ``out`` is given. Returns the bf16 result."""
   import torch
 
@@ -274,12 +307,14 @@ def _launch_interpreted(mode, x, cache, pos, out=None):
   xt = torch.from_numpy(np.ascontiguousarray(x).view(np.int16).copy()).view(torch.bfloat16)
   out_t = xt if out is None else torch.from_numpy(out.view(np.int16).copy()).view(torch.bfloat16)
   n_rows = xt.numel() // m.width
-  block_r = 4096 // m.width
+  config = kernel.launch_config(m.width, hw_e4m3=False)  # the interpreter has no hardware conversions
+  config.pop("num_warps")
+  if block_r is not None:
+    config["BLOCK_R"] = block_r
   heads = x.shape[1] if m.per_token else 1
-  kernel.rope_qdq_kernel[(-(-n_rows // block_r),)](
+  kernel.rope_qdq_kernel[(-(-n_rows // config["BLOCK_R"]),)](
       xt, torch.from_numpy(cache), torch.from_numpy(np.ascontiguousarray(pos).reshape(-1)), n_rows, cache.shape[0],
-      heads, out_t, D=m.width, GROUP=m.group, FP8=m.fp8, E4M3_SCALE=m.e4m3_scale, AMAX_FLOOR=m.floor,
-      BLOCK_R=block_r)
+      heads, out_t, D=m.width, GROUP=m.group, FP8=m.fp8, E4M3_SCALE=m.e4m3_scale, AMAX_FLOOR=m.floor, **config)
   return out_t.view(torch.int16).numpy().view(ml_dtypes.bfloat16).reshape(x.shape)
 
 
@@ -295,6 +330,15 @@ def test_interpreter_inner_bitwise(mode, shape, magnitude, pos_dtype):
   x, cache = make_x(rng, shape, magnitude), make_cache(rng)
   pos = make_positions(rng, mode, shape, pos_dtype)
   assert_bitwise(_launch_interpreted(mode, x, cache, pos), rope_qdq_oracle(x, cache, pos, *mode), "kernel")
+
+
+@pytest.mark.skipif(not INTERPRET, reason="runs inside test_kernel_under_triton_interpreter")
+@pytest.mark.parametrize("mode", [FP4_32, FP8_32, FP4_16], ids=str)
+@pytest.mark.parametrize("block_r", [None, 1, 4], ids=["default", "r1", "r4"])
+def test_interpreter_inner_signed_zero_rotation(mode, block_r):
+  x, cache, pos = signed_zero_case(mode)
+  assert_bitwise(_launch_interpreted(mode, x, cache, pos, block_r=block_r), rope_qdq_oracle(x, cache, pos, *mode),
+                 "kernel signed zeros")
 
 
 @pytest.mark.skipif(not INTERPRET, reason="runs inside test_kernel_under_triton_interpreter")
@@ -332,6 +376,13 @@ def test_triton_special_rows_and_int64(mode):
   assert_bitwise(run_jax(mode, x, cache, pos, "triton"), want, "triton special")
   with jax.enable_x64(True):
     assert_bitwise(run_jax(mode, x, cache, pos.astype(np.int64), "triton"), want, "triton int64")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", [FP4_32, FP8_32, FP4_16], ids=str)
+def test_triton_signed_zero_rotation(mode):
+  x, cache, pos = signed_zero_case(mode)
+  assert_bitwise(run_jax(mode, x, cache, pos, "triton"), rope_qdq_oracle(x, cache, pos, *mode), "triton signed zeros")
 
 
 @pytest.mark.gpu
