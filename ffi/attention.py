@@ -13,6 +13,7 @@ Arrays are XLA buffers: row-major, so strides follow from the shapes, and
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +30,62 @@ from kernels_triton import nvfp4 as knv
 def _quant_flags() -> dict:
   dev = jax.devices()[0]
   return knv.quant_flags(getattr(dev, "compute_capability", None))
+
+
+_FWD_KEYS = ("BLOCK_M", "num_warps", "num_stages")
+_BWD_KEYS = ("DQ_BLOCK_M", "DQ_BLOCK_N", "KV_BLOCK_N", "KV_BLOCK_M", "num_warps", "num_stages", "DQ_num_warps",
+             "DQ_num_stages")
+
+# Process-wide launch-configuration overrides (for sweeps); see :func:`set_config_override`.
+_OVERRIDES = {"fwd": {}, "bwd": {}}
+
+
+def parse_config(text: str, allowed) -> dict:
+  """``"BLOCK_M=64,num_warps=4"`` -> ``{"BLOCK_M": 64, "num_warps": 4}``; keys must be in ``allowed``."""
+  out = {}
+  for item in filter(None, (t.strip() for t in (text or "").split(","))):
+    key, _, val = item.partition("=")
+    key = key.strip()
+    if key not in allowed:
+      raise ValueError(f"unknown launch-config key {key!r}; expected one of {allowed}")
+    out[key] = int(val)
+  return out
+
+
+def set_config_override(kind: str, config=None) -> None:
+  """Overrides the launch configuration of the ``"fwd"`` or ``"bwd"`` kernels for every head dim.
+
+  config: a dict or a ``"KEY=int,..."`` string (None or empty clears it). It is
+  merged over the environment variable (``JQAT_ATTN_FWD_CONFIG`` /
+  ``JQAT_ATTN_BWD_CONFIG``, same syntax) and over the built-in defaults. Keys:
+  fwd: BLOCK_M, num_warps, num_stages; bwd: DQ_BLOCK_M, DQ_BLOCK_N, KV_BLOCK_N,
+  KV_BLOCK_M, num_warps, num_stages (the dK/dV kernel; also the dQ kernel's
+  unless DQ_num_warps / DQ_num_stages are given). Block sizes must keep the kernels' constraints (powers of two,
+  KV_BLOCK_N % 16 == 0). The forward's BLOCK_N is ``block_n`` (it changes the
+  function computed) and cannot be overridden here. Takes effect for functions
+  traced afterwards (jit caches keep their compiled kernels).
+  """
+  allowed = _FWD_KEYS if kind == "fwd" else _BWD_KEYS
+  _OVERRIDES[kind] = dict(config) if isinstance(config, dict) else parse_config(config, allowed)
+  for key in _OVERRIDES[kind]:
+    if key not in allowed:
+      raise ValueError(f"unknown launch-config key {key!r}; expected one of {allowed}")
+  _forward_fn.cache_clear()
+  _backward_fn.cache_clear()
+
+
+def _config(kind: str, default: dict) -> dict:
+  env = "JQAT_ATTN_FWD_CONFIG" if kind == "fwd" else "JQAT_ATTN_BWD_CONFIG"
+  cfg = dict(default)
+  for over in (parse_config(os.environ.get(env, ""), _FWD_KEYS if kind == "fwd" else _BWD_KEYS),
+               _OVERRIDES[kind]):
+    over = dict(over)
+    if kind == "bwd":  # num_warps / num_stages alone set both backward kernels
+      for key in ("num_warps", "num_stages"):
+        if key in over and "DQ_" + key not in over:
+          over["DQ_" + key] = over[key]
+    cfg.update(over)
+  return cfg
 
 
 def _strides(shape) -> tuple[int, ...]:
@@ -67,7 +124,7 @@ def _fake_quantize(x):
   block_r = max(1, 4096 // block_c)
   out = triton_call(
       x.reshape(rows, d), rows, d, d, d,
-      kernel=knv.fake_quantize_kernel, out_shape=jax.ShapeDtypeStruct((rows, d), x.dtype),
+      kernel=kfwd.fake_quantize_rows_kernel, out_shape=jax.ShapeDtypeStruct((rows, d), x.dtype),
       grid=(triton.cdiv(rows, block_r), triton.cdiv(d, block_c)), num_warps=4, num_stages=1,
       name="jqat_nvfp4_fake_quantize", BLOCK_R=block_r, BLOCK_C=block_c, **_quant_flags())
   return out.reshape(x.shape)
@@ -82,7 +139,7 @@ def _forward_impl(q, k, v, *, scale, is_causal, block_n, quantize_qkv, quantize_
     return (jnp.zeros(q.shape, q.dtype), jnp.zeros(q.shape, q.dtype), jnp.full((b, n, tq), -jnp.inf, jnp.float32))
   if quantize_qkv:
     k, v = _fake_quantize(k), _fake_quantize(v)
-  cfg = kfwd.launch_config(d)
+  cfg = _config("fwd", kfwd.launch_config(d))
   sq, sk = _strides(q.shape), _strides(k.shape)
   return tuple(triton_call(
       q, k, v, float(scale), tq, tk, n, n // kh, *sq[:3], *sk[:3], *sk[:3], *sq[:3],
@@ -99,7 +156,7 @@ def _backward_impl(do, q, k, v, o_for_delta, lse, *, scale, is_causal, quantize_
     return jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v)
   if quantize_qkv:
     q, k, v = _fake_quantize(q), _fake_quantize(k), _fake_quantize(v)
-  cfg = kbwd.launch_config(d)
+  cfg = _config("bwd", kbwd.launch_config(d))
   sq, sk = _strides(q.shape), _strides(k.shape)
   delta = triton_call(
       o_for_delta, do, tq, n, *sq[:3], *sq[:3],
@@ -110,7 +167,8 @@ def _backward_impl(do, q, k, v, o_for_delta, lse, *, scale, is_causal, quantize_
   flags = dict(HEAD_DIM=d, IS_CAUSAL=is_causal, **kfwd.dot_flags(q.dtype.name))
   dq = triton_call(
       *common, kernel=kbwd.attention_bwd_dq_kernel, out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-      grid=(triton.cdiv(tq, cfg["DQ_BLOCK_M"]), b * n), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+      grid=(triton.cdiv(tq, cfg["DQ_BLOCK_M"]), b * n), num_warps=cfg["DQ_num_warps"],
+      num_stages=cfg["DQ_num_stages"],
       name="jqat_attention_bwd_dq", BLOCK_M=cfg["DQ_BLOCK_M"], BLOCK_N=cfg["DQ_BLOCK_N"], **flags)
   dk, dv = triton_call(
       *common, kernel=kbwd.attention_bwd_dkdv_kernel,

@@ -20,22 +20,29 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels_triton.attention_fwd import bf16_dot, cast_out, qk_dot
+from kernels_triton.attention_fwd import _aligned3, bf16_dot, cast_out, qk_dot
 from kernels_triton.nvfp4 import fq_probs_t
 
-# Per head dim: (dQ BLOCK_M, dQ BLOCK_N, dK/dV BLOCK_N, dK/dV BLOCK_M, num_warps, num_stages).
+# Per head dim: (dQ BLOCK_M, dQ BLOCK_N, dQ num_warps, dQ num_stages,
+#               dK/dV BLOCK_N, dK/dV BLOCK_M, dK/dV num_warps, dK/dV num_stages).
 # The dQ program keeps a tall Q/dO tile and streams thin K/V tiles; the dK/dV
-# program the reverse. D = 256 halves the resident tiles for shared memory; at D = 128
-# a 64-key dK/dV tile spills fewer registers on sm_90 than 128 keys (ptxas -v).
-_CONFIGS = {64: (128, 32, 128, 32, 4, 3), 128: (128, 32, 64, 32, 8, 2), 256: (64, 32, 64, 32, 8, 2)}
+# program the reverse. ptxas -v on sm_90 (strides hinted, loads through cp.async):
+# D = 128: dQ 128x32 / 8 warps 162 registers, no spills; dK/dV 64 keys x 32 queries
+# / 8 warps 28 bytes of spills (128 keys: 72, 4 warps: 600+). D = 64: dQ at 4
+# warps has no spills, dK/dV at 4 warps spilled 424 bytes, at 8 warps 8.
+_CONFIGS = {64: (128, 32, 4, 3, 128, 32, 8, 3), 128: (128, 32, 8, 2, 64, 32, 8, 2),
+            256: (64, 32, 8, 2, 64, 32, 8, 2)}
 
 
 def launch_config(head_dim: int) -> dict:
-  """Block sizes and launch parameters of the dQ and dK/dV kernels for head dim ``head_dim``."""
+  """Block sizes and launch parameters of the dQ and dK/dV kernels for head dim ``head_dim``.
+
+  ``num_warps``/``num_stages`` are the dK/dV kernel's, ``DQ_num_warps``/``DQ_num_stages`` the dQ kernel's.
+  """
   key = min((d for d in _CONFIGS if d >= head_dim), default=256)
-  dq_m, dq_n, kv_n, kv_m, warps, stages = _CONFIGS[key]
-  return {"DQ_BLOCK_M": dq_m, "DQ_BLOCK_N": dq_n, "KV_BLOCK_N": kv_n, "KV_BLOCK_M": kv_m, "num_warps": warps,
-          "num_stages": stages}
+  dq_m, dq_n, dq_w, dq_s, kv_n, kv_m, kv_w, kv_s = _CONFIGS[key]
+  return {"DQ_BLOCK_M": dq_m, "DQ_BLOCK_N": dq_n, "KV_BLOCK_N": kv_n, "KV_BLOCK_M": kv_m, "num_warps": kv_w,
+          "num_stages": kv_s, "DQ_num_warps": dq_w, "DQ_num_stages": dq_s}
 
 
 @triton.jit
@@ -45,6 +52,8 @@ def attention_bwd_delta_kernel(o_ptr, do_ptr, tq, n_heads, stride_ob, stride_ot,
 
   Grid: (cdiv(Tq, BLOCK_M), B * N).
   """
+  stride_ob, stride_ot, stride_on = _aligned3(stride_ob, stride_ot, stride_on)
+  stride_db, stride_dt, stride_dn = _aligned3(stride_db, stride_dt, stride_dn)
   pid_bh = tl.program_id(1)
   b = pid_bh // n_heads
   h = pid_bh % n_heads
@@ -97,6 +106,11 @@ def attention_bwd_dq_kernel(
   [B, Tk, K, D]; do: [B, Tq, N, D] (strides stride_d*); lse, delta: [B, N, Tq]
   fp32 contiguous. Grid: (cdiv(Tq, BLOCK_M), B * N).
   """
+  # Strides are multiples of HEAD_DIM: visible to the compiler for 16-byte, cp.async-pipelined loads.
+  stride_qb, stride_qt, stride_qn = _aligned3(stride_qb, stride_qt, stride_qn)
+  stride_kb, stride_kt, stride_kn = _aligned3(stride_kb, stride_kt, stride_kn)
+  stride_vb, stride_vt, stride_vn = _aligned3(stride_vb, stride_vt, stride_vn)
+  stride_db, stride_dt, stride_dn = _aligned3(stride_db, stride_dt, stride_dn)
   pid_bh = tl.program_id(1)
   b = pid_bh // n_heads
   h = pid_bh % n_heads
@@ -182,6 +196,11 @@ def attention_bwd_dkdv_kernel(
   Arrays as in ``attention_bwd_dq_kernel``; dk, dv: [B, Tk, K, D] with the
   strides of k and v. Grid: (cdiv(Tk, BLOCK_N), B * K). BLOCK_N % 16 == 0.
   """
+  # Strides are multiples of HEAD_DIM: visible to the compiler for 16-byte, cp.async-pipelined loads.
+  stride_qb, stride_qt, stride_qn = _aligned3(stride_qb, stride_qt, stride_qn)
+  stride_kb, stride_kt, stride_kn = _aligned3(stride_kb, stride_kt, stride_kn)
+  stride_vb, stride_vt, stride_vn = _aligned3(stride_vb, stride_vt, stride_vn)
+  stride_db, stride_dt, stride_dn = _aligned3(stride_db, stride_dt, stride_dn)
   n_kv = n_heads // group
   pid_bk = tl.program_id(1)
   b = pid_bk // n_kv

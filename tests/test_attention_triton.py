@@ -238,6 +238,41 @@ def test_launch_configs_fit_every_head_dim():
     assert smem <= 228 * 1024, (d, smem)
 
 
+def test_fake_quantize_rows_kernel_matches_generic():
+  """The attention binding's fq kernel (stride hints) computes nvfp4.fake_quantize_kernel's function."""
+  device = _device()
+  flags = _flags(device, "bfloat16")
+  x = torch.from_numpy(np.random.default_rng(3).standard_normal((37, 64)).astype(np.float32) * 3).to(
+      torch.bfloat16).to(device)
+  out = _nan_like(x)
+  kfwd.fake_quantize_rows_kernel[(triton.cdiv(37, 16), 1)](x, 37, 64, 64, 64, out, BLOCK_R=16, BLOCK_C=64,
+                                                           **_qflags(flags))
+  assert torch.equal(out.view(torch.int16), _fq(x, flags).view(torch.int16))
+
+
+def test_launch_config_overrides(monkeypatch):
+  """JQAT_ATTN_{FWD,BWD}_CONFIG and set_config_override merge over the defaults (for sweeps)."""
+  from ffi import attention as ffi_attention  # noqa: PLC0415
+
+  assert ffi_attention.parse_config("BLOCK_M=64, num_warps=4,", ffi_attention._FWD_KEYS) == {
+      "BLOCK_M": 64, "num_warps": 4}
+  with pytest.raises(ValueError):
+    ffi_attention.parse_config("BLOCK_N=32", ffi_attention._FWD_KEYS)  # BLOCK_N is block_n: not a launch knob
+  monkeypatch.setenv("JQAT_ATTN_FWD_CONFIG", "BLOCK_M=64,num_warps=4")
+  try:
+    ffi_attention.set_config_override("fwd", {"num_stages": 3})
+    assert ffi_attention._config("fwd", kfwd.launch_config(128)) == {"BLOCK_M": 64, "num_warps": 4, "num_stages": 3}
+    ffi_attention.set_config_override("bwd", "num_warps=4,KV_BLOCK_N=128")
+    bwd = ffi_attention._config("bwd", kbwd.launch_config(128))
+    assert bwd["num_warps"] == 4 and bwd["DQ_num_warps"] == 4 and bwd["KV_BLOCK_N"] == 128
+    assert bwd["DQ_BLOCK_M"] == kbwd.launch_config(128)["DQ_BLOCK_M"]
+  finally:
+    ffi_attention.set_config_override("fwd", None)
+    ffi_attention.set_config_override("bwd", None)
+  monkeypatch.delenv("JQAT_ATTN_FWD_CONFIG")
+  assert ffi_attention._config("fwd", kfwd.launch_config(128)) == kfwd.launch_config(128)
+
+
 # ----------------------------------------------------------------------------- GPU, through the public API
 
 def _api_inputs(b, tq, tk, n, kh, d, seed=0):

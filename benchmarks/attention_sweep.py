@@ -1,0 +1,210 @@
+"""Launch-config sweep of the jqat attention kernels on one GPU, in one process (< 4 min on an H200).
+
+  python benchmarks/attention_sweep.py [--quick] [--json sweep.json]
+
+For each candidate forward config (``BLOCK_M, num_warps, num_stages``) and
+backward config (dQ and dK/dV tiles, warps, stages), at (B, N, K, S, D) =
+(1, 16, 16, 4096, 128), non-causal and causal:
+
+- times the forward (``jqat.attention_forward``, Triton) and the backward
+  (``jqat.attention_backward`` on the default forward's O' and lse), median of
+  repeats of ``iters`` back-to-back calls of a jitted function;
+- checks the config: its outputs at the timed size against the default
+  config's (``same`` = bitwise equal, else the relative Frobenius error), and at
+  a smaller GQA size (1, 1000, 8 heads over 2 KV heads, D = 128) against the
+  pure-JAX reference with the test bounds. ``BAD`` marks a config that misses a
+  bound there (a fast-but-wrong config) or fails to compile/run.
+
+Overrides go through ``ffi.attention.set_config_override`` (the same keys as the
+``JQAT_ATTN_FWD_CONFIG`` / ``JQAT_ATTN_BWD_CONFIG`` environment variables). The
+table comes last; pick the defaults from it and write them into
+``kernels_triton/attention_{fwd,bwd}.py`` (``_CONFIGS``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jqat  # noqa: E402
+from ffi import attention as ffi_attention  # noqa: E402
+from kernels_triton import attention_bwd as kbwd  # noqa: E402
+from kernels_triton import attention_fwd as kfwd  # noqa: E402
+
+BOUNDS = {"O": 2e-3, "O'": 5e-4, "lse": 1e-5, "dQ": 1e-3, "dK": 1e-3, "dV": 2e-3}
+
+# Forward candidates at D = 128 (BLOCK_N is the API's block_n = 64: it is part of the function).
+FWD = [
+    {},  # the built-in default
+    {"BLOCK_M": 128, "num_warps": 8, "num_stages": 2},
+    {"BLOCK_M": 128, "num_warps": 8, "num_stages": 3},
+    {"BLOCK_M": 64, "num_warps": 4, "num_stages": 3},
+    {"BLOCK_M": 64, "num_warps": 4, "num_stages": 2},
+    {"BLOCK_M": 128, "num_warps": 4, "num_stages": 2},
+]
+# Backward candidates at D = 128: dQ (M, N) and dK/dV (keys N, queries M), warps and stages.
+BWD = [
+    {},
+    {"DQ_BLOCK_M": 128, "DQ_BLOCK_N": 32, "KV_BLOCK_N": 64, "KV_BLOCK_M": 32, "num_warps": 8, "num_stages": 2},
+    {"DQ_BLOCK_M": 128, "DQ_BLOCK_N": 64, "KV_BLOCK_N": 64, "KV_BLOCK_M": 32, "num_warps": 8, "num_stages": 2},
+    {"DQ_BLOCK_M": 64, "DQ_BLOCK_N": 32, "DQ_num_warps": 4, "DQ_num_stages": 3, "KV_BLOCK_N": 64, "KV_BLOCK_M": 32,
+     "num_warps": 8, "num_stages": 2},
+    {"DQ_BLOCK_M": 128, "DQ_BLOCK_N": 32, "KV_BLOCK_N": 128, "KV_BLOCK_M": 32, "num_warps": 8, "num_stages": 2},
+    {"DQ_BLOCK_M": 128, "DQ_BLOCK_N": 32, "KV_BLOCK_N": 64, "KV_BLOCK_M": 64, "num_warps": 8, "num_stages": 2},
+    {"DQ_BLOCK_M": 128, "DQ_BLOCK_N": 64, "KV_BLOCK_N": 128, "KV_BLOCK_M": 32, "num_warps": 8, "num_stages": 2},
+    {"DQ_BLOCK_M": 128, "DQ_BLOCK_N": 32, "KV_BLOCK_N": 64, "KV_BLOCK_M": 32, "num_warps": 8, "num_stages": 3},
+]
+QUICK_FWD, QUICK_BWD = FWD[:4], BWD[:4]
+
+
+def _fmt(cfg):
+  if not cfg:
+    return "default"
+  short = {"BLOCK_M": "M", "num_warps": "w", "num_stages": "s", "DQ_BLOCK_M": "qM", "DQ_BLOCK_N": "qN",
+           "DQ_num_warps": "qw", "DQ_num_stages": "qs", "KV_BLOCK_N": "kN", "KV_BLOCK_M": "kM"}
+  return ",".join(f"{short.get(k, k)}{v}" for k, v in cfg.items())
+
+
+def _time(fn, args, iters, repeats):
+  jax.block_until_ready(fn(*args))
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    for _ in range(iters):
+      out = fn(*args)
+    jax.block_until_ready(out)
+    times.append((time.perf_counter() - t0) / iters)
+  return statistics.median(times) * 1e3
+
+
+def _inputs(b, s, n, kh, d, seed):
+  ks = jax.random.split(jax.random.key(seed), 4)
+  mk = lambda key, h: jax.random.normal(key, (b, s, h, d), jnp.float32).astype(jnp.bfloat16)
+  return mk(ks[0], n), mk(ks[1], kh), mk(ks[2], kh), mk(ks[3], n)
+
+
+def _f32(x):
+  return np.asarray(jnp.asarray(x).astype(jnp.float32))
+
+
+def _rel(a, e):
+  a, e = _f32(a), _f32(e)
+  fin = np.isfinite(e)
+  if not (np.isfinite(a) == fin).all():
+    return float("inf")
+  a, e = np.where(fin, a, 0), np.where(fin, e, 0)
+  return float(np.linalg.norm((a - e).ravel()) / max(np.linalg.norm(e.ravel()), 1e-30))
+
+
+def _same(a, b):
+  return all(np.array_equal(np.asarray(x).view(np.uint8), np.asarray(y).view(np.uint8)) for x, y in zip(a, b))
+
+
+def _fwd_fn(causal):
+  return jax.jit(lambda q, k, v: jqat.attention_forward(q, k, v, is_causal=causal, implementation="triton"))
+
+
+def _bwd_fn(causal):
+  return jax.jit(lambda do, q, k, v, o, lse: jqat.attention_backward(do, q, k, v, o, lse, is_causal=causal,
+                                                                     implementation="triton"))
+
+
+def main():
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--quick", action="store_true", help="the first 4 configs of each kind only")
+  ap.add_argument("--iters", type=int, default=10)
+  ap.add_argument("--repeats", type=int, default=5)
+  ap.add_argument("--json", default=None)
+  ap.add_argument("--budget_s", type=float, default=200.0, help="skip the remaining configs after this many seconds")
+  args = ap.parse_args()
+  fwd_cfgs, bwd_cfgs = (QUICK_FWD, QUICK_BWD) if args.quick else (FWD, BWD)
+  t_start = time.perf_counter()
+  print(jax.devices()[0], "defaults at D=128: fwd", ffi_attention._config("fwd", kfwd.launch_config(128)), "bwd",
+        ffi_attention._config("bwd", kbwd.launch_config(128)), flush=True)
+
+  big = _inputs(1, 4096, 16, 16, 128, seed=0)
+  small = _inputs(1, 1000, 8, 2, 128, seed=1)
+  rows = []
+  for causal in (False, True):
+    # The XLA reference at the small size, once per causal flag.
+    sq, sk, sv, sdo = small
+    r_fwd = jax.jit(lambda q, k, v: jqat.attention_forward(q, k, v, is_causal=causal, implementation="xla"))(sq, sk, sv)
+    r_bwd = jax.jit(lambda do, q, k, v, o, lse: jqat.attention_backward(
+        do, q, k, v, o, lse, is_causal=causal, implementation="xla"))(sdo, sq, sk, sv, r_fwd[1], r_fwd[2])
+    q, k, v, do = big
+    base_fwd = base_bwd = None
+    for cfg in fwd_cfgs:
+      row = {"kind": "fwd", "causal": causal, "config": _fmt(cfg)}
+      if cfg and time.perf_counter() - t_start > args.budget_s:
+        row["ok"], row["error"] = False, "skipped (time budget)"
+        rows.append(row)
+        continue
+      try:
+        ffi_attention.set_config_override("fwd", cfg)
+        fn = _fwd_fn(causal)
+        out = jax.block_until_ready(fn(q, k, v))
+        row["ms"] = _time(fn, (q, k, v), args.iters, args.repeats)
+        if base_fwd is None:
+          base_fwd = out
+        row["vs_default"] = "same" if _same(out, base_fwd) else "%.1e" % max(
+            _rel(a, e) for a, e in zip(out, base_fwd))
+        got = _fwd_fn(causal)(sq, sk, sv)
+        errs = {n: _rel(a, e) for n, a, e in zip(("O", "O'", "lse"), got, r_fwd)}
+        row["ref_err"] = max(errs[n] / BOUNDS[n] for n in errs)  # fraction of the bound used
+        row["ok"] = all(errs[n] <= BOUNDS[n] for n in errs)
+      except Exception as e:  # a config that does not compile or fit: report it, keep going
+        row["ok"], row["error"] = False, f"{type(e).__name__}: {str(e)[:120]}"
+      rows.append(row)
+      print(row, flush=True)
+    ffi_attention.set_config_override("fwd", None)
+    o_hp, lse = _fwd_fn(causal)(q, k, v)[1:]
+    for cfg in bwd_cfgs:
+      row = {"kind": "bwd", "causal": causal, "config": _fmt(cfg)}
+      if cfg and time.perf_counter() - t_start > args.budget_s:
+        row["ok"], row["error"] = False, "skipped (time budget)"
+        rows.append(row)
+        continue
+      try:
+        ffi_attention.set_config_override("bwd", cfg)
+        fn = _bwd_fn(causal)
+        out = jax.block_until_ready(fn(do, q, k, v, o_hp, lse))
+        row["ms"] = _time(fn, (do, q, k, v, o_hp, lse), args.iters, args.repeats)
+        if base_bwd is None:
+          base_bwd = out
+        row["vs_default"] = "same" if _same(out, base_bwd) else "%.1e" % max(
+            _rel(a, e) for a, e in zip(out, base_bwd))
+        got = _bwd_fn(causal)(sdo, sq, sk, sv, r_fwd[1], r_fwd[2])
+        errs = {n: _rel(a, e) for n, a, e in zip(("dQ", "dK", "dV"), got, r_bwd)}
+        row["ref_err"] = max(errs[n] / BOUNDS[n] for n in errs)
+        row["ok"] = all(errs[n] <= BOUNDS[n] for n in errs)
+      except Exception as e:
+        row["ok"], row["error"] = False, f"{type(e).__name__}: {str(e)[:120]}"
+      rows.append(row)
+      print(row, flush=True)
+    ffi_attention.set_config_override("bwd", None)
+
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(rows, f, indent=1)
+  print(f"\n(1,16,16,4096,128) bf16; ref_err = worst error / test bound at (1,1000,8/2 heads,128) vs XLA; "
+        f"total {time.perf_counter() - t_start:.0f} s")
+  print(f"{'kind':4} {'causal':6} {'config':58} {'ms':>7} {'vs_default':>10} {'ref_err':>7} ok")
+  for r in rows:
+    ms = f"{r['ms']:7.3f}" if "ms" in r else "      -"
+    err = f"{r['ref_err']:7.2f}" if "ref_err" in r else "      -"
+    flag = "ok" if r["ok"] else "BAD " + r.get("error", "")
+    print(f"{r['kind']:4} {str(r['causal']):6} {r['config']:58} {ms} {r.get('vs_default', '-'):>10} {err} {flag}")
+
+
+if __name__ == "__main__":
+  main()
