@@ -67,8 +67,8 @@ class Config:
 CONFIGS = {
     "cpu": Config(),
     # Sized to a few minutes on one H200 with the Triton kernels (sequence length >= 2048).
-    "gpu": Config(seq_len=2048, d_model=384, num_heads=6, num_layers=4, batch_size=8, steps_pretrain=2000,
-                  steps_qat=600, lr_pretrain=1e-3, lr_qat=2e-4, warmup=100, eval_every=200, eval_batches=16),
+    "gpu": Config(seq_len=2048, d_model=256, num_heads=4, num_layers=4, batch_size=8, steps_pretrain=800,
+                  steps_qat=250, lr_pretrain=2e-3, lr_qat=3e-4, warmup=50, eval_every=100, eval_batches=8),
     "tiny": Config(seq_len=32, d_model=64, num_heads=1, num_layers=1, batch_size=4, steps_pretrain=6,
                    steps_qat=3, warmup=2, eval_every=3, eval_batches=2, max_files=200),
 }

@@ -1,0 +1,513 @@
+"""jqat.torch: the PyTorch shim (SPEC section 5) against the JAX API.
+
+CPU (always): CPU tensors go through DLPack to the XLA reference, so every
+result must equal the JAX API's bit for bit; plus the vendor mapping/unpacking
+behaviour, validation (and that nothing is modified on a failed check),
+torch.compile, and -- under ``TRITON_INTERPRET=1`` -- the torch launcher
+``ffi/torch_launch.py`` itself on strided BHSD views (tolerances of
+tests/test_attention_triton.py, whose reasons apply unchanged: the interpreter
+is not the reference).
+
+GPU (``@pytest.mark.gpu`` and torch.cuda available): the torch path launches the
+same kernels as the JAX Triton path, so results must be equal bit for bit; plus
+no allocation in execute(), in-place rope, stream ordering and buffer reuse.
+"""
+
+import os
+
+from conftest import HAS_GPU  # noqa: E402
+
+os.environ.setdefault("TRITON_INTERPRET", "0" if HAS_GPU else "1")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from conftest import assert_close  # noqa: E402
+
+torch = pytest.importorskip("torch")
+
+import jqat  # noqa: E402
+import jqat.torch as jt  # noqa: E402
+from jqat._src.attention_reference import QATConfig  # noqa: E402
+
+INTERPRET = os.environ["TRITON_INTERPRET"] == "1"
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA torch build and GPU")
+
+if INTERPRET:  # the same NumPy >= 2.4 fix as tests/test_attention_triton.py
+  from triton.runtime import interpreter as _interpreter
+
+  _patch_lang_tensor = _interpreter._patch_lang_tensor
+
+  def _patch_lang_tensor_numpy2(tensor, scope):
+    _patch_lang_tensor(tensor, scope)
+    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+  _interpreter._patch_lang_tensor = _patch_lang_tensor_numpy2
+
+
+def _bits(x):
+  """Raw bits of a torch tensor or JAX array, as a NumPy array (for bitwise comparisons)."""
+  if isinstance(x, torch.Tensor):
+    x = x.detach().cpu()
+    if x.dtype == torch.bfloat16:
+      return x.view(torch.int16).numpy().view(np.uint16)
+    return x.numpy().view(np.uint8 if x.dtype.itemsize == 1 else f"u{x.dtype.itemsize}")
+  x = np.asarray(x)
+  return x.view(f"u{x.dtype.itemsize}")
+
+
+def _same(got, want, name):
+  g, w = _bits(got), _bits(want)
+  assert g.shape == w.shape, f"{name}: shape {g.shape} != {w.shape}"
+  assert np.array_equal(g, w), f"{name}: {np.sum(g != w)} of {g.size} elements differ"
+
+
+def _bhsd_inputs(b, h, hkv, sq, skv, d, device="cpu", dtype=torch.bfloat16, seed=0):
+  g = torch.Generator().manual_seed(seed)
+  mk = lambda *s: torch.randn(*s, generator=g).to(dtype).to(device)
+  return mk(b, h, sq, d), mk(b, hkv, skv, d), mk(b, hkv, skv, d), mk(b, h, sq, d)
+
+
+def _j(t):
+  """BHSD torch tensor -> BTNH JAX array (host copy; test-side only)."""
+  t = t.detach().cpu()
+  x = jnp.asarray(t.float().numpy()).astype(jnp.bfloat16 if t.dtype == torch.bfloat16 else t.numpy().dtype)
+  return jnp.swapaxes(x, 1, 2) if x.ndim == 4 else x
+
+
+def _jax_expected(q, k, v, do, *, causal, cfg, implementation):
+  """JAX API: forward (O, O', lse), explicit backward from O'/O, and grad of jqat.attention (BTNH)."""
+  qj, kj, vj, doj = map(_j, (q, k, v, do))
+  fwd = jax.jit(lambda q, k, v: jqat.attention_forward(q, k, v, is_causal=causal, implementation=implementation,
+                                                       config=cfg))
+  o, o_hp, lse = fwd(qj, kj, vj)
+  o_fd = o_hp if cfg.high_precision_delta else o
+  bwd = jax.jit(lambda *a: jqat.attention_backward(*a, is_causal=causal, implementation=implementation, config=cfg))
+  grads = bwd(doj, qj, kj, vj, o_fd, lse)
+
+  def loss_vjp(q, k, v):
+    out, vjp = jax.vjp(lambda q, k, v: jqat.attention(q, k, v, is_causal=causal, implementation=implementation,
+                                                      quantize_qkv=cfg.quantize_qkv, quantize_p=cfg.quantize_p,
+                                                      high_precision_delta=cfg.high_precision_delta,
+                                                      quantize_p_backward=cfg.quantize_p_backward), q, k, v)
+    return out, vjp(doj)
+
+  out, autograd = jax.jit(loss_vjp)(qj, kj, vj)
+  t = lambda x: jnp.swapaxes(x, 1, 2)
+  return {"o": t(o), "o_hp": t(o_hp), "lse": lse, "grads": tuple(map(t, grads)), "out": t(out),
+          "autograd": tuple(map(t, autograd))}
+
+
+def _torch_results(q, k, v, do, *, causal, cfg):
+  o, o_hp, lse = jt.nvfp4_attention_qat_forward(q, k, v, is_causal=causal) if cfg == QATConfig() else (None,) * 3
+  qr, kr, vr = (x.clone().requires_grad_() for x in (q, k, v))
+  out = jt.attention(qr, kr, vr, is_causal=causal, enable_gqa=True, quantize_qkv=cfg.quantize_qkv,
+                     quantize_p=cfg.quantize_p, high_precision_delta=cfg.high_precision_delta,
+                     quantize_p_backward=cfg.quantize_p_backward)
+  out.backward(do)
+  res = {"out": out.detach(), "autograd": (qr.grad, kr.grad, vr.grad)}
+  if o is not None:
+    res.update(o=o, o_hp=o_hp, lse=lse, grads=tuple(jt.nvfp4_attention_qat_backward(do, q, k, v, o_hp, lse,
+                                                                                    is_causal=causal)))
+  return res
+
+
+def _compare(got, want):
+  for key, value in got.items():
+    if isinstance(value, tuple):
+      for name, a, e in zip(("dq", "dk", "dv"), value, want[key]):
+        _same(a, e, f"{key}.{name}")
+    else:
+      _same(value, want[key], key)
+
+
+# (B, H, Hkv, Sq, Skv, D, causal, config)
+CASES = [
+    (1, 2, 2, 17, 17, 64, True, QATConfig()),
+    (2, 4, 2, 9, 33, 16, False, QATConfig()),
+    (1, 2, 1, 17, 20, 32, True, QATConfig(quantize_p=False, high_precision_delta=False)),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"B{c[0]}H{c[1]}K{c[2]}-{c[3]}x{c[4]}-D{c[5]}-{c[6]}")
+def test_cpu_equals_jax_api_bitwise(case):
+  b, h, hkv, sq, skv, d, causal, cfg = case
+  q, k, v, do = _bhsd_inputs(b, h, hkv, sq, skv, d)
+  got = _torch_results(q, k, v, do, causal=causal, cfg=cfg)
+  _compare(got, _jax_expected(q, k, v, do, causal=causal, cfg=cfg, implementation="xla"))
+  assert got["out"].shape == q.shape
+
+
+def test_tuple_dict_mapping_and_unpacking():
+  r = jt.TupleDict(dq_tensor=1, dk_tensor=2, dv_tensor=3)
+  dq, dk, dv = r
+  assert (dq, dk, dv) == (1, 2, 3) and r["dk_tensor"] == 2 and r[2] == 3
+  assert list(r.keys()) == ["dq_tensor", "dk_tensor", "dv_tensor"] and dict(r.items())["dv_tensor"] == 3
+  q, k, v, do = _bhsd_inputs(1, 2, 2, 5, 5, 16)
+  o, o_hp, lse = jt.nvfp4_attention_qat_forward(q, k, v)
+  assert o.is_contiguous() and o_hp.is_contiguous() and lse.shape == (1, 2, 5) and lse.dtype == torch.float32
+  dq_buf = torch.empty_like(q)
+  res = jt.nvfp4_attention_qat_backward(do, q, k, v, o_hp, lse, dq_tensor=dq_buf)
+  dq, dk, dv = res
+  assert res["dq_tensor"] is dq_buf and dq is dq_buf and res["dk_tensor"] is dk and res["dv_tensor"] is dv
+
+
+def test_class_api_cpu_matches_wrapper():
+  q, k, v, do = _bhsd_inputs(1, 2, 2, 9, 12, 32, seed=3)
+  o, o_hp, lse = jt.nvfp4_attention_qat_forward(q, k, v, is_causal=True)
+  op = jt.Nvfp4AttentionQatBackward(q, k, v, o_hp, do, lse, is_causal=True)
+  assert op.check_support() is True
+  op.compile()
+  ceil = lambda n: -(-n // 256) * 256
+  assert op.scratch_workspace_bytes() == ceil(1 * 2 * 9 * 4) + ceil(q.numel() * 2) + 2 * ceil(k.numel() * 2)
+  ws = torch.empty(op.scratch_workspace_bytes(), dtype=torch.uint8)
+  dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+  op.execute(q, k, v, o_hp, do, lse, dq, dk, dv, ws)
+  want = jt.nvfp4_attention_qat_backward(do, q, k, v, o_hp, lse, is_causal=True)
+  for a, e, n in zip((dq, dk, dv), want, ("dq", "dk", "dv")):
+    _same(a, e, n)
+  with pytest.raises(ValueError, match="workspace"):
+    op.execute(q, k, v, o_hp, do, lse, dq, dk, dv, ws[:-1])
+  with pytest.raises(ValueError, match="dq_tensor overlaps q_tensor"):
+    op.execute(q, k, v, o_hp, do, lse, q, dk, dv, ws)
+
+
+# ----------------------------------------------------------------------------- rope
+
+def _rope_inputs(mode, seed=0, device="cpu"):
+  g = torch.Generator().manual_seed(seed)
+  quant, group, fmt = mode
+  x = (torch.randn(7, 4, 128, generator=g) if quant == "fp4" and group == 32 else
+       torch.randn(3, 5, 512, generator=g) * 3).to(torch.bfloat16)
+  p = 11
+  ang = torch.rand(p, 32, generator=g) * 6.3
+  cache = torch.cat([ang.cos(), ang.sin()], dim=1).float().contiguous()
+  rows = x.shape[0] if x.shape[-1] == 128 else x.shape[0] * x.shape[1]
+  pos = torch.randint(0, p, (rows,), generator=g, dtype=torch.int32)
+  if x.shape[-1] == 512:
+    pos = pos.reshape(x.shape[:-1])
+  return x.to(device), cache.to(device), pos.to(device)
+
+
+MODES = [("fp4", 32, "ue8m0"), ("fp8", 32, "ue8m0"), ("fp4", 16, "e4m3")]
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: "-".join(map(str, m)))
+def test_rope_cpu_equals_jax_bitwise_and_out_is_x(mode):
+  x, cache, pos = _rope_inputs(mode)
+  want = jqat.rope_qdq(jnp.asarray(x.float().numpy()).astype(jnp.bfloat16), jnp.asarray(cache.numpy()),
+                       jnp.asarray(pos.numpy()), quantization=mode[0], group_size=mode[1], scale_format=mode[2],
+                       implementation="xla")
+  ptr = x.data_ptr()
+  res = jt.rope_qdq_inplace(x, cache, pos, quantization=mode[0], group_size=mode[1], scale_format=mode[2])
+  assert res["out"] is x and x.data_ptr() == ptr
+  (out,) = res
+  assert out is x
+  _same(x, want, "rope")
+  x2, cache2, pos2 = _rope_inputs(mode)
+  op = jt.RopeQDQInplace(x2, cache2, pos2, quantization=mode[0], group_size=mode[1], scale_format=mode[2])
+  assert op.check_support() and op.scratch_workspace_bytes() == 0
+  op.compile()
+  assert op.execute(x2, cache2, pos2) is x2
+  _same(x2, want, "rope (class)")
+
+
+def test_rope_validation_leaves_x_untouched():
+  mode = MODES[0]
+  x, cache, pos = _rope_inputs(mode)
+  before = x.clone()
+
+  def fails(exc, match, *args, **kw):
+    with pytest.raises(exc, match=match):
+      jt.rope_qdq_inplace(*args, **kw)
+    _same(x, before, "x after a failed check")
+
+  fails(ValueError, "x must not require grad", x.clone().requires_grad_(), cache, pos)
+  fails(ValueError, "cache must not require grad", x, cache.clone().requires_grad_(), pos)
+  fails(TypeError, "x must be bfloat16", x.float(), cache, pos)
+  fails(ValueError, r"x must have shape \[N, H, 128\]", x[..., :64].contiguous(), cache, pos)
+  fails(TypeError, "cache must be float32", x, cache.double(), pos)
+  fails(ValueError, r"cache must have shape \[P, 64\]", x, cache[:, :32].contiguous(), pos)
+  fails(TypeError, "positions must be int32 or int64", x, cache, pos.float())
+  fails(ValueError, "positions must hold one id per token", x, cache, pos[:3])
+  fails(ValueError, "cache must be on cpu", x, cache.to("meta"), pos)
+  fails(ValueError, "x must be contiguous", x.transpose(0, 1), cache, pos.new_zeros(4))
+  fails(ValueError, "quantization must be", x, cache, pos, quantization="int4")
+  fails(ValueError, "group_size must be 16 or 32", x, cache, pos, group_size=64)
+  # x overlapping its inputs: a cache (or positions) that is a view of x's storage.
+  big = torch.zeros(7 * 4 * 128 + 11 * 64 * 2, dtype=torch.bfloat16)
+  xv = big[:7 * 4 * 128].view(7, 4, 128)
+  xv.copy_(x)
+  alias_cache = big.view(torch.float32)[7 * 4 * 64 - 64:7 * 4 * 64 - 64 + 11 * 64].view(11, 64)
+  snapshot = xv.clone()
+  with pytest.raises(ValueError, match="x overlaps cache"):
+    jt.rope_qdq_inplace(xv, alias_cache, pos)
+  _same(xv, snapshot, "x after the overlap check")
+  alias_pos = big.view(torch.int32)[:7]
+  with pytest.raises(ValueError, match="x overlaps positions"):
+    jt.rope_qdq_inplace(xv, cache, alias_pos)
+  with pytest.raises(ValueError, match="backend must be 'frost'"):
+    jt.RopeQDQInplace(x, cache, pos, backend="other")
+  op = jt.RopeQDQInplace(x, cache, pos)
+  with pytest.raises(ValueError, match="planned head count"):
+    op.execute(torch.zeros(7, 2, 128, dtype=torch.bfloat16), cache, pos)
+  _same(x, before, "x")
+
+
+def test_attention_validation():
+  q, k, v, do = _bhsd_inputs(1, 4, 2, 5, 5, 16)
+  with pytest.raises(ValueError, match="pass enable_gqa=True"):
+    jt.attention(q, k, v)
+  with pytest.raises(ValueError, match="q must have rank 4"):
+    jt.attention(q[0], k, v, enable_gqa=True)
+  with pytest.raises(TypeError, match="must share a dtype"):
+    jt.attention(q, k.float(), v, enable_gqa=True)
+  with pytest.raises(ValueError, match="multiple of 16"):
+    jt.attention(q[..., :8], k[..., :8], v[..., :8], enable_gqa=True)
+  with pytest.raises(ValueError, match="v must have the shape of k"):
+    jt.attention(q, k, v[:, :, :3], enable_gqa=True)
+  with pytest.raises(ValueError, match="k must be on cpu"):
+    jt.attention(q, k.to("meta"), v, enable_gqa=True)
+  q2, k2, v2, do2 = _bhsd_inputs(1, 2, 2, 5, 5, 16)
+  o, o_hp, lse = jt.nvfp4_attention_qat_forward(q2, k2, v2)
+  with pytest.raises(ValueError, match="lse_tensor must be float32"):
+    jt.nvfp4_attention_qat_backward(do2, q2, k2, v2, o_hp, lse.double())
+  with pytest.raises(ValueError, match="do_tensor must have the shape"):
+    jt.nvfp4_attention_qat_backward(do2[:, :, :3], q2, k2, v2, o_hp, lse)
+  with pytest.raises(ValueError, match="high_precision_o_tensor must be contiguous"):
+    jt.nvfp4_attention_qat_backward(do2, q2, k2, v2, o_hp.transpose(1, 2).contiguous().transpose(1, 2), lse)
+  with pytest.raises(ValueError, match="dk_tensor overlaps k_tensor"):
+    jt.nvfp4_attention_qat_backward(do2, q2, k2, v2, o_hp, lse, dk_tensor=k2)
+  with pytest.raises(TypeError, match="current_stream"):
+    jt.nvfp4_attention_qat_backward(do2, q2, k2, v2, o_hp, lse, current_stream="s")  # noqa
+
+
+def test_attention_accepts_strided_views_and_sdpa_layout():
+  """A BTNH-contiguous tensor viewed as BHSD (the usual projection output) gives the same result."""
+  q, k, v, do = _bhsd_inputs(1, 2, 2, 9, 9, 16, seed=5)
+  a = jt.attention(q, k, v, is_causal=True)
+  qs, ks, vs = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
+  _same(jt.attention(qs, ks, vs, is_causal=True), a, "strided")
+
+
+def test_torch_compile_runs():
+  class Block(torch.nn.Module):
+    def __init__(self):
+      super().__init__()
+      self.qkv = torch.nn.Linear(32, 96)
+
+    def forward(self, x):
+      b, s, _ = x.shape
+      q, k, v = self.qkv(x).view(b, s, 3, 2, 16).permute(2, 0, 3, 1, 4).to(torch.bfloat16)
+      return jt.attention(q, k, v, is_causal=True).float().sum()
+
+  torch.manual_seed(0)
+  m = Block()
+  x = torch.randn(2, 8, 32)
+  eager = m(x)
+  eager.backward()
+  g_eager = m.qkv.weight.grad.clone()
+  m.zero_grad()
+  compiled = torch.compile(m, backend="aot_eager")
+  out = compiled(x)
+  out.backward()
+  assert torch.equal(out.detach(), eager.detach())
+  assert torch.equal(m.qkv.weight.grad, g_eager)
+
+
+# ----------------------------------------------------------------------------- the launcher, interpreted on CPU
+
+BOUNDS = {"O": 2e-3, "O'": 5e-4, "lse": 1e-5, "dQ": 1e-3, "dK": 1e-3, "dV": 2e-3}
+
+
+@pytest.mark.skipif(not INTERPRET, reason="the launcher runs on CPU tensors only under TRITON_INTERPRET=1")
+def test_torch_launcher_interpreted_on_strided_views():
+  """ffi/torch_launch.py on BHSD tensors passed as BTNH views (and workspace views), against the reference."""
+  from jqat.torch import Nvfp4AttentionQatBackward, _btnh
+  from ffi import torch_launch
+
+  b, h, hkv, sq, skv, d = 1, 2, 1, 17, 20, 16
+  q, k, v, do = _bhsd_inputs(b, h, hkv, sq, skv, d, seed=7)
+  scale = d**-0.5
+  o, o_hp = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
+  lse = torch.full((b, h, sq), float("nan"))
+  kh, vh = torch.empty_like(k), torch.empty_like(v)
+  torch_launch.attention_forward(_btnh(q), _btnh(k), _btnh(v), _btnh(o), _btnh(o_hp), lse, _btnh(kh), _btnh(vh),
+                                 scale=scale, is_causal=True, block_n=16, quantize_qkv=True, quantize_p=True)
+  want = _jax_expected(q, k, v, do, causal=True, cfg=QATConfig(), implementation="xla")
+  f = lambda x: np.asarray(jnp.asarray(x).astype(jnp.float32)) if not isinstance(x, torch.Tensor) else x.float().numpy()
+  # block_n=16 here vs the JAX default 64 moves only fq(P) (bound O), never O' or lse.
+  assert_close(f(o_hp), f(want["o_hp"]), rel=BOUNDS["O'"], name="O'")
+  assert_close(f(lse), f(want["lse"]), rel=BOUNDS["lse"], name="lse")
+  assert_close(f(o), f(want["o"]), rel=3e-2, name="O (block_n 16 vs 64)")
+  # Backward through the class API: workspace views, caller buffers; the reference's O' and lse as inputs.
+  ro_hp = torch.from_numpy(f(want["o_hp"]).copy()).bfloat16()
+  rlse = torch.from_numpy(f(want["lse"]).copy())
+  op = Nvfp4AttentionQatBackward(q, k, v, ro_hp, do, rlse, is_causal=True)
+  op.check_support()
+  ws = torch.empty(op.scratch_workspace_bytes(), dtype=torch.uint8)
+  delta, qh2, kh2, vh2 = op._carve(ws)
+  grads = [torch.full_like(x, float("nan")) for x in (q, k, v)]
+  torch_launch.attention_backward(_btnh(do), _btnh(q), _btnh(k), _btnh(v), _btnh(ro_hp), rlse,
+                                  *map(_btnh, grads), delta, _btnh(qh2), _btnh(kh2), _btnh(vh2), scale=scale,
+                                  is_causal=True, quantize_qkv=True, quantize_p_backward=True)
+  for name, a, e in zip(("dQ", "dK", "dV"), grads, want["grads"]):
+    assert_close(f(a), f(e), rel=BOUNDS[name], name=name)
+
+
+# ----------------------------------------------------------------------------- GPU
+
+def _cuda_case(seed=0, b=2, h=4, hkv=2, sq=300, skv=257, d=128):
+  return _bhsd_inputs(b, h, hkv, sq, skv, d, device="cuda", seed=seed)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("case", [(2, 4, 2, 300, 257, 128, True, QATConfig()),
+                                  (1, 4, 4, 129, 1000, 64, False, QATConfig()),
+                                  (1, 2, 1, 64, 64, 256, True, QATConfig(False, False, False, False)),
+                                  (1, 4, 2, 100, 100, 128, False, QATConfig(quantize_p_backward=False))],
+                         ids=lambda c: f"B{c[0]}H{c[1]}K{c[2]}-{c[3]}x{c[4]}-D{c[5]}-{c[6]}")
+def test_cuda_equals_jax_triton_bitwise_gpu(case):
+  b, h, hkv, sq, skv, d, causal, cfg = case
+  q, k, v, do = _bhsd_inputs(b, h, hkv, sq, skv, d, device="cuda")
+  got = _torch_results(q, k, v, do, causal=causal, cfg=cfg)
+  torch.cuda.synchronize()
+  _compare(got, _jax_expected(q, k, v, do, causal=causal, cfg=cfg, implementation="triton"))
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: "-".join(map(str, m)))
+def test_cuda_rope_in_place_equals_jax_triton_gpu(mode):
+  x, cache, pos = _rope_inputs(mode, device="cuda")
+  want = jqat.rope_qdq(_j(x), jnp.asarray(cache.cpu().numpy()),
+                       jnp.asarray(pos.cpu().numpy()), quantization=mode[0], group_size=mode[1],
+                       scale_format=mode[2], implementation="triton")
+  ptr = x.data_ptr()
+  op = jt.RopeQDQInplace(x, cache, pos, quantization=mode[0], group_size=mode[1], scale_format=mode[2])
+  op.check_support()
+  op.compile()
+  before = torch.cuda.memory_allocated()
+  out = op.execute(x, cache, pos)
+  assert torch.cuda.memory_allocated() == before
+  assert out is x and x.data_ptr() == ptr
+  torch.cuda.synchronize()
+  _same(x, want, "rope")
+  x2, cache2, pos2 = _rope_inputs(mode, device="cuda")
+  res = jt.rope_qdq_inplace(x2, cache2, pos2, quantization=mode[0], group_size=mode[1], scale_format=mode[2])
+  assert res["out"] is x2
+  torch.cuda.synchronize()
+  _same(x2, want, "rope (wrapper)")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_execute_allocates_nothing_gpu():
+  q, k, v, do = _cuda_case(seed=1, hkv=4)
+  o, o_hp, lse = jt.nvfp4_attention_qat_forward(q, k, v, is_causal=True)
+  op = jt.Nvfp4AttentionQatBackward(q, k, v, o_hp, do, lse, is_causal=True)
+  op.check_support()
+  op.compile()
+  ws = torch.empty(op.scratch_workspace_bytes(), dtype=torch.uint8, device="cuda")
+  dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+  torch.cuda.synchronize()
+  before = torch.cuda.memory_allocated()
+  op.execute(q, k, v, o_hp, do, lse, dq, dk, dv, ws)
+  assert torch.cuda.memory_allocated() == before
+  want = jt.nvfp4_attention_qat_backward(do, q, k, v, o_hp, lse, is_causal=True)
+  torch.cuda.synchronize()
+  for a, e, n in zip((dq, dk, dv), want, ("dq", "dk", "dv")):
+    _same(a, e, n)
+
+
+def _long_kernel(stream, t):
+  """Queues a few hundred ms of matmuls on ``stream`` whose result lands in ``t`` (adds exactly 0)."""
+  with torch.cuda.stream(stream):
+    a = torch.ones(4096, 4096, device="cuda")
+    w = torch.full((4096, 4096), 1e-4, device="cuda")
+    for _ in range(40):
+      a = (a @ w).clamp_(-1.0, 1.0)  # stays finite
+    t.add_(a.reshape(-1)[: t.numel()].reshape(t.shape).mul(0).to(t.dtype))
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_ordered_on_callers_stream_gpu():
+  """Inputs produced on s1 by a long kernel; the call on current_stream=s1 sees them without any sync."""
+  q, k, v, do = _cuda_case(seed=2)
+  want = jt.nvfp4_attention_qat_backward(do, q, k, v, *jt.nvfp4_attention_qat_forward(q, k, v)[1:])
+  want_fwd = jt.nvfp4_attention_qat_forward(q, k, v)
+  torch.cuda.synchronize()
+  s1 = torch.cuda.Stream()
+  with torch.cuda.stream(s1):  # produce the inputs on s1, behind a long kernel
+    q1, k1, v1, do1 = (torch.zeros_like(x) for x in (q, k, v, do))
+  _long_kernel(s1, q1)
+  with torch.cuda.stream(s1):
+    for dst, src in zip((q1, k1, v1, do1), (q, k, v, do)):
+      dst.copy_(src)
+  # No sync: the work is ordered on s1 (passed as a Stream and as a raw handle).
+  o, o_hp, lse = jt.nvfp4_attention_qat_forward(q1, k1, v1, current_stream=s1)
+  grads = jt.nvfp4_attention_qat_backward(do1, q1, k1, v1, o_hp, lse, current_stream=s1.cuda_stream)
+  s1.synchronize()
+  for a, e, n in zip((o, o_hp, lse) + tuple(grads), tuple(want_fwd) + tuple(want), ("o", "o_hp", "lse", "dq", "dk",
+                                                                                     "dv")):
+    _same(a, e, n)
+  x, cache, pos = _rope_inputs(MODES[1], device="cuda")
+  ref = x.clone()
+  jt.rope_qdq_inplace(ref, cache, pos, quantization="fp8")
+  with torch.cuda.stream(s1):
+    x1 = torch.zeros_like(x)
+  _long_kernel(s1, x1)
+  with torch.cuda.stream(s1):
+    x1.copy_(x)
+  jt.rope_qdq_inplace(x1, cache, pos, quantization="fp8", current_stream=s1)
+  s1.synchronize()
+  _same(x1, ref, "rope on s1")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_freed_inputs_not_reused_in_flight_gpu():
+  """Inputs deleted right after the call, then the same sizes allocated and overwritten on the same stream.
+
+  Same-stream ordering makes this hold by construction: the call queued its kernels on the current
+  stream before returning; torch's caching allocator hands a freed block only to later allocations
+  on the same stream (cross-stream use would need record_stream), so the overwriting fill is queued
+  after the kernels that read the freed storage and cannot run before them.
+  """
+  q, k, v, do = _cuda_case(seed=3)
+  o_want, o_hp_want, lse_want = jt.nvfp4_attention_qat_forward(q, k, v)
+  want = jt.nvfp4_attention_qat_backward(do, q, k, v, o_hp_want, lse_want)
+  torch.cuda.synchronize()
+  q1, k1, v1, do1 = (x.clone() for x in (q, k, v, do))
+  _long_kernel(torch.cuda.current_stream(), q1)  # keep the stream busy so the call is still queued
+  o, o_hp, lse = jt.nvfp4_attention_qat_forward(q1, k1, v1)
+  grads = tuple(jt.nvfp4_attention_qat_backward(do1, q1, k1, v1, o_hp, lse))
+  del q1, k1, v1, do1
+  junk = [torch.empty_like(x).fill_(float("nan")) for x in (q, k, v, do)]
+  torch.cuda.synchronize()
+  for a, e, n in zip((o, o_hp, lse) + grads, (o_want, o_hp_want, lse_want) + tuple(want),
+                     ("o", "o_hp", "lse", "dq", "dk", "dv")):
+    _same(a, e, n)
+  del junk
+
+
+@pytest.mark.skipif(not INTERPRET, reason="the launcher runs on CPU tensors only under TRITON_INTERPRET=1")
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: "-".join(map(str, m)))
+def test_torch_launcher_rope_interpreted(mode):
+  """ffi/torch_launch.rope_qdq_inplace writes over x itself; the kernel is bit-exact with the reference."""
+  from jqat._src.rope_qdq import _mode
+  from ffi import torch_launch
+
+  x, cache, pos = _rope_inputs(mode)
+  want = jqat.rope_qdq(_j(x), jnp.asarray(cache.numpy()), jnp.asarray(pos.numpy()), quantization=mode[0],
+                       group_size=mode[1], scale_format=mode[2], implementation="xla")
+  m = _mode(*mode)
+  ptr = x.data_ptr()
+  out = torch_launch.rope_qdq_inplace(x, cache, pos.reshape(-1), heads=x.shape[1] if m.per_token else 1,
+                                      width=m.width, group=m.group, fp8=m.fp8, e4m3_scale=m.e4m3_scale,
+                                      amax_floor=m.floor)
+  assert out is x and x.data_ptr() == ptr
+  _same(x, want, "rope (interpreted launcher)")
