@@ -120,6 +120,12 @@ def main():
   ap.add_argument("--memory", action="store_true", help="also run the (1, 8, 65536, 128) O(N) memory check")
   args = ap.parse_args()
   rows = []
+  result = {"device": str(jax.devices()[0].device_kind), "jax": jax.__version__, "rows": rows}
+
+  def save():  # after every row: a run cut short keeps what it measured
+    with open(args.out, "w") as f:
+      json.dump(result, f, indent=1)
+
   hdr = (f"{'B':>2} {'N':>3} {'K':>3} {'S':>6} {'D':>4} {'causal':>6} | {'jqat fwd':>9} {'bwd':>8} {'fwd+bwd':>8} |"
          f" {'cuDNN fwd':>9} {'fwd+bwd':>8} | {'ratio f':>7} {'ratio fb':>8} | {'TF/s fwd':>8} {'bwd':>6} | {'ref fb':>8}")
   print(hdr)
@@ -134,12 +140,11 @@ def main():
           f"{g('xla_ref_fwdbwd_ms'):>8.2f}", flush=True)
     for key in [k for k in r if k.endswith("_error")]:
       print(f"   {key}: {r[key]}")
-  result = {"device": str(jax.devices()[0].device_kind), "jax": jax.__version__, "rows": rows}
+    save()
   if args.memory:
     result["memory_check"] = memory_check()
     print("memory check:", result["memory_check"])
-  with open(args.out, "w") as f:
-    json.dump(result, f, indent=1)
+    save()
   print("wrote", args.out)
   try:
     _plot(rows, os.path.splitext(args.out)[0] + ".png")
