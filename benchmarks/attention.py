@@ -37,7 +37,8 @@ QUICK = [FULL[2], FULL[3], FULL[4], FULL[6]]
 REFERENCE_MAX_S = 4096  # the XLA reference materializes [B, N, S, S] in its backward
 
 
-def _time(fn, args, iters, repeats):
+def time_ms(fn, args, iters, repeats):
+  """Median milliseconds per call of ``fn(*args)`` over ``repeats`` runs of ``iters`` back-to-back calls."""
   out = fn(*args)
   jax.block_until_ready(out)
   times = []
@@ -75,8 +76,8 @@ def bench_shape(b, n, kh, s, d, causal, iters, repeats):
     impls["xla_ref"] = lambda q, k, v: jqat.attention(q, k, v, is_causal=causal, implementation="xla")
   for name, attn in impls.items():
     try:
-      row[f"{name}_fwd_ms"] = _time(jax.jit(attn), (q, k, v), iters, repeats)
-      row[f"{name}_fwdbwd_ms"] = _time(grad_of(attn), (q, k, v), iters, repeats)
+      row[f"{name}_fwd_ms"] = time_ms(jax.jit(attn), (q, k, v), iters, repeats)
+      row[f"{name}_fwdbwd_ms"] = time_ms(grad_of(attn), (q, k, v), iters, repeats)
     except Exception as e:  # e.g. cuDNN refusing a configuration: say so, keep going
       row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
   # The backward alone, from saved residuals.
@@ -84,7 +85,7 @@ def bench_shape(b, n, kh, s, d, causal, iters, repeats):
   _, o_hp, lse = fwd(q, k, v)
   bwd = jax.jit(lambda do, q, k, v, o, l: jqat.attention_backward(do, q, k, v, o, l, is_causal=causal,
                                                                     implementation="triton"))
-  row["jqat_bwd_ms"] = _time(bwd, (do, q, k, v, o_hp, lse), iters, repeats)
+  row["jqat_bwd_ms"] = time_ms(bwd, (do, q, k, v, o_hp, lse), iters, repeats)
   fl = _flops(b, n, s, d, causal)
   row["jqat_fwd_tflops"] = fl / row["jqat_fwd_ms"] / 1e9
   row["jqat_bwd_tflops"] = 2.5 * fl / row["jqat_bwd_ms"] / 1e9

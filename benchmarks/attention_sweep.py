@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -40,6 +39,9 @@ import jqat  # noqa: E402
 from ffi import attention as ffi_attention  # noqa: E402
 from kernels_triton import attention_bwd as kbwd  # noqa: E402
 from kernels_triton import attention_fwd as kfwd  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from attention import time_ms  # noqa: E402  (benchmarks/attention.py)
 
 BOUNDS = {"O": 2e-3, "O'": 5e-4, "lse": 1e-5, "dQ": 1e-3, "dK": 1e-3, "dV": 2e-3}
 
@@ -73,18 +75,6 @@ def _fmt(cfg):
   short = {"BLOCK_M": "M", "num_warps": "w", "num_stages": "s", "DQ_BLOCK_M": "qM", "DQ_BLOCK_N": "qN",
            "DQ_num_warps": "qw", "DQ_num_stages": "qs", "KV_BLOCK_N": "kN", "KV_BLOCK_M": "kM"}
   return ",".join(f"{short.get(k, k)}{v}" for k, v in cfg.items())
-
-
-def _time(fn, args, iters, repeats):
-  jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    for _ in range(iters):
-      out = fn(*args)
-    jax.block_until_ready(out)
-    times.append((time.perf_counter() - t0) / iters)
-  return statistics.median(times) * 1e3
 
 
 def _inputs(b, s, n, kh, d, seed):
@@ -153,7 +143,7 @@ def main():
         ffi_attention.set_config_override("fwd", cfg)
         fn = _fwd_fn(causal)
         out = jax.block_until_ready(fn(q, k, v))
-        row["ms"] = _time(fn, (q, k, v), args.iters, args.repeats)
+        row["ms"] = time_ms(fn, (q, k, v), args.iters, args.repeats)
         if base_fwd is None:
           base_fwd = out
         row["vs_default"] = "same" if _same(out, base_fwd) else "%.1e" % max(
@@ -178,7 +168,7 @@ def main():
         ffi_attention.set_config_override("bwd", cfg)
         fn = _bwd_fn(causal)
         out = jax.block_until_ready(fn(do, q, k, v, o_hp, lse))
-        row["ms"] = _time(fn, (do, q, k, v, o_hp, lse), args.iters, args.repeats)
+        row["ms"] = time_ms(fn, (do, q, k, v, o_hp, lse), args.iters, args.repeats)
         if base_bwd is None:
           base_bwd = out
         row["vs_default"] = "same" if _same(out, base_bwd) else "%.1e" % max(

@@ -553,27 +553,7 @@ def _check_rope(x, cache, positions, mode):
     _check_tensor(name, t)
     if t.requires_grad:
       raise ValueError(f"{name} must not require grad: rope_qdq_inplace mutates x and has no backward")
-  if x.dtype != torch.bfloat16:
-    raise TypeError(f"x must be bfloat16, got {x.dtype}")
-  if mode.per_token:
-    if x.dim() != 3 or x.shape[-1] != mode.width:
-      raise ValueError(f"x must have shape [N, H, {mode.width}] for quantization='fp4', group_size=32, "
-                       f"scale_format='ue8m0', got {tuple(x.shape)}")
-    pos_shapes = [(x.shape[0],)]
-  else:
-    if x.dim() < 2 or x.shape[-1] != mode.width:
-      raise ValueError(f"x must have shape [..., {mode.width}] with rank >= 2 for this mode, got {tuple(x.shape)}")
-    pos_shapes = [tuple(x.shape[:-1]), (math.prod(x.shape[:-1]),)]
-  if cache.dtype != torch.float32:
-    raise TypeError(f"cache must be float32, got {cache.dtype}")
-  if cache.dim() != 2 or cache.shape[1] != 64 or cache.shape[0] < 1:
-    raise ValueError(f"cache must have shape [P, 64] with P >= 1 (32 cosines then 32 sines), got {tuple(cache.shape)}")
-  if positions.dtype not in (torch.int32, torch.int64):
-    raise TypeError(f"positions must be int32 or int64, got {positions.dtype}")
-  if tuple(positions.shape) not in pos_shapes:
-    per = "token (x.shape[0])" if mode.per_token else "row (prod(x.shape[:-1]))"
-    raise ValueError(f"positions must hold one id per {per}: shape "
-                     f"{' or '.join(str(s) for s in dict.fromkeys(pos_shapes))}, got {tuple(positions.shape)}")
+  _rope_api.check_arrays(x, cache, positions, mode)
   _check_device("cache", cache, x.device)
   _check_device("positions", positions, x.device)
   _check_backend(x.device)

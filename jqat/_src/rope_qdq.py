@@ -27,34 +27,37 @@ def _mode(quantization, group_size, scale_format) -> reference.Mode:
   return reference.MODES[key]
 
 
-def _check(x, cache, positions, mode: reference.Mode, implementation):
-  """Validates everything static (SPEC section 6); raises naming the argument, expected and given."""
+def check_arrays(x, cache, positions, mode: reference.Mode):
+  """Shape and dtype rules of SPEC section 4, shared by the JAX op and the torch shim.
+
+  Works on anything with ``shape`` and ``dtype`` (JAX arrays, torch tensors);
+  raises naming the argument, what was expected and what was given.
+  """
   for name, a in (("x", x), ("cache", cache), ("positions", positions)):
     if not hasattr(a, "shape") or not hasattr(a, "dtype"):
       raise TypeError(f"{name} must be an array, got {type(a).__name__}")
-  if x.dtype != jnp.bfloat16:
-    raise TypeError(f"x must be bfloat16, got {x.dtype}")
+  dtype = lambda a: str(a.dtype).removeprefix("torch.")
+  if dtype(x) != "bfloat16":
+    raise TypeError(f"x must be bfloat16, got {dtype(x)}")
   if mode.per_token:
-    if x.ndim != 3 or x.shape[-1] != mode.width:
+    if len(x.shape) != 3 or x.shape[-1] != mode.width:
       raise ValueError(f"x must have shape [N, H, {mode.width}] for quantization='fp4', group_size=32, "
                        f"scale_format='ue8m0', got {tuple(x.shape)}")
-    count, pos_shapes = x.shape[0], [(x.shape[0],)]
+    pos_shapes = [(x.shape[0],)]
   else:
-    if x.ndim < 2 or x.shape[-1] != mode.width:
+    if len(x.shape) < 2 or x.shape[-1] != mode.width:
       raise ValueError(f"x must have shape [..., {mode.width}] with rank >= 2 for this mode, got {tuple(x.shape)}")
-    count = math.prod(x.shape[:-1])
-    pos_shapes = [tuple(x.shape[:-1]), (count,)]
-  if cache.dtype != jnp.float32:
-    raise TypeError(f"cache must be float32, got {cache.dtype}")
-  if cache.ndim != 2 or cache.shape[1] != reference.ROPE_CHANNELS or cache.shape[0] < 1:
+    pos_shapes = [tuple(x.shape[:-1]), (math.prod(x.shape[:-1]),)]
+  if dtype(cache) != "float32":
+    raise TypeError(f"cache must be float32, got {dtype(cache)}")
+  if len(cache.shape) != 2 or cache.shape[1] != reference.ROPE_CHANNELS or cache.shape[0] < 1:
     raise ValueError(f"cache must have shape [P, 64] with P >= 1 (32 cosines then 32 sines), got {tuple(cache.shape)}")
-  if positions.dtype not in (jnp.int32, jnp.int64):
-    raise TypeError(f"positions must be int32 or int64, got {positions.dtype}")
+  if dtype(positions) not in ("int32", "int64"):
+    raise TypeError(f"positions must be int32 or int64, got {dtype(positions)}")
   if tuple(positions.shape) not in pos_shapes:
     per = "token (x.shape[0])" if mode.per_token else "row (prod(x.shape[:-1]))"
     raise ValueError(f"positions must hold one id per {per}: shape "
                      f"{' or '.join(str(s) for s in dict.fromkeys(pos_shapes))}, got {tuple(positions.shape)}")
-  dispatch.check_implementation(implementation)
 
 
 def rope_qdq(x, cache, positions, *, quantization="fp4", group_size=32, scale_format="ue8m0", implementation=None):
@@ -73,7 +76,8 @@ def rope_qdq(x, cache, positions, *, quantization="fp4", group_size=32, scale_fo
   Inputs are assumed finite (as in the vendor contract).
   """
   mode = _mode(quantization, group_size, scale_format)
-  _check(x, cache, positions, mode, implementation)
+  check_arrays(x, cache, positions, mode)
+  dispatch.check_implementation(implementation)
   x, cache, positions = jnp.asarray(x), jnp.asarray(cache), jnp.asarray(positions)
   impl = dispatch.resolve(implementation, x)
   if x.size == 0:
