@@ -4,7 +4,7 @@
 
 For each candidate forward config (``BLOCK_M, num_warps, num_stages``) and
 backward config (dQ and dK/dV tiles, warps, stages), at (B, N, K, S, D) =
-(1, 16, 16, 4096, 128), non-causal and causal:
+(1, 16, 16, S, 128) (S = --seq, default 4096), non-causal and causal:
 
 - times the forward (``jqat.attention_forward``, Triton) and the backward
   (``jqat.attention_backward`` on the default forward's O' and lse), median of
@@ -115,6 +115,7 @@ def main():
   ap.add_argument("--iters", type=int, default=10)
   ap.add_argument("--repeats", type=int, default=5)
   ap.add_argument("--json", default=None)
+  ap.add_argument("--seq", type=int, default=4096, help="sequence length of the timed shape (1, 16 heads, S, 128)")
   ap.add_argument("--budget_s", type=float, default=200.0, help="skip the remaining configs after this many seconds")
   args = ap.parse_args()
   fwd_cfgs, bwd_cfgs = (QUICK_FWD, QUICK_BWD) if args.quick else (FWD, BWD)
@@ -122,7 +123,7 @@ def main():
   print(jax.devices()[0], "defaults at D=128: fwd", ffi_attention._config("fwd", kfwd.launch_config(128)), "bwd",
         ffi_attention._config("bwd", kbwd.launch_config(128)), flush=True)
 
-  big = _inputs(1, 4096, 16, 16, 128, seed=0)
+  big = _inputs(1, args.seq, 16, 16, 128, seed=0)
   small = _inputs(1, 1000, 8, 2, 128, seed=1)
   rows = []
   for causal in (False, True):
@@ -186,7 +187,7 @@ def main():
   if args.json:
     with open(args.json, "w") as f:
       json.dump(rows, f, indent=1)
-  print(f"\n(1,16,16,4096,128) bf16; ref_err = worst error / test bound at (1,1000,8/2 heads,128) vs XLA; "
+  print(f"\n(1,16,16,{args.seq},128) bf16; ref_err = worst error / test bound at (1,1000,8/2 heads,128) vs XLA; "
         f"total {time.perf_counter() - t_start:.0f} s")
   print(f"{'kind':4} {'causal':6} {'config':58} {'ms':>7} {'vs_default':>10} {'ref_err':>7} ok")
   for r in rows:
