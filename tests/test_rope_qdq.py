@@ -152,6 +152,116 @@ def test_reference_fma_matches_oracle():
   assert_bitwise(got, fma32(a, c, d), "reference._fma")
 
 
+# ---------------------------------------------- bit-level building blocks of the reference
+
+
+def _f32(bits_u32):
+  return np.asarray(bits_u32, np.uint32).view(np.float32)
+
+
+def _random_f32_patterns(rng, n):
+  """Finite FP32 patterns of both signs: every exponent (subnormals and the top binade included),
+  random mantissas, plus mantissas at and around the BF16 rounding point (ties, carries)."""
+  sign = rng.integers(0, 2, n).astype(np.uint32) << 31
+  exp = rng.integers(0, 255, n).astype(np.uint32) << 23
+  man = rng.integers(0, 1 << 23, n).astype(np.uint32)
+  special = np.array([0, 0x7FFF, 0x8000, 0x8001, 0x18000, 0x17FFF, 0x7F8000, 0x7FFFFF, 0x7F7FFF, 0x10000],
+                     np.uint32)
+  man[: n // 2] = special[rng.integers(0, len(special), n // 2)]
+  return _f32(sign | exp | man)
+
+
+def test_reference_bf16_rounding_on_bits_matches_ml_dtypes():
+  """The integer RNE replacing ``astype(bf16)`` (a convert pair XLA:GPU deletes) is ml_dtypes' rounding."""
+  v = _random_f32_patterns(np.random.default_rng(10), 200_000)
+  got = jax.jit(reference._round_bf16_bits)(jnp.asarray(v.view(np.int32)))
+  want = v.astype(ml_dtypes.bfloat16).astype(np.float32)
+  assert_bitwise(_f32(np.asarray(got).view(np.uint32)), want, "_round_bf16_bits")
+
+
+def test_reference_scale_down_on_bits_rounds_like_ieee():
+  """``|v| * 2**-64`` on the bits == the IEEE product (exact in float64, then one RNE), subnormals included."""
+  rng = np.random.default_rng(11)
+  v = _random_f32_patterns(rng, 200_000)
+  v = np.where(rng.random(v.size) < 0.7, np.abs(v) * np.float32(2.0**-60), v).astype(np.float32)  # near the edge
+  got = jax.jit(lambda b: reference._scale_down_bits(b, jnp.int32(64)))(jnp.asarray(v.view(np.int32)))
+  want = (np.abs(v).astype(np.float64) * 2.0**-64).astype(np.float32)
+  assert_bitwise(_f32(np.asarray(got).view(np.uint32)), want, "_scale_down_bits")
+  same = jax.jit(lambda b: reference._scale_down_bits(b, jnp.int32(0)))(jnp.asarray(v.view(np.int32)))
+  assert_bitwise(_f32(np.asarray(same).view(np.uint32)), np.abs(v), "_scale_down_bits k=0")
+
+
+def test_reference_scale_up_on_bits_is_exact():
+  """``v * 2**64`` on the bits for every BF16 value below 2**-40, the subnormal ones included."""
+  v = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(ml_dtypes.bfloat16).astype(np.float32)
+  v = v[np.abs(v) < 2.0**-40]
+  got = np.asarray(jax.jit(reference._scale_up_bf16)(jnp.asarray(v)))
+  assert_bitwise(got, (v.astype(np.float64) * 2.0**64).astype(np.float32), "_scale_up_bf16")
+
+
+def _primitives(jaxpr, found):
+  for eqn in jaxpr.eqns:
+    found.append(eqn)
+    for p in eqn.params.values():
+      for sub in (p if isinstance(p, (tuple, list)) else (p,)):
+        inner = getattr(sub, "jaxpr", None)
+        if inner is not None:
+          _primitives(getattr(inner, "jaxpr", inner), found)
+  return found
+
+
+@pytest.mark.parametrize("mode", [FP4_32, FP8_32, FP4_16], ids=str)
+def test_reference_graph_has_no_fragile_float_ops(mode):
+  """What XLA:GPU rewrites or approximates is absent from the reference's graph.
+
+  - float -> float converts: ``f32 -> bf16 -> f32`` pairs are deleted by XLA:GPU's
+    excess-precision pass, so a BF16 rounding done with converts silently vanishes
+    there (the cause of the reference/oracle mismatches seen on an H200);
+  - division (rewritten into a reciprocal multiply) and transcendental or rounding
+    instructions such as log2/exp2/pow/ceil (approximate or fast-math sensitive).
+  """
+  m = reference.MODES[mode]
+  x = jnp.zeros((4, m.width), jnp.bfloat16)
+  jaxpr = jax.make_jaxpr(lambda x, c, p: reference.rope_qdq(x, c, p, m))(
+      x, jnp.zeros((5, 64), jnp.float32), jnp.zeros((4,), jnp.int32))
+  forbidden = {"div", "rem", "exp", "exp2", "log", "log1p", "pow", "integer_pow", "sqrt", "rsqrt", "cbrt", "tanh",
+               "logistic", "ceil", "floor", "round", "nextafter", "reduce_precision"}
+  bad = []
+  for eqn in _primitives(jaxpr.jaxpr, []):
+    name = eqn.primitive.name
+    if name in forbidden:
+      bad.append(name)
+    elif name == "convert_element_type":
+      src, dst = eqn.invars[0].aval.dtype, eqn.params["new_dtype"]
+      if jnp.issubdtype(src, jnp.floating) and jnp.issubdtype(dst, jnp.floating) and src != dst:
+        bad.append(f"convert {src}->{dst}")
+  assert not bad, f"fragile ops in the reference graph: {sorted(set(bad))}"
+
+
+def subnormal_tail_case(mode):
+  """BF16 subnormals and values near 2**-126 in the rotated tail (the 2**64 rescaling path).
+
+  Rows of the upper half stay below 2**-124, so fp4/UE8M0 groups sit at the floor scale
+  2**-126 and the subnormal rotated values decide their codes.
+  """
+  rng = np.random.default_rng(12)
+  width = 128 if mode == FP4_32 else 512
+  rows = np.zeros((64, width))
+  top = np.where(np.arange(64) < 32, -118.0, -124.0)[:, None]
+  rows[:, width - 64:] = 2.0 ** rng.uniform(-134, top, (64, 64)) * rng.choice([-1.0, 1.0], (64, 64))
+  rows[::7, width - 64::2] = 0.0
+  x = rows.astype(ml_dtypes.bfloat16)
+  x = x[:, None, :] if mode == FP4_32 else x
+  cache = make_cache(rng)
+  return x, cache, make_positions(rng, mode, x.shape)
+
+
+@pytest.mark.parametrize("mode", [FP4_32, FP8_32, FP4_16], ids=str)
+def test_reference_subnormal_tail(mode):
+  x, cache, pos = subnormal_tail_case(mode)
+  assert_bitwise(run_jax(mode, x, cache, pos, "xla"), rope_qdq_oracle(x, cache, pos, *mode), "xla subnormal tail")
+
+
 # ------------------------------------------------------------------------ reference
 
 
@@ -343,6 +453,14 @@ def test_interpreter_inner_signed_zero_rotation(mode, block_r):
 
 @pytest.mark.skipif(not INTERPRET, reason="runs inside test_kernel_under_triton_interpreter")
 @pytest.mark.parametrize("mode", [FP4_32, FP8_32, FP4_16], ids=str)
+def test_interpreter_inner_subnormal_tail(mode):
+  x, cache, pos = subnormal_tail_case(mode)
+  assert_bitwise(_launch_interpreted(mode, x, cache, pos), rope_qdq_oracle(x, cache, pos, *mode),
+                 "kernel subnormal tail")
+
+
+@pytest.mark.skipif(not INTERPRET, reason="runs inside test_kernel_under_triton_interpreter")
+@pytest.mark.parametrize("mode", [FP4_32, FP8_32, FP4_16], ids=str)
 def test_interpreter_inner_special_rows_out_of_place_poisoned(mode):
   """Out of place into a NaN-poisoned buffer: every element must be written, bit-exact."""
   rng = np.random.default_rng(6)
@@ -400,6 +518,15 @@ def test_triton_donated_x_is_updated_in_place(mode):
   assert x.is_deleted(), "x was not donated"
   assert out.unsafe_buffer_pointer() == pointer, "the output does not reuse x's buffer"
   assert_bitwise(np.asarray(out), rope_qdq_oracle(x_np, cache, pos, *mode), "donated")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", [FP4_32, FP8_32, FP4_16], ids=str)
+@pytest.mark.parametrize("implementation", ["triton", "xla"])
+def test_gpu_subnormal_tail(mode, implementation):
+  x, cache, pos = subnormal_tail_case(mode)
+  assert_bitwise(run_jax(mode, x, cache, pos, implementation), rope_qdq_oracle(x, cache, pos, *mode),
+                 f"{implementation} subnormal tail")
 
 
 @pytest.mark.gpu

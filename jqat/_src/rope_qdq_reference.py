@@ -1,32 +1,55 @@
 """Pure-JAX tail RoPE + microscaled QDQ (SPEC section 4): the oracle of the kernel and the "xla" implementation.
 
-Two things XLA does by itself would break bit-exactness, so neither is relied on:
-- It may or may not contract ``a * b + c`` into an FMA. The RoPE FMA is
-  therefore computed explicitly: the FP32 cache value is split into 16 + 8
-  significant bits, so both partial products with the 8-bit BF16 operand are
-  exact (and contraction of an exact product changes nothing); the three exact
-  terms are summed with a single rounding by the TwoSum / round-to-odd
-  algorithm of Boldo and Melquiond ("Emulation of FMA and correctly rounded
-  sums", IEEE TC 2008). The separately rounded ``b * sin`` of the spec is also
-  formed from the two exact partial products, so it cannot be fused either.
-- Signed zeros never depend on operation structure: XLA (and the LLVM
-  back ends below it) may rewrite negations, subtractions and selects between
-  float constants ``-0.0``/``+0.0`` in ways that change only the sign of a
-  zero, so every sign that IEEE fixes for a zero result is computed from the
-  operands' bits with integer logic (product: xor of the signs; exact-zero
-  sum: -0 only when both addends are -0) and forced onto the result's bits.
-  Negation is a sign-bit flip. A nonzero result carries its sign in its value.
-- XLA:CPU flushes subnormal FP32 results and inputs of arithmetic to zero. The
-  fp4/UE8M0 floor (``6 * 2**-126``) puts scales at ``2**-126`` and outputs at
-  ``2**-127``, so the quantizer compares and builds values as integer bit
-  patterns, never doing float arithmetic below ``2**-126``. RoPE pairs below
-  ``2**-40`` are scaled by ``2**64`` (exactly, through the bits) for the FMA.
-  What remains: a RoPE intermediate whose exact FP32 value is subnormal (inputs
-  or products below ``2**-126``) follows the platform's flush.
+Bit-exactness must not depend on what XLA (and LLVM / ptxas below it) does to
+floating-point code on any backend, so the reference relies on nothing but
+correctly rounded single IEEE additions and multiplications whose products are
+exact, comparisons, and integer logic on the FP32 bit patterns:
+
+- Excess precision. XLA:GPU runs ``SimplifyFPConversions`` whenever
+  ``xla_allow_excess_precision`` is on (the default), which deletes
+  ``f32 -> bf16 -> f32`` convert pairs: ``v.astype(bf16).astype(f32)`` is *not*
+  a rounding there. (This is what broke the reference on an H200: the rotated
+  values reached the quantizer unrounded, so E2M1/E4M3 ties went the wrong way.)
+  Every BF16 rounding is therefore done with integer round-to-nearest-even on the
+  bits (:func:`_round_bf16_bits`); the jaxpr holds no float-to-float convert at
+  all (the BF16 input is widened on the bits too), which a test checks.
+- FMA contraction. XLA may or may not contract ``a * b + c`` into an FMA (LLVM
+  and ptxas fuse by default on GPUs). The RoPE FMA is computed explicitly: the
+  FP32 cache value is split by masking its bits into 16 + 8 significant bits, so
+  both partial products with the 8-bit BF16 operand are exact, and contracting an
+  exact product into the following add changes nothing (``fma(a, c, d) ==
+  fl(a*c + d)`` when ``a*c`` is exact). The three exact terms are summed with a
+  single rounding by the TwoSum / round-to-odd algorithm of Boldo and Melquiond
+  ("Emulation of FMA and correctly rounded sums", IEEE TC 2008). The separately
+  rounded ``b * sin`` of the spec is also formed from the two exact partial
+  products. No inexact product ever feeds an addition. The error-free transforms
+  do assume that additions are not reassociated (XLA:GPU emits no ``reassoc``
+  flag; ``--xla_cpu_enable_fast_math`` can break a bare TwoSum on CPU).
+- Signed zeros. XLA may rewrite negations, subtractions and selects between
+  ``-0.0``/``+0.0`` in ways that change only the sign of a zero, so every sign
+  that IEEE fixes for a zero result is computed from the operands' bits with
+  integer logic (product: xor of the signs; exact-zero sum: -0 only when both
+  addends are -0) and forced onto the result's bits. Negation is a sign-bit flip.
+- Flush to zero. XLA:CPU flushes subnormal FP32 results and inputs of
+  arithmetic. The fp4/UE8M0 floor (``6 * 2**-126``) puts scales at ``2**-126``
+  and outputs at ``2**-127``, so the quantizer compares and builds values as
+  integer bit patterns (amax included), never doing float arithmetic below
+  ``2**-126``. RoPE pairs below ``2**-40`` are rotated at ``2**64`` their size
+  (scaled on the bits) and scaled back on the bits with round-to-nearest-even
+  onto the subnormal grid, so no float op sees a subnormal. What remains: a
+  rotated value whose exact FP32 value is subnormal is rounded twice (to 24 bits
+  at the scaled size, then onto the subnormal grid) where the oracle rounds
+  once; and cache values or products below ``2**-126`` follow the platform's
+  flush.
+- Approximate instructions. No division, ``log2``, ``exp2``, ``pow`` or ``ceil``
+  is used: the UE8M0 exponent ``ceil(log2(t))`` is read off the bits of ``t``
+  (exponent field, plus one if the mantissa is non-zero), and scales, their
+  multiples and all rounding boundaries are built as bit patterns.
 
 Quantization is division-free like :mod:`jqat.nvfp4`: with a power-of-two or
 E4M3 scale ``s`` every ``s * boundary`` is exact, so comparing ``|x|`` with it
-decides the same code as the correctly rounded quotient.
+decides the same code as the correctly rounded quotient (XLA rewrites ``x / s``
+into ``x * (1 / s)``, which is not the same).
 """
 
 from __future__ import annotations
@@ -118,14 +141,22 @@ def _times_pow2_bits(value_bits, k):
 
 
 def _two_sum(x, y):
-  """``s + err == x + y`` exactly, ``s = fl(x + y)`` (Knuth's TwoSum; no multiplies, so nothing to contract)."""
+  """``s + err == x + y`` exactly, ``s = fl(x + y)`` (Knuth's TwoSum).
+
+  Additions only: nothing to contract, and no ``/``. Needs additions that are
+  not reassociated (true of XLA:GPU; ``s - x`` must not become ``y``).
+  """
   s = x + y
   bb = s - x
   return s, (x - (s - bb)) + (y - bb)
 
 
 def _add_round_to_odd(x, y):
-  """``x + y`` rounded to odd: when inexact, the neighbour whose last mantissa bit is 1."""
+  """``x + y`` rounded to odd: when inexact, the neighbour whose last mantissa bit is 1.
+
+  The inexact case and its direction are read from TwoSum's error by comparisons;
+  the odd neighbour is made by stepping the bit pattern, not by float arithmetic.
+  """
   s, err = _two_sum(x, y)
   bits = _bits(s)
   away = (err > 0) == (s > 0)  # exact value is farther from zero than s
@@ -134,13 +165,24 @@ def _add_round_to_odd(x, y):
 
 
 def _split16(c):
-  """``c == hi + lo`` with ``hi`` the top 16 significant bits: a BF16 times either part is exact in FP32."""
+  """``c == hi + lo`` with ``hi`` the top 16 significant bits: a BF16 times either part is exact in FP32.
+
+  ``hi`` is made by masking the bits (not Veltkamp's ``4097 * c`` split, whose
+  inexact product followed by subtractions breaks under FMA contraction);
+  ``c - hi`` is exact (same exponent, at most 8 significant bits left), so no
+  rewrite of it can change its value.
+  """
   hi = _float(_bits(c) & -256)
   return hi, c - hi
 
 
 def _exact_product_terms(a, c):
-  """Two FP32 numbers summing exactly to ``a * c`` for BF16-valued ``a`` (8 significant bits)."""
+  """Two FP32 numbers summing exactly to ``a * c`` for BF16-valued ``a`` (8 significant bits).
+
+  8 x 16 and 8 x 8 significant bits fit in 24: both products are exact (while
+  nothing underflows), so fusing either into a following add (FMA contraction)
+  yields the same value as the separate multiply and add.
+  """
   c_hi, c_lo = _split16(c)
   return a * c_hi, a * c_lo
 
@@ -150,7 +192,7 @@ def _fma(a, c, d):
   p1, p2 = _exact_product_terms(a, c)
   uh, ul = _two_sum(p1, d)
   th, tl = _two_sum(p2, uh)
-  z = th + _add_round_to_odd(tl, ul)
+  z = th + _add_round_to_odd(tl, ul)  # the one rounding (Boldo-Melquiond)
   # An exactly zero result is +0 in round-to-nearest unless the exact product a * c and d
   # are both -0 (IEEE 754 6.3). The float path cannot be trusted with that sign (the split
   # may sign p2's zero differently from a * c, and XLA may rewrite the adds, negations or
@@ -164,11 +206,50 @@ def _fma(a, c, d):
 def _round_product(a, c):
   """``fl(a * c)`` (one FP32 rounding) from the exact partial products, so no FMA can absorb it.
 
-  The sign of a product is the xor of the operands' signs, zero or not; it is set on the
-  bits because the sum of the partial products may sign a zero differently.
+  ``p1 + p2`` may itself be contracted to ``fma(a, c_hi, p2)``: the same value, as
+  ``a * c_hi`` is exact. The sign of a product is the xor of the operands' signs,
+  zero or not; it is set on the bits because the sum of the partial products may
+  sign a zero differently.
   """
   p1, p2 = _exact_product_terms(a, c)
   return _with_sign(p1 + p2, (_bits(a) ^ _bits(c)) & _SIGN)
+
+
+def _round_bf16_bits(bits):
+  """FP32 bits rounded to the nearest BF16 (ties to even), as FP32 bits with the low half clear.
+
+  Integer RNE on the pattern: adding ``0x7FFF + lsb`` carries into the exponent
+  exactly when rounding up crosses a binade (and to +-Inf past the largest BF16),
+  and works unchanged on subnormal patterns, so it is ml_dtypes' conversion
+  without any float op. ``v.astype(bf16).astype(f32)`` is not used: XLA:GPU
+  deletes that convert pair (excess precision) and keeps the unrounded FP32 value.
+  NaN stays a (quiet) NaN.
+  """
+  mag = bits & _MAGNITUDE
+  rounded = (mag + (0x7FFF + ((mag >> 16) & 1))) & np.int32(-65536)
+  rounded = jnp.where(mag > 0x7F800000, (mag | 0x400000) & np.int32(-65536), rounded)
+  return rounded | (bits & _SIGN)
+
+
+def _scale_down_bits(bits, k):
+  """FP32 bits of ``|v| * 2**-k`` rounded to nearest even (subnormal results included), for ``0 <= k``.
+
+  On the bits: a normal result only lowers the exponent field; a subnormal one
+  shifts the significand onto the ``2**-149`` grid with an RNE decision on the
+  shifted-out bits (a carry into the exponent field gives the smallest normal).
+  No float multiply, so no flush to zero on CPU. The sign is not set.
+  """
+  mag = bits & _MAGNITUDE
+  e = mag >> 23
+  frac = mag & 0x7FFFFF
+  m = frac | jnp.where(e > 0, np.int32(0x800000), np.int32(0))  # |v| = m * 2**(max(e, 1) - 150)
+  t = jnp.maximum(e, 1) - k  # biased exponent of the result, if it is normal
+  s = jnp.clip(1 - t, 0, 25)  # right shift onto the subnormal grid; m < 2**24, so 25 flushes all
+  q = m >> s
+  rem = m - (q << s)
+  half = (np.int32(1) << s) >> 1
+  up = (s > 0) & ((rem > half) | ((rem == half) & ((q & 1) == 1)))
+  return jnp.where((e > 0) & (t >= 1), (t << 23) | frac, q + up.astype(jnp.int32))
 
 
 _TINY = 2.0**-40
@@ -176,43 +257,68 @@ _UP = 64
 
 
 def _scale_up_bf16(v):
-  """``v * 2**64`` exactly for BF16-valued FP32 ``v`` with ``|v| < 2**-40``, subnormal ``v`` included."""
+  """``v * 2**64`` exactly for BF16-valued FP32 ``v`` with ``|v| < 2**-40``, subnormal ``v`` included.
+
+  On the bits: a normal ``v`` gets 64 added to its exponent field; a subnormal
+  one (``frac * 2**-149``) is normalized with a count of leading zeros. No float
+  op, so a CPU that treats subnormal inputs as zero cannot lose it.
+  """
   bits = _bits(v)
-  normal = _float(bits + (_UP << 23))
-  frac = (bits & 0x7FFFFF).astype(jnp.float32) * 2.0**(_UP - 149)  # v = frac * 2**-149 when subnormal
-  subnormal = _float(_bits(frac) | (bits & _SIGN))  # frac >= 0: set v's sign on the bits
-  return jnp.where((bits & 0x7F800000) == 0, subnormal, normal)
+  frac = bits & 0x7FFFFF
+  top = 31 - lax.clz(frac)  # position of the leading 1 of frac (frac > 0 when used)
+  # v = 2**(top - 149) * (frac / 2**top): biased exponent top - 149 + 64 + 127.
+  subnormal = ((top + (_UP - 22)) << 23) | ((frac << (23 - jnp.maximum(top, 0))) & 0x7FFFFF)
+  normal = bits + (_UP << 23)
+  exp_zero = (bits & 0x7F800000) == 0
+  scaled = jnp.where(exp_zero, jnp.where(frac == 0, np.int32(0), subnormal) | (bits & _SIGN), normal)
+  return _float(scaled)
 
 
 def rope(a, b, cos, sin):
-  """The rotated pair ``(bf16(fma(a, cos, -(b*sin))), bf16(fma(b, cos, a*sin)))`` as FP32 arrays.
+  """The rotated pair ``(bf16(fma(a, cos, -(b*sin))), bf16(fma(b, cos, a*sin)))`` as FP32 bit patterns (int32).
 
   a, b: [...] FP32 holding BF16 values; cos, sin: [...] FP32.
   """
   # Pairs that are both tiny are rotated at 2**64 their size, so that products and
-  # error terms stay normal; the results scale back exactly when they are normal.
-  tiny = jnp.maximum(jnp.abs(a), jnp.abs(b)) < _TINY
+  # error terms stay normal; the results are scaled back on the bits. The test is an
+  # integer compare of the magnitudes (subnormal a or b count as tiny, as they are).
+  tiny_bits = np.int32(np.float32(_TINY).view(np.int32))
+  tiny = jnp.maximum(_bits(a) & _MAGNITUDE, _bits(b) & _MAGNITUDE) < tiny_bits
   a = jnp.where(tiny, _scale_up_bf16(a), a)
   b = jnp.where(tiny, _scale_up_bf16(b), b)
   real = _fma(a, cos, _negate(_round_product(b, sin)))
   imag = _fma(b, cos, _round_product(a, sin))
-  back = jnp.where(tiny, 2.0**-_UP, 1.0).astype(jnp.float32)
-  # Scaling back and rounding to BF16 keep the sign (also when they underflow to zero), so
-  # the sign bit of the FMA result, decided above, is set again on the bits.
-  return tuple(_with_sign((v * back).astype(jnp.bfloat16).astype(jnp.float32), _sign_bits(v)) for v in (real, imag))
+  k = jnp.where(tiny, np.int32(_UP), np.int32(0))
+  # The sign bit of the FMA result (decided on the bits above for zeros) is carried
+  # through unchanged: scaling back and rounding to BF16 act on the magnitude.
+  return tuple(_round_bf16_bits(_scale_down_bits(_bits(v), k) | _sign_bits(v)) for v in (real, imag))
 
 
 # ------------------------------------------------------------------------ quantization
 
 
 def _ue8m0_exponent(amax, limit):
-  """k with ``2**k = 2**ceil(log2(fp32(amax * fp32(1 / limit))))``, for normal ``amax`` (after the floor)."""
-  tb = _bits(amax * np.float32(1.0 / limit))  # one FP32 rounding, as specified
+  """k with ``2**k = 2**ceil(log2(fp32(amax * fp32(1 / limit))))``, for normal ``amax`` (after the floor).
+
+  ``t = amax * fp32(1/limit)`` is one IEEE multiply, correctly rounded on every
+  backend (it feeds no add, so there is nothing to contract; after the floor
+  ``t >= fp32(6 * 2**-126) * fp32(1/6) > 2**-126`` is normal, so no flush). Its
+  rounding matters and is the specified one (e.g. amax = 1.5 * 2**j gives exactly
+  ``t = 2**(j - 2)``). ``ceil(log2(t))`` is then read exactly off the bits:
+  unbiased exponent, plus one when the mantissa field is non-zero; no ``log2``,
+  ``ceil`` or ``exp2`` instruction (approximate on GPUs) is involved.
+  """
+  tb = _bits(amax * np.float32(1.0 / limit))
   return ((tb >> 23) & 0xFF) - 127 + ((tb & 0x7FFFFF) != 0).astype(jnp.int32)
 
 
 def _e2m1_pow2(ax_bits, k):
-  """Bits of ``e2m1(|x| / 2**k) * 2**k`` (RNE, saturating), compared and built as integers."""
+  """Bits of ``e2m1(|x| / 2**k) * 2**k`` (RNE, saturating), compared and built as integers.
+
+  ``boundary * 2**k`` is built on the bits (exact, subnormal included), and
+  non-negative FP32 patterns order like their values, so integer compares decide
+  the code the correctly rounded quotient would; a tie goes to the even code.
+  """
   code = jnp.zeros(ax_bits.shape, jnp.int32)
   for i, bound in enumerate(_const_bits(_E2M1_BOUNDS)):
     edge = _times_pow2_bits(jnp.int32(bound), k)
@@ -222,7 +328,7 @@ def _e2m1_pow2(ax_bits, k):
 
 
 def _e4m3_pow2(ax_bits, k):
-  """Bits of ``e4m3(min(|x| / 2**k, 448)) * 2**k`` (RNE), by binary search over the 126 midpoints."""
+  """Bits of ``e4m3(min(|x| / 2**k, 448)) * 2**k`` (RNE), by binary search over the 126 midpoints (integer compares)."""
   mids = jnp.asarray(_const_bits(_E4M3_MIDS))
   count = jnp.zeros(ax_bits.shape, jnp.int32)  # midpoints passed = the code
   for step in (64, 32, 16, 8, 4, 2, 1):
@@ -235,27 +341,31 @@ def _e4m3_pow2(ax_bits, k):
   return jnp.where(count == 0, 0, out)
 
 
-def qdq(v, mode: Mode):
-  """Quantize/dequantize FP32 ``v: [..., width]`` (BF16 values) in groups; returns bf16 ``[..., width]``."""
-  vg = v.reshape(v.shape[:-1] + (-1, mode.group))
-  bits = _bits(vg)
-  ax_bits = bits & 0x7FFFFFFF
-  sign = bits & np.int32(-2**31)
-  # Subnormal inputs may read as 0 in this max (XLA:CPU); the floor is above them anyway.
-  amax = jnp.max(jnp.abs(vg), axis=-1, keepdims=True)
+def qdq(bits, mode: Mode):
+  """Quantize/dequantize ``[..., width]`` values given as FP32 bit patterns (int32, BF16 values); returns bf16."""
+  bits = bits.reshape(bits.shape[:-1] + (-1, mode.group))
+  ax_bits = bits & _MAGNITUDE
+  sign = bits & _SIGN
+  # amax as an integer max of the magnitude patterns (they order like the values), the
+  # floor applied on the bits: exact, and blind to a flush of subnormals.
+  floor_bits = np.int32(np.float32(mode.floor).view(np.int32))
+  amax = _float(jnp.maximum(jnp.max(ax_bits, axis=-1, keepdims=True), floor_bits))
   if mode.e4m3_scale:
     # nvfp4's E4M3 scale is e4m3(max(amax / 6, 2**-9)): the same value as with the floor
-    # 6 * 2**-9 applied first, since fl(amax / 6) >= 2**-9 iff amax >= 6 * 2**-9.
+    # 6 * 2**-9 applied first, since fl(amax / 6) >= 2**-9 iff amax >= 6 * 2**-9. It is a
+    # binary search comparing amax with exact products 6 * midpoint (no division); the
+    # E2M1 code compares |x| with exact products scale * boundary (all >= 2**-11, so no
+    # subnormal arithmetic), and mag * scale is exact (2 x 4 significant bits).
     scale = nvfp4.e4m3_block_scale(amax)
-    _, mag = nvfp4.e2m1_code(vg, scale)  # thresholds >= 2**-11: no subnormal arithmetic
+    _, mag = nvfp4.e2m1_code(_float(ax_bits), scale)
     out = _bits(mag * scale)
   else:
-    k = _ue8m0_exponent(jnp.maximum(amax, np.float32(mode.floor)), 448.0 if mode.fp8 else 6.0)
+    k = _ue8m0_exponent(amax, 448.0 if mode.fp8 else 6.0)
     out = (_e4m3_pow2 if mode.fp8 else _e2m1_pow2)(ax_bits, k)
   # The values have at most 6 significant bits, so the top half of the FP32 pattern is
-  # the exact BF16 pattern, subnormals included.
+  # the exact BF16 pattern, subnormals included; the input's sign (zeros too) is set back.
   out = lax.shift_right_logical(out | sign, np.int32(16)).astype(jnp.uint16)
-  return lax.bitcast_convert_type(out, jnp.bfloat16).reshape(v.shape)
+  return lax.bitcast_convert_type(out, jnp.bfloat16).reshape(bits.shape[:-2] + (-1,))
 
 
 @functools.partial(jax.jit, static_argnames="mode")
@@ -265,10 +375,12 @@ def rope_qdq(x, cache, row_positions, mode: Mode):
   x: [R, width] bf16; cache: [P, 64] fp32; row_positions: [R] int (one per row,
   clamped into [0, P) like the kernel's reads). Returns [R, width] bf16.
   """
-  x32 = x.astype(jnp.float32)  # exact, bit for bit
+  # BF16 -> FP32 on the bits (the BF16 pattern is the top half of the FP32 one): no
+  # float convert in the graph for an excess-precision rule to touch.
+  x_bits = lax.bitcast_convert_type(x, jnp.uint16).astype(jnp.int32) << 16
   pos = jnp.clip(row_positions.astype(jnp.int32), 0, cache.shape[0] - 1)
   rows = cache[pos]  # [R, 64]
-  tail = x32[:, -ROPE_CHANNELS:].reshape(-1, ROPE_CHANNELS // 2, 2)
+  tail = _float(x_bits[:, -ROPE_CHANNELS:]).reshape(-1, ROPE_CHANNELS // 2, 2)
   real, imag = rope(tail[..., 0], tail[..., 1], rows[:, :32], rows[:, 32:])
-  tail = jnp.stack([real, imag], axis=-1).reshape(-1, ROPE_CHANNELS)
-  return qdq(jnp.concatenate([x32[:, :-ROPE_CHANNELS], tail], axis=-1), mode)
+  tail_bits = jnp.stack([real, imag], axis=-1).reshape(-1, ROPE_CHANNELS)
+  return qdq(jnp.concatenate([x_bits[:, :-ROPE_CHANNELS], tail_bits], axis=-1), mode)
