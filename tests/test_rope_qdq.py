@@ -392,11 +392,15 @@ def test_kernel_under_triton_interpreter():
 
 
 def _interpreter_kernel():
-  """The kernel module imported in interpreter mode, with the interpreter's FMA made a real one.
+  """The kernel module imported in interpreter mode, with the interpreter's FMA and BF16 casts made the GPU's.
 
   The interpreter evaluates ``tl.fma`` as ``x * y + z`` in NumPy FP32 (two roundings);
-  the GPU instruction rounds once, so the builder gets the oracle's exact FMA.
+  the GPU instruction rounds once, so the builder gets the oracle's exact FMA. Its
+  BF16 <-> FP32 casts flush subnormals to zero (a BF16 ``2**-130`` loads as 0), while
+  ``cvt.f32.bf16`` is exact and ``cvt.rn.bf16.f32`` rounds to nearest even with
+  subnormals; both are given the GPU semantics on the bits.
   """
+  import triton.language as tl
   from triton.runtime import interpreter
 
   from kernels_triton import rope_qdq as kernel
@@ -404,7 +408,21 @@ def _interpreter_kernel():
   def create_fma(self, x, y, z):
     return interpreter.TensorHandle(fma32(x.data, y.data, z.data), z.dtype.scalar)
 
-  interpreter.InterpreterBuilder.create_fma = create_fma
+  builder = interpreter.InterpreterBuilder
+  cast_impl = builder.cast_impl
+
+  def cast_bf16_exactly(self, src, dst_type):
+    src_t, dst_t = src.dtype.scalar, dst_type.scalar
+    if src_t == tl.bfloat16 and dst_t == tl.float32:
+      data = (np.asarray(src.data).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+      return interpreter.TensorHandle(data, dst_t)
+    if src_t == tl.float32 and dst_t == tl.bfloat16:  # finite values in this kernel
+      data = np.asarray(src.data, np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)
+      return interpreter.TensorHandle(data, dst_t)
+    return cast_impl(self, src, dst_type)
+
+  builder.create_fma = create_fma
+  builder.cast_impl = cast_bf16_exactly
   return kernel
 
 
