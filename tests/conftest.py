@@ -30,6 +30,18 @@ def pytest_collection_modifyitems(config, items):
       item.add_marker(skip)
 
 
+def kernel_device() -> str:
+  """Where tests launch the framework-free kernels on torch tensors: the CPU under
+  TRITON_INTERPRET=1, else CUDA (skipping when torch has no CUDA build)."""
+  if os.environ.get("TRITON_INTERPRET") == "1":
+    return "cpu"
+  import torch
+
+  if not torch.cuda.is_available():
+    pytest.skip("compiled Triton kernels need a CUDA torch build when TRITON_INTERPRET=0")
+  return "cuda"
+
+
 def assert_close(actual, expected, *, rel: float, name: str = "value"):
   """Relative Frobenius error ||a - e|| / ||e|| <= rel, in float64; NaN never passes.
 

@@ -19,7 +19,7 @@ Tolerances (relative Frobenius, ``assert_close``), the same on both paths:
 
 import os
 
-from conftest import HAS_GPU  # noqa: E402
+from conftest import HAS_GPU, kernel_device  # noqa: E402
 
 # Before triton is imported: the interpreter on CPU machines, compiled kernels on a GPU.
 os.environ.setdefault("TRITON_INTERPRET", "0" if HAS_GPU else "1")
@@ -62,12 +62,6 @@ if INTERPRET:
 _TORCH = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
-def _device():
-  if INTERPRET:
-    return "cpu"
-  if not torch.cuda.is_available():
-    pytest.skip("the direct kernel tests need a CUDA torch build when TRITON_INTERPRET=0")
-  return "cuda"
 
 
 def _flags(device, dtype_name):
@@ -179,7 +173,7 @@ def _reference(case, seed=0):
 
 @pytest.mark.parametrize("case", CPU_CASES, ids=_case_id)
 def test_kernels_match_reference(case):
-  device = _device()
+  device = kernel_device()
   b, tq, tk, n, kh, d, causal, dtype, bn, cfg = case
   flags = _flags(device, dtype)
   to_t = lambda x: torch.from_numpy(np.array(x)).to(_TORCH[dtype]).to(device)
@@ -202,7 +196,7 @@ def test_kernels_match_reference(case):
 
 def test_no_visible_key_gives_zero_and_minus_inf():
   """Tk = 0: every row is empty, so O = O' = 0 and lse = -inf, never NaN."""
-  device = _device()
+  device = kernel_device()
   flags = _flags(device, "bfloat16")
   q = torch.ones((1, 5, 2, 16), dtype=torch.bfloat16, device=device)
   k = torch.ones((1, 0, 1, 16), dtype=torch.bfloat16, device=device)
@@ -214,7 +208,7 @@ def test_no_visible_key_gives_zero_and_minus_inf():
 
 def test_fq_blocks_follow_absolute_key_indices_in_dkdv():
   """dV's fq(P) blocks are 16 keys at absolute indices, whatever the dK/dV key tile (16, 32 or 64)."""
-  device = _device()
+  device = kernel_device()
   case = (1, 17, 40, 2, 1, 16, False, "bfloat16", 16, ALL_ON)
   b, tq, tk, n, kh, d, causal, dtype, bn, cfg = case
   flags = _flags(device, dtype)
@@ -240,7 +234,7 @@ def test_launch_configs_fit_every_head_dim():
 
 def test_fake_quantize_rows_kernel_matches_generic():
   """The attention binding's fq kernel (stride hints) computes nvfp4.fake_quantize_kernel's function."""
-  device = _device()
+  device = kernel_device()
   flags = _flags(device, "bfloat16")
   x = torch.from_numpy(np.random.default_rng(3).standard_normal((37, 64)).astype(np.float32) * 3).to(
       torch.bfloat16).to(device)

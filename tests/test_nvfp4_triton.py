@@ -7,7 +7,7 @@ compiled for the local GPU with the hardware paths ``quant_flags`` picks.
 
 import os
 
-from conftest import HAS_GPU  # noqa: E402
+from conftest import HAS_GPU, kernel_device  # noqa: E402
 
 # Before triton is imported: the interpreter on CPU machines, compiled kernels on a GPU.
 os.environ.setdefault("TRITON_INTERPRET", "0" if HAS_GPU else "1")
@@ -26,12 +26,6 @@ INTERPRET = os.environ["TRITON_INTERPRET"] == "1"
 _TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
-def _device():
-  if INTERPRET:
-    return "cpu"
-  if not torch.cuda.is_available():
-    pytest.skip("compiled Triton needs a CUDA torch build; run with TRITON_INTERPRET=0 on a GPU")
-  return "cuda"
 
 
 def _flags(device):
@@ -131,7 +125,7 @@ def _case(name):
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_fake_quantize_kernel_matches_oracle(name):
   x, dtype = _case(name)
-  _check(x, dtype, _device())
+  _check(x, dtype, kernel_device())
 
 
 @pytest.mark.gpu
@@ -140,7 +134,7 @@ def test_fake_quantize_kernel_matches_oracle(name):
 def test_fake_quantize_kernel_matches_oracle_gpu(name, path):
   if INTERPRET:
     pytest.skip("compiled-kernel variant: run with TRITON_INTERPRET=0")
-  device = _device()
+  device = kernel_device()
   flags = _flags(device) if path == "hardware" else knv.quant_flags(None)
   x, dtype = _case(name)
   _check(x, dtype, device, flags)
@@ -148,7 +142,7 @@ def test_fake_quantize_kernel_matches_oracle_gpu(name, path):
 
 def test_masked_positions_are_ignored():
   """Columns past ``cols`` are masked: neither their huge values nor their NaN reach the valid blocks."""
-  device = _device()
+  device = kernel_device()
   x = np.random.default_rng(3).standard_normal((4, 40)).astype(np.float32)
   wide = np.concatenate([x, np.full((4, 8), np.nan, np.float32)], axis=1)
   wide[:, 41] = 1e6  # in the same block of 16 as columns 32..39
