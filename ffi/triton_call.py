@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import os
 import pickle
 import sys
@@ -44,9 +45,16 @@ def triton_call(*args, kernel, out_shape, grid, num_warps=4, num_stages=2, input
   # jax-triton types a Python float as fp64, which would promote the kernel's FP32
   # arithmetic; kernel scalars are FP32.
   args = tuple(np.float32(a) if isinstance(a, float) else a for a in args)
-  return jt.triton_call(*args, kernel=kernel, out_shape=out_shape, grid=grid, num_warps=num_warps,
-                        num_stages=num_stages, input_output_aliases=input_output_aliases or {},
-                        name=name, **metaparams)
+  return jt.triton_call(*args, kernel=kernel, grid=grid, num_warps=num_warps, num_stages=num_stages,
+                        input_output_aliases=input_output_aliases or {}, name=name,
+                        **{_out_keyword(jt.triton_call): out_shape}, **metaparams)
+
+
+@functools.lru_cache(maxsize=None)
+def _out_keyword(fn) -> str:
+  """The output-spec keyword: ``out_shape`` up to jax-triton 0.3.x, ``out_type`` in later releases."""
+  params = inspect.signature(fn).parameters
+  return "out_shape" if "out_shape" in params else "out_type"
 
 
 def _install_disk_cache():
@@ -61,7 +69,10 @@ def _install_disk_cache():
   lib = sys.modules.get("jax_triton.triton_lib")
   factory = getattr(lib, "get_or_create_triton_kernel", None)
   kernel_lib = getattr(lib, "triton_kernel_call_lib", None)
-  if factory is None or kernel_lib is None or getattr(factory, "_jqat_disk_cache", False):
+  expected = ["backend_init_func", "platform", "fn", "arg_dtypes", "scalar_args", "num_warps", "num_stages",
+              "num_ctas", "compute_capability", "enable_fp_fusion", "metaparams", "dump"]
+  if (factory is None or kernel_lib is None or getattr(factory, "_jqat_disk_cache", False)
+      or list(inspect.signature(factory).parameters) != expected):
     return
   import triton  # noqa: PLC0415
 
