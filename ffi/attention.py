@@ -120,13 +120,11 @@ def _fake_quantize(x):
   """fq(x) along the last axis; x: [..., D] with D % 16 == 0, same shape and dtype out."""
   d = x.shape[-1]
   rows = x.size // d
-  block_c = min(128, triton.next_power_of_2(d))
-  block_r = max(1, 4096 // block_c)
+  grid, launch = kfwd.fake_quantize_launch(rows, d)
   out = triton_call(
       x.reshape(rows, d), rows, d, d, d,
       kernel=kfwd.fake_quantize_rows_kernel, out_shape=jax.ShapeDtypeStruct((rows, d), x.dtype),
-      grid=(triton.cdiv(rows, block_r), triton.cdiv(d, block_c)), num_warps=4, num_stages=1,
-      name="jqat_nvfp4_fake_quantize", BLOCK_R=block_r, BLOCK_C=block_c, **_quant_flags())
+      grid=grid, name="jqat_nvfp4_fake_quantize", **launch, **_quant_flags())
   return out.reshape(x.shape)
 
 
@@ -161,8 +159,8 @@ def _backward_impl(do, q, k, v, o_for_delta, lse, *, scale, is_causal, quantize_
   delta = triton_call(
       o_for_delta, do, tq, n, *sq[:3], *sq[:3],
       kernel=kbwd.attention_bwd_delta_kernel, out_shape=jax.ShapeDtypeStruct((b, n, tq), jnp.float32),
-      grid=(triton.cdiv(tq, 64), b * n), num_warps=4, num_stages=1, name="jqat_attention_bwd_delta",
-      HEAD_DIM=d, BLOCK_M=64)
+      grid=(triton.cdiv(tq, kbwd.DELTA_LAUNCH["BLOCK_M"]), b * n), name="jqat_attention_bwd_delta",
+      HEAD_DIM=d, **kbwd.DELTA_LAUNCH)
   common = (q, k, v, do, lse, delta, float(scale), tq, tk, n, n // kh, *sq[:3], *sk[:3], *sk[:3], *sq[:3])
   flags = dict(HEAD_DIM=d, IS_CAUSAL=is_causal, **kfwd.dot_flags(q.dtype.name))
   dq = triton_call(

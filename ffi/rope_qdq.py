@@ -26,13 +26,14 @@ def rope_qdq(x, cache, positions, *, heads, width, group, fp8, e4m3_scale, amax_
   """
   n_rows = x.size // width
   config = launch_config(width, _hw())
-  num_warps = config.pop("num_warps")
+  num_warps, num_stages = config.pop("num_warps"), config.pop("num_stages")
   return triton_call(
       x, cache, positions, n_rows, cache.shape[0], heads,
       kernel=rope_qdq_kernel,
       out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
       grid=(-(-n_rows // config["BLOCK_R"]),),
       num_warps=num_warps,
+      num_stages=num_stages,
       input_output_aliases={0: 0},
       name="jqat_rope_qdq",
       D=width, GROUP=group, FP8=bool(fp8), E4M3_SCALE=bool(e4m3_scale), AMAX_FLOOR=float(amax_floor),

@@ -13,15 +13,10 @@ fake-quantization kernel walks a tensor as rows of D in storage order, so it
 needs a dense tensor (see :func:`rows_dense`), and its output buffer must have
 the input's strides.
 
-Launch parameters: the kernel modules' own helpers (``attention_fwd.launch_config``,
-``attention_bwd.launch_config``, ``dot_flags``, ``nvfp4.quant_flags``,
-``rope_qdq.launch_config``) are called here exactly as ``ffi/attention.py`` and
-``ffi/rope_qdq.py`` call them. The few parameters those files write inline (the
-fake-quantization tile, the delta kernel's tile, the warps/stages of those two
-and of the RoPE kernel) have no helper to import, so they are mirrored once, in
-:data:`INLINE_PARAMS`; keep it in step with those two files (the GPU test that
-compares the torch path with the JAX Triton path bit for bit would catch a drift
-that changes results).
+Launch parameters come from the kernel modules' own helpers (``launch_config``,
+``fake_quantize_launch``, ``DELTA_LAUNCH``, ``dot_flags``, ``quant_flags``), the
+same ones ``ffi/attention.py`` and ``ffi/rope_qdq.py`` use, so both paths launch
+identical kernels.
 
 Under ``TRITON_INTERPRET=1`` (or for CPU tensors) the interpreter flags are used,
 so the launcher itself can be tested on a CPU machine.
@@ -37,15 +32,6 @@ from kernels_triton import attention_bwd as kbwd
 from kernels_triton import attention_fwd as kfwd
 from kernels_triton import nvfp4 as knv
 from kernels_triton import rope_qdq as krope
-
-# Mirrored from ffi/attention.py and ffi/rope_qdq.py (+ ffi/triton_call.py's default num_stages=2),
-# which write these inline in their triton_call(...) launches.
-INLINE_PARAMS = {
-    "fake_quantize": {"max_block_c": 128, "tile_elems": 4096, "num_warps": 4, "num_stages": 1},
-    "delta": {"BLOCK_M": 64, "num_warps": 4, "num_stages": 1},
-    "rope_qdq": {"num_stages": 2},  # num_warps comes from kernels_triton.rope_qdq.launch_config
-}
-
 
 def interpreting(x) -> bool:
   return os.environ.get("TRITON_INTERPRET", "0") == "1" or x.device.type != "cuda"
@@ -102,13 +88,8 @@ def fake_quantize(x, out, *, warmup: bool = False):
   rows = x.numel() // d
   if rows == 0:
     return out
-  p = INLINE_PARAMS["fake_quantize"]
-  block_c = min(p["max_block_c"], triton.next_power_of_2(d))
-  block_r = max(1, p["tile_elems"] // block_c)
-  _launch(knv.fake_quantize_kernel, (triton.cdiv(rows, block_r), triton.cdiv(d, block_c)),
-          (x, rows, d, d, d, out),
-          dict(BLOCK_R=block_r, BLOCK_C=block_c, num_warps=p["num_warps"], num_stages=p["num_stages"],
-               **quant_flags(x)), warmup)
+  grid, launch = kfwd.fake_quantize_launch(rows, d)
+  _launch(kfwd.fake_quantize_rows_kernel, grid, (x, rows, d, d, d, out), dict(**launch, **quant_flags(x)), warmup)
   return out
 
 
@@ -169,10 +150,8 @@ def attention_backward(do, q, k, v, o_for_delta, lse, dq, dk, dv, delta, q_hat, 
     fake_quantize(v, v_hat, warmup=warmup)
     q, k, v = q_hat, k_hat, v_hat
   cfg = kbwd.launch_config(d)
-  p = INLINE_PARAMS["delta"]
-  _launch(kbwd.attention_bwd_delta_kernel, (triton.cdiv(tq, p["BLOCK_M"]), b * n),
-          (o_for_delta, do, tq, n, *_s3(o_for_delta), *_s3(do), delta),
-          dict(num_warps=p["num_warps"], num_stages=p["num_stages"], HEAD_DIM=d, BLOCK_M=p["BLOCK_M"]), warmup)
+  _launch(kbwd.attention_bwd_delta_kernel, (triton.cdiv(tq, kbwd.DELTA_LAUNCH["BLOCK_M"]), b * n),
+          (o_for_delta, do, tq, n, *_s3(o_for_delta), *_s3(do), delta), dict(HEAD_DIM=d, **kbwd.DELTA_LAUNCH), warmup)
   common = (q, k, v, do, lse, delta, float(scale), tq, tk, n, n // kh, *_s3(q), *_s3(k), *_s3(v), *_s3(do))
   flags = dict(HEAD_DIM=d, IS_CAUSAL=bool(is_causal), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
                **dot_flags(q))
@@ -194,9 +173,8 @@ def rope_qdq_inplace(x, cache, positions, *, heads: int, width: int, group: int,
     return x
   hw = quant_flags(x)["HW_E4M3"]
   config = krope.launch_config(width, hw)
-  num_warps = config.pop("num_warps")
   _launch(krope.rope_qdq_kernel, (triton.cdiv(n_rows, config["BLOCK_R"]),),
           (x, cache, positions, n_rows, cache.shape[0], heads, x),
-          dict(num_warps=num_warps, num_stages=INLINE_PARAMS["rope_qdq"]["num_stages"], D=width, GROUP=group,
+          dict(D=width, GROUP=group,
                FP8=bool(fp8), E4M3_SCALE=bool(e4m3_scale), AMAX_FLOOR=float(amax_floor), **config), warmup)
   return x

@@ -46,6 +46,10 @@ def launch_config(head_dim: int) -> dict:
           "num_stages": kv_s, "DQ_num_warps": dq_w, "DQ_num_stages": dq_s}
 
 
+# Launch parameters of the delta kernel (grid: (cdiv(Tq, BLOCK_M), B * N)).
+DELTA_LAUNCH = {"BLOCK_M": 64, "num_warps": 4, "num_stages": 1}
+
+
 @triton.jit
 def attention_bwd_delta_kernel(o_ptr, do_ptr, tq, n_heads, stride_ob, stride_ot, stride_on, stride_db, stride_dt,
                                stride_dn, delta_ptr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):

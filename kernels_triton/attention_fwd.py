@@ -63,6 +63,14 @@ def _aligned3(a, b, c):
   return a // 16 * 16, b // 16 * 16, c // 16 * 16
 
 
+def fake_quantize_launch(rows: int, cols: int) -> tuple[tuple[int, int], dict]:
+  """Grid and launch parameters of :func:`fake_quantize_rows_kernel` for ``rows`` rows of ``cols`` channels."""
+  block_c = min(128, triton.next_power_of_2(cols))
+  block_r = max(1, 4096 // block_c)
+  grid = (triton.cdiv(rows, block_r), triton.cdiv(cols, block_c))
+  return grid, {"BLOCK_R": block_r, "BLOCK_C": block_c, "num_warps": 4, "num_stages": 1}
+
+
 @triton.jit
 def fake_quantize_rows_kernel(x_ptr, rows, cols, stride_x, stride_out, out_ptr, BLOCK_R: tl.constexpr,
                               BLOCK_C: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr):

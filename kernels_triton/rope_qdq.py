@@ -44,11 +44,11 @@ ROPE = 64  # rotated tail channels
 
 
 def launch_config(width: int, hw_e4m3: bool) -> dict:
-  """Constexprs and ``num_warps`` for rows of ``width`` channels (a power of two >= 128)."""
+  """Constexprs, ``num_warps`` and ``num_stages`` for rows of ``width`` channels (a power of two >= 128)."""
   head = width - ROPE
   head_block = 1 << (head - 1).bit_length()
   block_r = max(1, 8192 // width)  # 8192 channels, 16 KiB of bf16, per program
-  return dict(BLOCK_R=block_r, HEAD_BLOCK=head_block, HW=bool(hw_e4m3), num_warps=8)
+  return dict(BLOCK_R=block_r, HEAD_BLOCK=head_block, HW=bool(hw_e4m3), num_warps=8, num_stages=2)
 
 
 @triton.jit

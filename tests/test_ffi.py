@@ -116,3 +116,54 @@ def test_disk_cache_leaves_unknown_internals_alone(monkeypatch):
   before = lib.get_or_create_triton_kernel
   tc._install_disk_cache()
   assert lib.get_or_create_triton_kernel is before
+
+
+_FLAG_KEYS = {"HW_E4M3", "HW_E2M1", "QK_F32", "DOT_BF16", "DOT_PREC", "SOFT_BF16", "HW"}  # device-dependent
+
+
+def _launch_record(kernel, grid, kwargs):
+  name = getattr(kernel, "__name__", None) or kernel.fn.__name__
+  meta = {k: v for k, v in kwargs.items() if k not in _FLAG_KEYS}
+  return name, tuple(int(g) for g in grid), tuple(sorted(meta.items()))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_jax_and_torch_bindings_launch_the_same_kernels(monkeypatch, causal):
+  """ffi/attention.py (through jax-triton) and ffi/torch_launch.py (Triton's launcher) must launch
+  the same kernels with the same grids and launch parameters; recorded here without running them."""
+  import jax.numpy as jnp
+  import torch
+
+  from ffi import attention as ffi_attention
+  from ffi import torch_launch
+
+  jax_launches, torch_launches = [], []
+
+  def fake_triton_call(*args, kernel, out_shape, grid, num_warps=4, num_stages=2, input_output_aliases=None,
+                       name="", **meta):
+    jax_launches.append(_launch_record(kernel, grid, dict(num_warps=num_warps, num_stages=num_stages, **meta)))
+    outs = out_shape if isinstance(out_shape, tuple) else (out_shape,)
+    res = tuple(jnp.zeros(o.shape, o.dtype) for o in outs)
+    return res if isinstance(out_shape, tuple) else res[0]
+
+  monkeypatch.setattr(ffi_attention, "triton_call", fake_triton_call)
+  monkeypatch.setattr(torch_launch, "_launch",
+                      lambda kernel, grid, args, kwargs, warmup: torch_launches.append(_launch_record(kernel, grid,
+                                                                                                     kwargs)))
+  b, tq, tk, n, kh, d = 2, 100, 70, 8, 2, 128
+  shapes = dict(q=(b, tq, n, d), k=(b, tk, kh, d), lse=(b, n, tq))
+  jq, jk = jnp.zeros(shapes["q"], jnp.bfloat16), jnp.zeros(shapes["k"], jnp.bfloat16)
+  ffi_attention._forward_impl(jq, jk, jk, scale=0.1, is_causal=causal, block_n=64, quantize_qkv=True, quantize_p=True)
+  ffi_attention._backward_impl(jq, jq, jk, jk, jq, jnp.zeros(shapes["lse"], jnp.float32), scale=0.1,
+                               is_causal=causal, quantize_qkv=True, quantize_p_backward=True)
+  t = lambda key, dtype=torch.bfloat16: torch.zeros(shapes[key], dtype=dtype)
+  torch_launch.attention_forward(t("q"), t("k"), t("k"), t("q"), t("q"), t("lse", torch.float32), t("k"), t("k"),
+                                 scale=0.1, is_causal=causal, block_n=64, quantize_qkv=True, quantize_p=True)
+  torch_launch.attention_backward(t("q"), t("q"), t("k"), t("k"), t("q"), t("lse", torch.float32), t("q"), t("k"),
+                                  t("k"), t("lse", torch.float32), t("q"), t("k"), t("k"), scale=0.1,
+                                  is_causal=causal, quantize_qkv=True, quantize_p_backward=True)
+  assert [r[0] for r in jax_launches] == [
+      "fake_quantize_rows_kernel", "fake_quantize_rows_kernel", "attention_fwd_kernel",
+      "fake_quantize_rows_kernel", "fake_quantize_rows_kernel", "fake_quantize_rows_kernel",
+      "attention_bwd_delta_kernel", "attention_bwd_dq_kernel", "attention_bwd_dkdv_kernel"]
+  assert jax_launches == torch_launches
