@@ -20,7 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels_triton.attention_fwd import _aligned3, bf16_dot, cast_out, qk_dot
+from kernels_triton.attention_fwd import _aligned3, bf16_dot, cast_out, kv_tile_range, qk_dot
 from kernels_triton.nvfp4 import fq_probs_t
 
 # Per head dim: (dQ BLOCK_M, dQ BLOCK_N, dQ num_warps, dQ num_stages,
@@ -140,13 +140,7 @@ def attention_bwd_dq_kernel(
 
   dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
   # Same tiling as the forward: [0, full_end) unmasked, [full_end, end) masked.
-  end = tk
-  if IS_CAUSAL:
-    end = tl.minimum(tk, start_m + BLOCK_M)
-  full_end = (tk // BLOCK_N) * BLOCK_N
-  if IS_CAUSAL:
-    full_end = tl.minimum(full_end, (start_m // BLOCK_N) * BLOCK_N)
-  full_end = tl.minimum(full_end, end)
+  full_end, end = kv_tile_range(start_m, tk, BLOCK_M, BLOCK_N, IS_CAUSAL)
   for start_n in range(0, full_end, BLOCK_N):
     dq = _dq_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, offs_d, tk, stride_kt, stride_vt,
                   qk_scale, False, IS_CAUSAL, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC)

@@ -157,6 +157,21 @@ def _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs
 
 
 @triton.jit
+def kv_tile_range(start_m, tk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr):
+  """``(full_end, end)`` for the query block starting at ``start_m``: KV tiles ``[0, full_end)``
+  need no mask (inside Tk and, under causality, at or below every row of the block); tiles
+  ``[full_end, end)`` are masked; causal tiles past ``end`` are skipped."""
+  end = tk
+  if IS_CAUSAL:
+    end = tl.minimum(tk, start_m + BLOCK_M)
+  full_end = (tk // BLOCK_N) * BLOCK_N
+  if IS_CAUSAL:
+    full_end = tl.minimum(full_end, (start_m // BLOCK_N) * BLOCK_N)
+  full_end = tl.minimum(full_end, end)
+  return full_end, end
+
+
+@triton.jit
 def attention_fwd_kernel(
     q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group,
     stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
@@ -206,15 +221,7 @@ def attention_fwd_kernel(
   acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
   acc_hp = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
 
-  # Tiles [0, full_end) need no mask: inside Tk and, under causality, entirely
-  # at or below every row of this block. Tiles [full_end, end) are masked.
-  end = tk
-  if IS_CAUSAL:
-    end = tl.minimum(tk, start_m + BLOCK_M)
-  full_end = (tk // BLOCK_N) * BLOCK_N
-  if IS_CAUSAL:
-    full_end = tl.minimum(full_end, (start_m // BLOCK_N) * BLOCK_N)
-  full_end = tl.minimum(full_end, end)
+  full_end, end = kv_tile_range(start_m, tk, BLOCK_M, BLOCK_N, IS_CAUSAL)
   for start_n in range(0, full_end, BLOCK_N):
     acc, acc_hp, m, l = _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, tk,
                                  stride_kt, stride_vt, qk_scale, False, IS_CAUSAL, QUANTIZE_P, BLOCK_M, BLOCK_N,
