@@ -38,6 +38,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from jqat._src.rope_qdq import rope_qdq  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import cuda_event_ms  # noqa: E402
+
 MODES = {  # name -> (keywords, row width, heads per token)
     "fp4/32/ue8m0": (dict(quantization="fp4", group_size=32, scale_format="ue8m0"), 128, 4),
     "fp8/32/ue8m0": (dict(quantization="fp8", group_size=32, scale_format="ue8m0"), 512, 1),
@@ -111,22 +114,12 @@ def _torch_copy_seconds(x, k, repeats):
     import torch
     if not torch.cuda.is_available():
       raise RuntimeError("torch has no CUDA device")
-    src = torch.zeros(tuple(x.shape), dtype=torch.bfloat16, device="cuda")
+    src = torch.randn(tuple(x.shape), device="cuda").to(torch.bfloat16)  # not zeros: real data
     dst = torch.empty_like(src)
-    dst.copy_(src)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-      start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-      start.record()
-      for _ in range(k):
-        dst.copy_(src)
-      end.record()
-      end.synchronize()
-      times.append(start.elapsed_time(end) / 1e3 / k)
+    seconds = cuda_event_ms(lambda: dst.copy_(src), iters=k, repeats=repeats) / 1e3
     del src, dst
     torch.cuda.empty_cache()
-    return statistics.median(times)
+    return seconds
   except Exception as e:  # ImportError, no CUDA build, out of memory: fall back to XLA's copy
     if _TORCH_NOTE is None:
       _TORCH_NOTE = f"{type(e).__name__}: {e}"

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 
 import torch
@@ -26,27 +25,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jqat.torch as jt  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import cuda_event_ms  # noqa: E402
+
 MODES = {  # name -> (keywords, row width, heads per token)
     "fp4/32/ue8m0": (dict(quantization="fp4", group_size=32, scale_format="ue8m0"), 128, 4),
     "fp8/32/ue8m0": (dict(quantization="fp8", group_size=32, scale_format="ue8m0"), 512, 1),
     "fp4/16/e4m3": (dict(quantization="fp4", group_size=16, scale_format="e4m3"), 512, 1),
 }
 CACHE_POSITIONS = 8192
-
-
-def _cuda_ms(fn, iters=20, repeats=5):
-  fn()
-  torch.cuda.synchronize()
-  times = []
-  for _ in range(repeats):
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-      fn()
-    end.record()
-    torch.cuda.synchronize()
-    times.append(start.elapsed_time(end) / iters)
-  return statistics.median(times)
 
 
 def bench(mode, rows):
@@ -65,12 +52,12 @@ def bench(mode, rows):
   torch.cuda.synchronize()
   alloc0 = torch.cuda.memory_allocated()
   torch.cuda.reset_peak_memory_stats()
-  ours = _cuda_ms(lambda: op.execute(x, cache, positions))
+  ours = cuda_event_ms(lambda: op.execute(x, cache, positions))
   alloc_delta = torch.cuda.memory_allocated() - alloc0
   peak_delta = torch.cuda.max_memory_allocated() - alloc0
   assert op.execute(x, cache, positions) is x and x.data_ptr() == ptr
   dst = torch.empty_like(x)
-  copy = _cuda_ms(lambda: dst.copy_(x))
+  copy = cuda_event_ms(lambda: dst.copy_(x))
   moved = 2 * x.numel() * 2 + n_pos * (64 * 4 + 4)
   return dict(mode=mode, rows=rows, ours_ms=ours, ours_gbs=moved / ours / 1e6, copy_ms=copy,
               copy_gbs=2 * x.numel() * 2 / copy / 1e6, pct_of_copy=100 * (moved / ours) / (2 * x.numel() * 2 / copy),
