@@ -20,7 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels_triton.attention_fwd import _aligned3, bf16_dot, cast_out, kv_tile_range, qk_dot
+from kernels_triton.attention_fwd import _aligned3, bf16_dot, cast_out, kv_tile_range, load_kv_tile, qk_dot
 from kernels_triton.nvfp4 import fq_probs_t
 
 # Per head dim: (dQ BLOCK_M, dQ BLOCK_N, dQ num_warps, dQ num_stages,
@@ -78,14 +78,7 @@ def _dq_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, of
              qk_scale, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr,
              SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr):
   kn = start_n + offs_n
-  k_ptrs = k_base + tl.cast(start_n, tl.int64) * stride_kt + offs_n[:, None] * stride_kt + offs_d[None, :]
-  v_ptrs = v_base + tl.cast(start_n, tl.int64) * stride_vt + offs_n[:, None] * stride_vt + offs_d[None, :]
-  if MASKED:
-    k = tl.load(k_ptrs, mask=kn[:, None] < tk, other=0.0)
-    v = tl.load(v_ptrs, mask=kn[:, None] < tk, other=0.0)
-  else:
-    k = tl.load(k_ptrs)
-    v = tl.load(v_ptrs)
+  k, v = load_kv_tile(k_base, v_base, start_n, offs_n, offs_d, tk, stride_kt, stride_vt, MASKED)
   p = tl.math.exp2(qk_dot(q, k, QK_F32, DOT_PREC) * qk_scale - lse2[:, None])
   if MASKED:
     valid = kn[None, :] < tk

@@ -124,11 +124,9 @@ def bf16_dot(a, b, DOT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, SOFT_BF16: tl
 
 
 @triton.jit
-def _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, tk, stride_kt, stride_vt,
-             qk_scale, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, QUANTIZE_P: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr,
-             SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr):
-  """One KV tile of the online softmax; MASKED for tiles that hold the causal diagonal or the ragged tail."""
+def load_kv_tile(k_base, v_base, start_n, offs_n, offs_d, tk, stride_kt, stride_vt, MASKED: tl.constexpr):
+  """K and V rows ``[start_n, start_n + BLOCK_N)`` of one KV head, ``[BLOCK_N, D]`` each; with MASKED,
+  rows at or past ``tk`` read as 0 (tiles without a ragged tail load unmasked)."""
   kn = start_n + offs_n
   k_ptrs = k_base + tl.cast(start_n, tl.int64) * stride_kt + offs_n[:, None] * stride_kt + offs_d[None, :]
   v_ptrs = v_base + tl.cast(start_n, tl.int64) * stride_vt + offs_n[:, None] * stride_vt + offs_d[None, :]
@@ -138,6 +136,17 @@ def _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs
   else:
     k = tl.load(k_ptrs)
     v = tl.load(v_ptrs)
+  return k, v
+
+
+@triton.jit
+def _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, tk, stride_kt, stride_vt,
+             qk_scale, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, QUANTIZE_P: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr,
+             SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr):
+  """One KV tile of the online softmax; MASKED for tiles that hold the causal diagonal or the ragged tail."""
+  kn = start_n + offs_n
+  k, v = load_kv_tile(k_base, v_base, start_n, offs_n, offs_d, tk, stride_kt, stride_vt, MASKED)
   s = qk_dot(q, k, QK_F32, DOT_PREC) * qk_scale  # log2 units
   if MASKED:
     valid = kn[None, :] < tk
