@@ -55,7 +55,7 @@ def attention_forward(query, key, value, *, scale=None, is_causal=False, impleme
   lse is the natural-log softmax statistic (-inf for a row that sees no key).
   """
   _check(query, key, value, block_n, implementation)
-  impl = dispatch.resolve(implementation, query)
+  impl = dispatch.resolve(implementation)
   kw = dict(scale=_scale(scale, query.shape[-1]), is_causal=bool(is_causal), block_n=int(block_n), cfg=config)
   if impl == "triton":
     from jqat._src import attention_triton
@@ -78,7 +78,7 @@ def attention_backward(d_out, query, key, value, out_for_delta, lse, *, scale=No
   want = (query.shape[0], query.shape[2], query.shape[1])
   if lse.shape != want or lse.dtype != jnp.float32:
     raise ValueError(f"lse must be float32 of shape {want} [B, N, Tq], got {lse.dtype} {lse.shape}")
-  impl = dispatch.resolve(implementation, query)
+  impl = dispatch.resolve(implementation)
   kw = dict(scale=_scale(scale, query.shape[-1]), is_causal=bool(is_causal), cfg=config)
   if impl == "triton":
     from jqat._src import attention_triton

@@ -34,7 +34,7 @@ def triton_unavailable_reason() -> str | None:
   return None
 
 
-def resolve(implementation, *arrays) -> str:
+def resolve(implementation) -> str:
   """Returns "triton" or "xla"; raises when "triton" was asked for and cannot run."""
   check_implementation(implementation)
   if implementation == "xla":

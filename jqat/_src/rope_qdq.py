@@ -79,7 +79,7 @@ def rope_qdq(x, cache, positions, *, quantization="fp4", group_size=32, scale_fo
   check_arrays(x, cache, positions, mode)
   dispatch.check_implementation(implementation)
   x, cache, positions = jnp.asarray(x), jnp.asarray(cache), jnp.asarray(positions)
-  impl = dispatch.resolve(implementation, x)
+  impl = dispatch.resolve(implementation)
   if x.size == 0:
     return x
   heads = x.shape[1] if mode.per_token else 1
