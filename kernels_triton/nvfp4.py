@@ -6,14 +6,16 @@ kernels; ``fake_quantize_kernel`` applies them to a whole tensor.
 
 No plain ``/``: Triton's FP32 division is not guaranteed correctly rounded.
 
-- E4M3 block scale ``e4m3(max(amax / 6, 2**-9))``: ``tl.div_rn`` gives the IEEE
-  quotient; then either the hardware ``cvt.rn.satfinite.e4m3x2.f32`` (through
-  ``.to(tl.float8e4nv)``, sm_89+) or a software round-to-nearest-even on the
-  FP32 bits (Ampere and the interpreter).
+- E4M3 block scale ``e4m3(max(amax / 6, 2**-9))``: the IEEE quotient (an FMA
+  correction compiled, ``tl.div_rn`` in the interpreter); then either the
+  hardware ``cvt.rn.satfinite.e4m3x2.f32`` (through ``.to(tl.float8e4nv)``,
+  sm_89+) or a software round-to-nearest-even on the FP32 bits (Ampere and the
+  interpreter).
 - E2M1 code of ``x / s``: in software, ``|x|`` is compared with the exact
-  products ``s * b`` for the seven rounding boundaries ``b`` (a correctly
-  rounded quotient reaches ``b`` only when ``|x| == s * b``); on sm_100+ the
-  native ``cvt.rn.satfinite.e2m1x2.f32`` rounds ``tl.div_rn(x, s)``.
+  products ``s * b`` of the seven rounding boundaries ``b`` (a correctly
+  rounded quotient reaches ``b`` only when ``|x| == s * b``), three of them per
+  element in a decision tree; on sm_100+ the native
+  ``cvt.rn.satfinite.e2m1x2.f32`` rounds ``tl.div_rn(x, s)``.
 
 Host side, :func:`quant_flags` picks the paths from the compute capability.
 """
@@ -47,8 +49,25 @@ def quant_flags(compute_capability, interpret: bool = False) -> dict:
 
 @triton.jit
 def e4m3_block_scale(amax, HW_E4M3: tl.constexpr):
-  """``e4m3(max(amax / 6, 2**-9))`` RNE, saturating at 448; ``amax >= 0`` FP32 (may be +Inf)."""
-  t = tl.maximum(tl.div_rn(amax, 6.0), 0.001953125)
+  """``e4m3(max(amax / 6, 2**-9))`` RNE, saturating at 448; ``amax >= 0`` FP32 (may be +Inf).
+
+  ``amax / 6`` is the correctly rounded FP32 quotient. Compiled (HW_E4M3), it is
+  formed without ``div.rn``'s range check and slow-path branch: with
+  ``y = RN(1/6)``, ``q0 = RN(amax * y)`` is within one ulp of the quotient, the
+  residual ``r = amax - 6 * q0`` is exact in one FMA, and ``RN(q0 + r * y)`` is
+  the correctly rounded quotient (Markstein's theorem) wherever ``q0`` is a
+  normal number. Below that the quotient is far under the 2**-9 floor; above,
+  ``amax`` is first clamped to 2688 = 6 * 448, whose scale is already the
+  saturated 448 (this also maps +Inf to 448). The interpreter has no fused
+  multiply-add (it rounds ``a * b`` first), so it keeps ``tl.div_rn``.
+  """
+  amax = tl.minimum(amax, 2688.0)
+  if HW_E4M3:
+    q0 = amax * 0.16666667163372039795  # RN(1/6) = 0x3E2AAAAB
+    t = tl.fma(tl.fma(q0, -6.0, amax), 0.16666667163372039795, q0)
+  else:
+    t = tl.div_rn(amax, 6.0)
+  t = tl.maximum(t, 0.001953125)
   if HW_E4M3:
     s = t.to(tl.float8e4nv).to(tl.float32)  # cvt.rn.satfinite: RNE, +Inf and >448 -> 448
   else:
@@ -65,14 +84,22 @@ def e4m3_block_scale(amax, HW_E4M3: tl.constexpr):
 
 
 @triton.jit
-def e2m1_magnitude(ax, s, HW_E2M1: tl.constexpr):
-  """``|e2m1(ax / s)|`` as FP32 (0, .5, 1, 1.5, 2, 3, 4, 6), RNE, saturating; ``ax >= 0``, ``s`` E4M3.
+def e2m1_dequant(ax, s, AXIS: tl.constexpr, HW_E2M1: tl.constexpr):
+  """``|e2m1(ax / s)| * s`` in FP32, RNE, saturating at 6; ``ax >= 0`` 3-D, ``s`` its E4M3 block
+  scales with the block axis ``AXIS`` reduced away (``s`` expands along ``AXIS`` to broadcast).
 
-  ``s`` broadcasts against ``ax``. Ties: 0.25->0, 0.75->1, 1.25->1, 1.75->2,
-  2.5->2, 3.5->4, 5->4 (strict ``>`` where the lower code is even).
+  Ties: 0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4 (strict ``>`` where
+  the lower code is even). NaN gives 0, +Inf gives 6 * s.
+
+  Software path: the E2M1 code is found by a three-level decision tree on the
+  exact threshold products ``s * b`` (``b`` has at most 3 significant bits and
+  ``s`` 4, so each product is exact in FP32). The seven products are formed on
+  the reduced ``s``, once per block: on an expanded ``s`` Triton repeats them
+  for every element (each thread holds copies of the broadcast scale).
   """
   if HW_E2M1:
-    y = tl.div_rn(ax, s)
+    s3 = tl.expand_dims(s, AXIS)
+    y = tl.div_rn(ax, s3)
     h = tl.inline_asm_elementwise(
         asm="""{
         .reg .b8 q;
@@ -89,16 +116,25 @@ def e2m1_magnitude(ax, s, HW_E2M1: tl.constexpr):
         is_pure=True,
         pack=1,
     )
-    mag = h.to(tl.float32)
+    out = h.to(tl.float32) * s3
   else:
-    mag = tl.where(ax > s * 0.25, 0.5, 0.0)
-    mag += tl.where(ax >= s * 0.75, 0.5, 0.0)
-    mag += tl.where(ax > s * 1.25, 0.5, 0.0)
-    mag += tl.where(ax >= s * 1.75, 0.5, 0.0)
-    mag += tl.where(ax > s * 2.5, 1.0, 0.0)
-    mag += tl.where(ax >= s * 3.5, 1.0, 0.0)
-    mag += tl.where(ax > s * 5.0, 2.0, 0.0)
-  return mag
+    # Level 1 splits the codes {0..3} | {4..7} at 1.75 (>=), level 2 at 0.75 or 3.5 (>=),
+    # level 3 at 0.25, 1.25, 2.5 or 5 (strict): the same predicates as counting the
+    # boundaries crossed, since the boundaries increase.
+    t025 = tl.expand_dims(s * 0.25, AXIS)
+    t075 = tl.expand_dims(s * 0.75, AXIS)
+    t125 = tl.expand_dims(s * 1.25, AXIS)
+    t175 = tl.expand_dims(s * 1.75, AXIS)
+    t250 = tl.expand_dims(s * 2.5, AXIS)
+    t350 = tl.expand_dims(s * 3.5, AXIS)
+    t500 = tl.expand_dims(s * 5.0, AXIS)
+    upper = ax >= t175
+    mid = ax >= tl.where(upper, t350, t075)
+    odd = ax > tl.where(upper, tl.where(mid, t500, t250), tl.where(mid, t125, t025))
+    even = tl.where(upper, tl.where(mid, 4.0, 2.0), tl.where(mid, 1.0, 0.0))  # codes 0, 2, 4, 6
+    mag = tl.where(odd, tl.maximum(even * 1.5, 0.5), even)  # the next code: 0.5, 1.5, 3, 6
+    out = mag * tl.expand_dims(s, AXIS)
+  return out
 
 
 @triton.jit
@@ -116,11 +152,10 @@ def fq_tile(x, valid, ROWS: tl.constexpr, COLS: tl.constexpr, HW_E4M3: tl.conste
   nan = tl.max(((x3 != x3) & v3).to(tl.int32), axis=2) > 0
   amax = tl.max(tl.where(v3, ax, 0.0), axis=2)
   s = e4m3_block_scale(tl.where(nan, 0.0, amax), HW_E4M3)
-  s3 = s[:, :, None]
-  mag = e2m1_magnitude(ax, s3, HW_E2M1)
+  mag = e2m1_dequant(ax, s, 2, HW_E2M1)
   # Copy the sign bit instead of negating: Triton lowers -x to 0 - x, which loses -0.
   sign = x3.to(tl.int32, bitcast=True) & -0x80000000
-  out = ((mag * s3).to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+  out = (mag.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
   out = tl.where(nan[:, :, None], float("nan"), out)
   out = tl.where(v3, out, 0.0)
   return tl.reshape(out, [ROWS, COLS])
@@ -138,8 +173,7 @@ def fq_probs(p, ROWS: tl.constexpr, COLS: tl.constexpr, HW_E4M3: tl.constexpr, H
   NB: tl.constexpr = COLS // 16
   p3 = tl.reshape(p, [ROWS, NB, 16])
   s = e4m3_block_scale(tl.max(p3, axis=2), HW_E4M3)
-  s3 = s[:, :, None]
-  out = e2m1_magnitude(p3, s3, HW_E2M1) * s3
+  out = e2m1_dequant(p3, s, 2, HW_E2M1)
   return tl.reshape(out, [ROWS, COLS])
 
 
@@ -153,8 +187,7 @@ def fq_probs_t(pt, ROWS: tl.constexpr, COLS: tl.constexpr, HW_E4M3: tl.constexpr
   NB: tl.constexpr = ROWS // 16
   p3 = tl.reshape(pt, [NB, 16, COLS])
   s = e4m3_block_scale(tl.max(p3, axis=1), HW_E4M3)
-  s3 = s[:, None, :]
-  out = e2m1_magnitude(p3, s3, HW_E2M1) * s3
+  out = e2m1_dequant(p3, s, 1, HW_E2M1)
   return tl.reshape(out, [ROWS, COLS])
 
 

@@ -17,6 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 triton = pytest.importorskip("triton")
+tl = triton.language
 
 from oracle import bits, fq_oracle  # noqa: E402
 
@@ -138,6 +139,83 @@ def test_fake_quantize_kernel_matches_oracle_gpu(name, path):
   flags = _flags(device) if path == "hardware" else knv.quant_flags(None)
   x, dtype = _case(name)
   _check(x, dtype, device, flags)
+
+
+@triton.jit
+def _fq_probs_kernel(x_ptr, out_ptr, ROWS: tl.constexpr, COLS: tl.constexpr, BLOCKS_ON_ROWS: tl.constexpr,
+                     HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr):
+  """One [ROWS, COLS] FP32 tile through ``fq_probs`` (blocks along columns) or ``fq_probs_t`` (along rows)."""
+  offs = tl.arange(0, ROWS)[:, None] * COLS + tl.arange(0, COLS)[None, :]
+  x = tl.load(x_ptr + offs)
+  if BLOCKS_ON_ROWS:
+    y = knv.fq_probs_t(x, ROWS, COLS, HW_E4M3, HW_E2M1)
+  else:
+    y = knv.fq_probs(x, ROWS, COLS, HW_E4M3, HW_E2M1)
+  tl.store(out_ptr + offs, y)
+
+
+def _probability_cases():
+  """Non-negative FP32 [64, 64]: every boundary b*s of every E4M3 scale with both float neighbours
+  (blocks of 16 with amax 6s), then random blocks over 12 decades, some with zeros (masked keys)."""
+  e4m3 = fq_oracle.__globals__["E4M3_VALUES"]
+  rows = []
+  for s in e4m3[1:]:
+    s = np.float32(s)
+    if s * 6 > 3e38:
+      continue
+    vals = [np.float32(s * b) for b in (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)]
+    for direction in (np.inf, 0.0):
+      rows.append([np.float32(6 * s)] + vals + [np.nextafter(v, np.float32(direction)) for v in vals] + [0.0])
+  x = np.array(rows, np.float32).reshape(-1)
+  rng = np.random.default_rng(4)
+  fill = 64 * 64 - x.size
+  rand = (rng.random(fill) * 10.0 ** rng.integers(-12, 1, fill)).astype(np.float32)
+  rand[rng.random(fill) < 0.2] = 0.0
+  return np.concatenate([x, rand]).reshape(64, 64)
+
+
+@pytest.mark.parametrize("blocks_on_rows", [False, True], ids=["fq_probs", "fq_probs_t"])
+def test_probability_quantizer_matches_oracle(blocks_on_rows):
+  """The attention kernels' P quantizers (no mask or sign handling) against the oracle, bit for bit."""
+  device = kernel_device()
+  x = _probability_cases()
+  assert x.shape == (64, 64) and (x >= 0).all()
+  tile = np.ascontiguousarray(x.T if blocks_on_rows else x)
+  t = torch.from_numpy(tile).to(device)
+  out = torch.full_like(t, float("nan"))
+  _fq_probs_kernel[(1,)](t, out, ROWS=64, COLS=64, BLOCKS_ON_ROWS=blocks_on_rows, **_flags(device))
+  got = out.cpu().numpy()
+  got = got.T if blocks_on_rows else got
+  want = fq_oracle(x).astype(np.float32)
+  bad = np.nonzero(bits(got) != bits(want))
+  assert bad[0].size == 0, f"{bad[0].size} mismatches, first x={x[bad][0]} got={got[bad][0]} want={want[bad][0]}"
+
+
+@triton.jit
+def _scale_paths_kernel(mismatch_ptr, BLOCK: tl.constexpr):
+  """Mismatches between the compiled and the software ``e4m3_block_scale`` over BLOCK amax bit patterns."""
+  pid = tl.program_id(0)
+  bits_ = pid * BLOCK + tl.arange(0, BLOCK)  # non-negative int32: every +0..+Inf and positive NaN pattern
+  amax = bits_.to(tl.float32, bitcast=True)
+  ok = amax == amax
+  fast = knv.e4m3_block_scale(amax, True)
+  soft = knv.e4m3_block_scale(amax, False)
+  bad = ok & (fast.to(tl.int32, bitcast=True) != soft.to(tl.int32, bitcast=True))
+  tl.store(mismatch_ptr + pid, tl.sum(bad.to(tl.int32), axis=0))
+
+
+@pytest.mark.gpu
+def test_block_scale_paths_agree_on_every_fp32_gpu():
+  """The FMA quotient of the compiled scale path against ``div_rn`` + software E4M3 rounding, for every
+  non-negative FP32 amax (2**31 patterns, NaNs excluded); the software path is checked against the
+  oracle above."""
+  if INTERPRET:
+    pytest.skip("compiled-kernel test: run with TRITON_INTERPRET=0")
+  block = 1 << 14
+  counts = torch.full((2**31 // block,), -1, dtype=torch.int32, device=kernel_device())
+  _scale_paths_kernel[(counts.numel(),)](counts, BLOCK=block)
+  counts = counts.cpu().numpy()
+  assert (counts >= 0).all() and counts.sum() == 0, f"{counts.sum()} mismatches, first block {np.argmax(counts > 0)}"
 
 
 def test_masked_positions_are_ignored():
