@@ -1,17 +1,17 @@
 """Launch-config sweep of the jqat attention kernels on one GPU, in one process (< 4 min on an H200).
 
-  python benchmarks/attention_sweep.py [--quick] [--json sweep.json]
+  python benchmarks/attention_sweep.py [--seq 4096] [--head_dim 128] [--causal both|no|yes] [--json sweep.json]
 
 For each candidate forward config (``BLOCK_M, num_warps, num_stages``) and
-backward config (dQ and dK/dV tiles, warps, stages), at (B, N, K, S, D) =
-(1, 16, 16, S, 128) (S = --seq, default 4096), non-causal and causal:
+backward config (dQ and dK/dV tiles, warps, stages; each a delta over the defaults),
+at (B, N, K, S, D) = (1, 16, 16, S, D) (S = --seq, D = --head_dim), non-causal and causal:
 
 - times the forward (``jqat.attention_forward``, Triton) and the backward
   (``jqat.attention_backward`` on the default forward's O' and lse), median of
   repeats of ``iters`` back-to-back calls of a jitted function;
 - checks the config: its outputs at the timed size against the default
   config's (``same`` = bitwise equal, else the relative Frobenius error), and at
-  a smaller GQA size (1, 1000, 8 heads over 2 KV heads, D = 128) against the
+  a smaller GQA size (1, 1000, 8 heads over 2 KV heads, same D) against the
   pure-JAX reference with the test bounds. ``BAD`` marks a config that misses a
   bound there (a fast-but-wrong config) or fails to compile/run.
 
@@ -45,28 +45,41 @@ from attention import time_ms  # noqa: E402  (benchmarks/attention.py)
 
 BOUNDS = {"O": 2e-3, "O'": 5e-4, "lse": 1e-5, "dQ": 1e-3, "dK": 1e-3, "dV": 2e-3}
 
-# Forward candidates at D = 128 (BLOCK_N is the API's block_n = 64: it is part of the function).
-FWD = [
-    {},  # the built-in default
-    {"BLOCK_M": 128, "num_warps": 8, "num_stages": 2},
-    {"BLOCK_M": 128, "num_warps": 8, "num_stages": 3},
-    {"BLOCK_M": 64, "num_warps": 4, "num_stages": 3},
-    {"BLOCK_M": 64, "num_warps": 4, "num_stages": 2},
-    {"BLOCK_M": 128, "num_warps": 4, "num_stages": 2},
-]
-# Backward candidates at D = 128: dQ (M, N) and dK/dV (keys N, queries M), warps and stages.
-BWD = [
-    {},
-    {"DQ_BLOCK_M": 128, "DQ_BLOCK_N": 32, "KV_BLOCK_N": 64, "KV_BLOCK_M": 32, "num_warps": 8, "num_stages": 2},
-    {"DQ_BLOCK_M": 128, "DQ_BLOCK_N": 64, "KV_BLOCK_N": 64, "KV_BLOCK_M": 32, "num_warps": 8, "num_stages": 2},
-    {"DQ_BLOCK_M": 64, "DQ_BLOCK_N": 32, "DQ_num_warps": 4, "DQ_num_stages": 3, "KV_BLOCK_N": 64, "KV_BLOCK_M": 32,
-     "num_warps": 8, "num_stages": 2},
-    {"DQ_BLOCK_M": 128, "DQ_BLOCK_N": 32, "KV_BLOCK_N": 128, "KV_BLOCK_M": 32, "num_warps": 8, "num_stages": 2},
-    {"DQ_BLOCK_M": 128, "DQ_BLOCK_N": 32, "KV_BLOCK_N": 64, "KV_BLOCK_M": 64, "num_warps": 8, "num_stages": 2},
-    {"DQ_BLOCK_M": 128, "DQ_BLOCK_N": 64, "KV_BLOCK_N": 128, "KV_BLOCK_M": 32, "num_warps": 8, "num_stages": 2},
-    {"DQ_BLOCK_M": 128, "DQ_BLOCK_N": 32, "KV_BLOCK_N": 64, "KV_BLOCK_M": 32, "num_warps": 8, "num_stages": 3},
-]
-QUICK_FWD, QUICK_BWD = FWD[:4], BWD[:4]
+# Forward candidates by head dim (BLOCK_N is the API's block_n = 64: it is part of the function).
+FWD = {
+    128: [
+        {},  # the built-in default
+        {"BLOCK_M": 128, "num_warps": 8, "num_stages": 3},
+        {"BLOCK_M": 64, "num_warps": 4, "num_stages": 4},
+        {"BLOCK_M": 64, "num_warps": 4, "num_stages": 2},
+    ],
+    64: [
+        {},
+        {"BLOCK_M": 128, "num_warps": 8, "num_stages": 2},
+        {"BLOCK_M": 128, "num_warps": 8, "num_stages": 3},
+        {"BLOCK_M": 64, "num_warps": 4, "num_stages": 3},
+        {"BLOCK_M": 128, "num_warps": 4, "num_stages": 4},
+    ],
+}
+# Backward candidates: dQ (M, N) and dK/dV (keys N, queries M), warps and stages.
+BWD = {
+    128: [
+        {},
+        {"DQ_num_stages": 2},
+        {"KV_BLOCK_M": 64},
+        {"KV_BLOCK_M": 64, "num_stages": 2, "DQ_num_stages": 3},
+        {"num_stages": 4, "DQ_num_stages": 3},
+        {"DQ_BLOCK_N": 32, "DQ_num_stages": 4},
+    ],
+    64: [
+        {},
+        {"DQ_BLOCK_M": 128, "DQ_BLOCK_N": 64, "DQ_num_warps": 8, "DQ_num_stages": 3},
+        {"DQ_BLOCK_M": 128, "DQ_BLOCK_N": 64, "DQ_num_warps": 4, "DQ_num_stages": 3},
+        {"KV_BLOCK_M": 64, "num_warps": 8, "num_stages": 3},
+        {"KV_BLOCK_N": 64, "KV_BLOCK_M": 64, "num_warps": 4, "num_stages": 3},
+        {"num_warps": 4},
+    ],
+}
 
 
 def _fmt(cfg):
@@ -115,18 +128,23 @@ def main():
   ap.add_argument("--iters", type=int, default=10)
   ap.add_argument("--repeats", type=int, default=5)
   ap.add_argument("--json", default=None)
-  ap.add_argument("--seq", type=int, default=4096, help="sequence length of the timed shape (1, 16 heads, S, 128)")
+  ap.add_argument("--seq", type=int, default=4096, help="sequence length of the timed shape (1, 16 heads, S, D)")
+  ap.add_argument("--head_dim", type=int, choices=sorted(FWD), default=128)
+  ap.add_argument("--causal", choices=["both", "no", "yes"], default="both")
   ap.add_argument("--budget_s", type=float, default=200.0, help="skip the remaining configs after this many seconds")
   args = ap.parse_args()
-  fwd_cfgs, bwd_cfgs = (QUICK_FWD, QUICK_BWD) if args.quick else (FWD, BWD)
+  fwd_cfgs, bwd_cfgs = FWD[args.head_dim], BWD[args.head_dim]
+  if args.quick:
+    fwd_cfgs, bwd_cfgs = fwd_cfgs[:4], bwd_cfgs[:4]
   t_start = time.perf_counter()
-  print(jax.devices()[0], "defaults at D=128: fwd", ffi_attention._config("fwd", kfwd.launch_config(128)), "bwd",
-        ffi_attention._config("bwd", kbwd.launch_config(128)), flush=True)
+  d = args.head_dim
+  print(jax.devices()[0], f"defaults at D={d}: fwd", ffi_attention._config("fwd", kfwd.launch_config(d)), "bwd",
+        ffi_attention._config("bwd", kbwd.launch_config(d)), flush=True)
 
-  big = _inputs(1, args.seq, 16, 16, 128, seed=0)
-  small = _inputs(1, 1000, 8, 2, 128, seed=1)
+  big = _inputs(1, args.seq, 16, 16, d, seed=0)
+  small = _inputs(1, 1000, 8, 2, d, seed=1)
   rows = []
-  for causal in (False, True):
+  for causal in {"both": (False, True), "no": (False,), "yes": (True,)}[args.causal]:
     # The XLA reference at the small size, once per causal flag.
     sq, sk, sv, sdo = small
     r_fwd = jax.jit(lambda q, k, v: jqat.attention_forward(q, k, v, is_causal=causal, implementation="xla"))(sq, sk, sv)
@@ -187,7 +205,7 @@ def main():
   if args.json:
     with open(args.json, "w") as f:
       json.dump(rows, f, indent=1)
-  print(f"\n(1,16,16,{args.seq},128) bf16; ref_err = worst error / test bound at (1,1000,8/2 heads,128) vs XLA; "
+  print(f"\n(1,16,16,{args.seq},{d}) bf16; ref_err = worst error / test bound at (1,1000,8/2 heads,{d}) vs XLA; "
         f"total {time.perf_counter() - t_start:.0f} s")
   print(f"{'kind':4} {'causal':6} {'config':58} {'ms':>7} {'vs_default':>10} {'ref_err':>7} ok")
   for r in rows:

@@ -153,13 +153,13 @@ def attention_backward(do, q, k, v, o_for_delta, lse, dq, dk, dv, delta, q_hat, 
   _launch(kbwd.attention_bwd_delta_kernel, (triton.cdiv(tq, kbwd.DELTA_LAUNCH["BLOCK_M"]), b * n),
           (o_for_delta, do, tq, n, *_s3(o_for_delta), *_s3(do), delta), dict(HEAD_DIM=d, **kbwd.DELTA_LAUNCH), warmup)
   common = (q, k, v, do, lse, delta, float(scale), tq, tk, n, n // kh, *_s3(q), *_s3(k), *_s3(v), *_s3(do))
-  flags = dict(HEAD_DIM=d, IS_CAUSAL=bool(is_causal), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-               **dot_flags(q))
+  flags = dict(HEAD_DIM=d, IS_CAUSAL=bool(is_causal), **dot_flags(q))
   _launch(kbwd.attention_bwd_dq_kernel, (triton.cdiv(tq, cfg["DQ_BLOCK_M"]), b * n), common + (dq,),
-          dict(BLOCK_M=cfg["DQ_BLOCK_M"], BLOCK_N=cfg["DQ_BLOCK_N"], **flags), warmup)
+          dict(BLOCK_M=cfg["DQ_BLOCK_M"], BLOCK_N=cfg["DQ_BLOCK_N"], num_warps=cfg["DQ_num_warps"],
+               num_stages=cfg["DQ_num_stages"], **flags), warmup)
   _launch(kbwd.attention_bwd_dkdv_kernel, (triton.cdiv(tk, cfg["KV_BLOCK_N"]), b * kh), common + (dk, dv),
           dict(BLOCK_M=cfg["KV_BLOCK_M"], BLOCK_N=cfg["KV_BLOCK_N"], QUANTIZE_P=bool(quantize_p_backward),
-               **flags, **quant_flags(q)), warmup)
+               num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **flags, **quant_flags(q)), warmup)
 
 
 def rope_qdq_inplace(x, cache, positions, *, heads: int, width: int, group: int, fp8: bool, e4m3_scale: bool,

@@ -30,8 +30,10 @@ from kernels_triton.nvfp4 import fq_probs_t
 # D = 128: dQ 128x32 / 8 warps 162 registers, no spills; dK/dV 64 keys x 32 queries
 # / 8 warps 28 bytes of spills (128 keys: 72, 4 warps: 600+). D = 64: dQ at 4
 # warps has no spills, dK/dV at 4 warps spilled 424 bytes, at 8 warps 8.
-# D=128 from the H200 sweep of 2026-11-30 (docs/BENCHMARKS.md): dQ 128x64 tiles, dK/dV 128 keys x 32 queries.
-_CONFIGS = {64: (128, 32, 4, 3, 128, 32, 8, 3), 128: (128, 64, 8, 2, 128, 32, 8, 2),
+# D = 128 and 64 from the H200 sweeps of 2026-11-30 (docs/BENCHMARKS.md). D = 128: dQ 128x64 tiles, dK/dV
+# 128 keys x 32 queries, 8 warps, 3 stages each (dK/dV then spills 248 bytes outside its loops and was still
+# the fastest). D = 64: 4 warps for both kernels.
+_CONFIGS = {64: (128, 32, 4, 3, 128, 32, 4, 3), 128: (128, 64, 8, 3, 128, 32, 8, 3),
             256: (64, 32, 8, 2, 64, 32, 8, 2)}
 
 

@@ -24,11 +24,10 @@ from kernels_triton.nvfp4 import fake_quantize_kernel, fq_probs, fq_tile
 
 # (BLOCK_M, num_warps, num_stages) by head dim: the Q tile and two pipelined
 # K/V tiles must fit the 228 KB of Hopper shared memory (D = 256 halves BLOCK_M).
-# ptxas -v on sm_90 with the stride hints: D = 128, 128/8/2: 255 registers, no
-# spills, 96 KB smem (64/4/3 also clean; 128/4/2 spills 3 KB); D = 64, 128/4/3
-# clean; D = 256, 64/8/2: 200 B of spills, 160 KB smem.
-# D=128 from the H200 sweep of 2026-11-30 (docs/BENCHMARKS.md): 64-row tiles, 4 warps, 3 stages.
-_CONFIGS = {64: (128, 4, 3), 128: (64, 4, 3), 256: (64, 8, 2)}
+# ptxas -v on sm_90 with the stride hints: D = 128, 64/4/3 and 128/8/2: 255 registers,
+# no spills; D = 64, 128/8/3 clean; D = 256, 64/8/2: 200 B of spills, 160 KB smem.
+# D = 128 and 64 from the H200 sweeps of 2026-11-30 (docs/BENCHMARKS.md).
+_CONFIGS = {64: (128, 8, 3), 128: (64, 4, 3), 256: (64, 8, 2)}
 
 
 def launch_config(head_dim: int) -> dict:
