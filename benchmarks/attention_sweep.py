@@ -122,6 +122,35 @@ def _bwd_fn(causal):
                                                                      implementation="triton"))
 
 
+def _sweep_kind(kind, cfgs, make_fn, big_args, small_args, ref, names, causal, rows, args, t_start):
+  """Times ``make_fn(causal)(*big_args)`` under each launch config of ``kind`` ("fwd" or "bwd") and checks it: bitwise
+  against the first (default) config, and at the small size against the XLA reference ``ref`` (outputs
+  ``names``). Appends one row per config to ``rows``; restores the default config at the end."""
+  base = None
+  for cfg in cfgs:
+    row = {"kind": kind, "causal": causal, "config": _fmt(cfg)}
+    if cfg and time.perf_counter() - t_start > args.budget_s:
+      row["ok"], row["error"] = False, "skipped (time budget)"
+      rows.append(row)
+      continue
+    try:
+      ffi_attention.set_config_override(kind, cfg)
+      fn = make_fn(causal)  # a new jit per config: an existing one would keep its compiled kernels
+      out = jax.block_until_ready(fn(*big_args))
+      row["ms"] = time_ms(fn, big_args, args.iters, args.repeats)
+      if base is None:
+        base = out
+      row["vs_default"] = "same" if _same(out, base) else "%.1e" % max(_rel(a, e) for a, e in zip(out, base))
+      errs = {n: _rel(a, e) for n, a, e in zip(names, fn(*small_args), ref)}
+      row["ref_err"] = max(errs[n] / BOUNDS[n] for n in errs)  # fraction of the bound used
+      row["ok"] = all(errs[n] <= BOUNDS[n] for n in errs)
+    except Exception as e:  # a config that does not compile or fit: report it, keep going
+      row["ok"], row["error"] = False, f"{type(e).__name__}: {str(e)[:120]}"
+    rows.append(row)
+    print(row, flush=True)
+  ffi_attention.set_config_override(kind, None)
+
+
 def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--quick", action="store_true", help="the first 4 configs of each kind only")
@@ -151,56 +180,11 @@ def main():
     r_bwd = jax.jit(lambda do, q, k, v, o, lse: jqat.attention_backward(
         do, q, k, v, o, lse, is_causal=causal, implementation="xla"))(sdo, sq, sk, sv, r_fwd[1], r_fwd[2])
     q, k, v, do = big
-    base_fwd = base_bwd = None
-    for cfg in fwd_cfgs:
-      row = {"kind": "fwd", "causal": causal, "config": _fmt(cfg)}
-      if cfg and time.perf_counter() - t_start > args.budget_s:
-        row["ok"], row["error"] = False, "skipped (time budget)"
-        rows.append(row)
-        continue
-      try:
-        ffi_attention.set_config_override("fwd", cfg)
-        fn = _fwd_fn(causal)
-        out = jax.block_until_ready(fn(q, k, v))
-        row["ms"] = time_ms(fn, (q, k, v), args.iters, args.repeats)
-        if base_fwd is None:
-          base_fwd = out
-        row["vs_default"] = "same" if _same(out, base_fwd) else "%.1e" % max(
-            _rel(a, e) for a, e in zip(out, base_fwd))
-        got = _fwd_fn(causal)(sq, sk, sv)
-        errs = {n: _rel(a, e) for n, a, e in zip(("O", "O'", "lse"), got, r_fwd)}
-        row["ref_err"] = max(errs[n] / BOUNDS[n] for n in errs)  # fraction of the bound used
-        row["ok"] = all(errs[n] <= BOUNDS[n] for n in errs)
-      except Exception as e:  # a config that does not compile or fit: report it, keep going
-        row["ok"], row["error"] = False, f"{type(e).__name__}: {str(e)[:120]}"
-      rows.append(row)
-      print(row, flush=True)
-    ffi_attention.set_config_override("fwd", None)
+    _sweep_kind("fwd", fwd_cfgs, _fwd_fn, (q, k, v), (sq, sk, sv), r_fwd, ("O", "O'", "lse"), causal, rows,
+                args, t_start)
     o_hp, lse = _fwd_fn(causal)(q, k, v)[1:]
-    for cfg in bwd_cfgs:
-      row = {"kind": "bwd", "causal": causal, "config": _fmt(cfg)}
-      if cfg and time.perf_counter() - t_start > args.budget_s:
-        row["ok"], row["error"] = False, "skipped (time budget)"
-        rows.append(row)
-        continue
-      try:
-        ffi_attention.set_config_override("bwd", cfg)
-        fn = _bwd_fn(causal)
-        out = jax.block_until_ready(fn(do, q, k, v, o_hp, lse))
-        row["ms"] = time_ms(fn, (do, q, k, v, o_hp, lse), args.iters, args.repeats)
-        if base_bwd is None:
-          base_bwd = out
-        row["vs_default"] = "same" if _same(out, base_bwd) else "%.1e" % max(
-            _rel(a, e) for a, e in zip(out, base_bwd))
-        got = _bwd_fn(causal)(sdo, sq, sk, sv, r_fwd[1], r_fwd[2])
-        errs = {n: _rel(a, e) for n, a, e in zip(("dQ", "dK", "dV"), got, r_bwd)}
-        row["ref_err"] = max(errs[n] / BOUNDS[n] for n in errs)
-        row["ok"] = all(errs[n] <= BOUNDS[n] for n in errs)
-      except Exception as e:
-        row["ok"], row["error"] = False, f"{type(e).__name__}: {str(e)[:120]}"
-      rows.append(row)
-      print(row, flush=True)
-    ffi_attention.set_config_override("bwd", None)
+    _sweep_kind("bwd", bwd_cfgs, _bwd_fn, (do, q, k, v, o_hp, lse), (sdo, sq, sk, sv, r_fwd[1], r_fwd[2]),
+                r_bwd, ("dQ", "dK", "dV"), causal, rows, args, t_start)
 
   if args.json:
     with open(args.json, "w") as f:
