@@ -52,6 +52,13 @@ ROWS = (1 << 10, 1 << 14, 1 << 18, 1 << 20, 1 << 22)
 CACHE_POSITIONS = 8192
 
 
+def moved_bytes(mode, rows):
+  """Bytes an in-place op must move for ``rows`` rows: x read and written (bf16), and per position one
+  256-byte cache row and one int32 id."""
+  _, width, heads = MODES[mode]
+  return 2 * rows * width * 2 + rows // heads * (64 * 4 + 4)
+
+
 def _inputs(mode, rows, key):
   kw, width, heads = MODES[mode]
   kx, kp, kc = jax.random.split(key, 3)
@@ -61,8 +68,7 @@ def _inputs(mode, rows, key):
   positions = jax.random.randint(kp, (n_pos,), 0, CACHE_POSITIONS, jnp.int32)
   ang = jax.random.uniform(kc, (CACHE_POSITIONS, 32), jnp.float32, 0, 100)
   cache = jnp.concatenate([jnp.cos(ang), jnp.sin(ang)], axis=1)
-  nbytes = 2 * x.size * 2 + n_pos * (64 * 4 + 4)
-  return x, cache, positions, nbytes
+  return x, cache, positions, moved_bytes(mode, rows)
 
 
 def _runs_seconds(fn, x, args, n, repeats):

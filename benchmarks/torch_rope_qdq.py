@@ -27,13 +27,7 @@ import jqat.torch as jt  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _timing import cuda_event_ms  # noqa: E402
-
-MODES = {  # name -> (keywords, row width, heads per token)
-    "fp4/32/ue8m0": (dict(quantization="fp4", group_size=32, scale_format="ue8m0"), 128, 4),
-    "fp8/32/ue8m0": (dict(quantization="fp8", group_size=32, scale_format="ue8m0"), 512, 1),
-    "fp4/16/e4m3": (dict(quantization="fp4", group_size=16, scale_format="e4m3"), 512, 1),
-}
-CACHE_POSITIONS = 8192
+from rope_qdq import CACHE_POSITIONS, MODES, moved_bytes  # noqa: E402  (benchmarks/rope_qdq.py)
 
 
 def bench(mode, rows):
@@ -58,7 +52,7 @@ def bench(mode, rows):
   assert op.execute(x, cache, positions) is x and x.data_ptr() == ptr
   dst = torch.empty_like(x)
   copy = cuda_event_ms(lambda: dst.copy_(x))
-  moved = 2 * x.numel() * 2 + n_pos * (64 * 4 + 4)
+  moved = moved_bytes(mode, rows)
   return dict(mode=mode, rows=rows, ours_ms=ours, ours_gbs=moved / ours / 1e6, copy_ms=copy,
               copy_gbs=2 * x.numel() * 2 / copy / 1e6, pct_of_copy=100 * (moved / ours) / (2 * x.numel() * 2 / copy),
               bytes_moved=moved, allocated_delta=alloc_delta, peak_allocated_delta=peak_delta)
