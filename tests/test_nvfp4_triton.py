@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 triton = pytest.importorskip("triton")
 tl = triton.language
 
-from oracle import bits, fq_oracle  # noqa: E402
+from oracle import E4M3_VALUES, bits, fq_oracle  # noqa: E402
 
 from kernels_triton import nvfp4 as knv  # noqa: E402
 
@@ -72,18 +72,22 @@ def _all_bf16_patterns_shuffled():
   return x[: x.size // 16 * 16].reshape(-1, 16)
 
 
-def _midpoints():
-  """Exact E2M1 boundaries b*s (and their float neighbours) for every E4M3 scale of a block with amax 6s."""
+def _boundary_blocks(toward):
+  """For every E4M3 scale s (with 6s finite), a block of 16: 6s (so the block's scale is s), the seven
+  exact E2M1 boundaries b*s, their FP32 neighbours in the direction of ``toward``, and 0."""
   rows = []
-  e4m3 = fq_oracle.__globals__["E4M3_VALUES"]
-  for s in e4m3[1:]:
+  for s in E4M3_VALUES[1:]:
     s = np.float32(s)
     if s * 6 > 3e38:
       continue
     vals = [np.float32(s * b) for b in (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)]
-    row = [np.float32(6 * s)] + vals + [np.nextafter(v, np.float32(np.inf)) for v in vals] + [np.float32(0)]
-    rows.append(np.array(row, np.float32))
-  x = np.stack(rows)
+    rows.append([np.float32(6 * s)] + vals + [np.nextafter(v, np.float32(toward)) for v in vals] + [0.0])
+  return np.array(rows, np.float32)
+
+
+def _midpoints():
+  """Exact E2M1 boundaries b*s (and their float neighbours) for every E4M3 scale of a block with amax 6s."""
+  x = _boundary_blocks(np.inf)
   return np.concatenate([x, -x])
 
 
@@ -157,16 +161,7 @@ def _fq_probs_kernel(x_ptr, out_ptr, ROWS: tl.constexpr, COLS: tl.constexpr, BLO
 def _probability_cases():
   """Non-negative FP32 [64, 64]: every boundary b*s of every E4M3 scale with both float neighbours
   (blocks of 16 with amax 6s), then random blocks over 12 decades, some with zeros (masked keys)."""
-  e4m3 = fq_oracle.__globals__["E4M3_VALUES"]
-  rows = []
-  for s in e4m3[1:]:
-    s = np.float32(s)
-    if s * 6 > 3e38:
-      continue
-    vals = [np.float32(s * b) for b in (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)]
-    for direction in (np.inf, 0.0):
-      rows.append([np.float32(6 * s)] + vals + [np.nextafter(v, np.float32(direction)) for v in vals] + [0.0])
-  x = np.array(rows, np.float32).reshape(-1)
+  x = np.concatenate([_boundary_blocks(np.inf), _boundary_blocks(0.0)]).reshape(-1)
   rng = np.random.default_rng(4)
   fill = 64 * 64 - x.size
   rand = (rng.random(fill) * 10.0 ** rng.integers(-12, 1, fill)).astype(np.float32)
