@@ -26,13 +26,13 @@ from kernels_triton.nvfp4 import fq_probs_t
 # Per head dim: (dQ BLOCK_M, dQ BLOCK_N, dQ num_warps, dQ num_stages,
 #               dK/dV BLOCK_N, dK/dV BLOCK_M, dK/dV num_warps, dK/dV num_stages).
 # The dQ program keeps a tall Q/dO tile and streams thin K/V tiles; the dK/dV
-# program the reverse. ptxas -v on sm_90 (strides hinted, loads through cp.async):
-# D = 128: dQ 128x32 / 8 warps 162 registers, no spills; dK/dV 64 keys x 32 queries
-# / 8 warps 28 bytes of spills (128 keys: 72, 4 warps: 600+). D = 64: dQ at 4
-# warps has no spills, dK/dV at 4 warps spilled 424 bytes, at 8 warps 8.
-# D = 128 and 64 from the H200 sweeps of 2026-11-30 (docs/BENCHMARKS.md). D = 128: dQ 128x64 tiles, dK/dV
-# 128 keys x 32 queries, 8 warps, 3 stages each (dK/dV then spills 248 bytes outside its loops and was still
-# the fastest). D = 64: 4 warps for both kernels.
+# program the reverse. ptxas -v on sm_90 (strides hinted, loads through cp.async), for the
+# defaults below: D = 128: dQ 128x64 / 8 warps / 3 stages 228 registers, no spills; dK/dV
+# 128 keys x 32 queries / 8 warps / 3 stages 272 bytes of spills, all outside the query-tile
+# loops (2 stages: 92 bytes). D = 64: dQ 128x32 / 4 warps 204 registers, no spills; dK/dV
+# at 4 warps 600 bytes of spills, again outside the query-tile loops.
+# D = 128 and 64 from the H200 sweeps of 2026-11-30 (docs/BENCHMARKS.md): at D = 128, 3 stages
+# for both kernels were the fastest despite those spills; at D = 64, 4 warps for both.
 _CONFIGS = {64: (128, 32, 4, 3, 128, 32, 4, 3), 128: (128, 64, 8, 3, 128, 32, 8, 3),
             256: (64, 32, 8, 2, 64, 32, 8, 2)}
 
