@@ -23,7 +23,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-from conftest import assert_close  # noqa: E402
+from conftest import assert_close, assert_reordered_equal  # noqa: E402
 
 torch = pytest.importorskip("torch")
 
@@ -113,13 +113,20 @@ def _torch_results(q, k, v, do, *, causal, cfg):
   return res
 
 
-def _compare(got, want):
+def _reordered(got, want, name):
+  """The CPU path runs its own jitted XLA programs: equal to the JAX API's up to FP32 summation order."""
+  g = got.detach().float().numpy() if isinstance(got, torch.Tensor) else got
+  assert_reordered_equal(g, np.asarray(want, np.float32), name=name, dtype=np.asarray(want).dtype)
+
+
+def _compare(got, want, check=_same):
+  """Every result against the JAX API's; ``check`` is bitwise (same kernels) or up to summation order."""
   for key, value in got.items():
     if isinstance(value, tuple):
       for name, a, e in zip(("dq", "dk", "dv"), value, want[key]):
-        _same(a, e, f"{key}.{name}")
+        check(a, e, f"{key}.{name}")
     else:
-      _same(value, want[key], key)
+      check(value, want[key], key)
 
 
 # (B, H, Hkv, Sq, Skv, D, causal, config)
@@ -131,11 +138,11 @@ CASES = [
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"B{c[0]}H{c[1]}K{c[2]}-{c[3]}x{c[4]}-D{c[5]}-{c[6]}")
-def test_cpu_equals_jax_api_bitwise(case):
+def test_cpu_equals_jax_api(case):
   b, h, hkv, sq, skv, d, causal, cfg = case
   q, k, v, do = _bhsd_inputs(b, h, hkv, sq, skv, d)
   got = _torch_results(q, k, v, do, causal=causal, cfg=cfg)
-  _compare(got, _jax_expected(q, k, v, do, causal=causal, cfg=cfg, implementation="xla"))
+  _compare(got, _jax_expected(q, k, v, do, causal=causal, cfg=cfg, implementation="xla"), check=_reordered)
   assert got["out"].shape == q.shape
 
 
