@@ -15,10 +15,10 @@ at (B, N, K, S, D) = (1, 16, 16, S, D) (S = --seq, D = --head_dim), non-causal a
   pure-JAX reference with the test bounds. ``BAD`` marks a config that misses a
   bound there (a fast-but-wrong config) or fails to compile/run.
 
-Overrides go through ``ffi.attention.set_config_override`` (the same keys as the
-``JQAT_ATTN_FWD_CONFIG`` / ``JQAT_ATTN_BWD_CONFIG`` environment variables). The
-table comes last; pick the defaults from it and write them into
-``kernels_triton/attention_{fwd,bwd}.py`` (``_CONFIGS``).
+Overrides go through ``ffi.plan.set_config_override`` (the fields of ``ForwardConfig`` /
+``BackwardConfig``, as in the ``JQAT_ATTN_FWD_CONFIG`` / ``JQAT_ATTN_BWD_CONFIG`` environment
+variables). The table comes last; pick the defaults from it and write them into
+``kernels_triton/attention_{fwd,bwd}.py`` (``FORWARD_CONFIGS`` / ``BACKWARD_CONFIGS``).
 """
 
 from __future__ import annotations
@@ -36,48 +36,47 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jqat  # noqa: E402
-from ffi import attention as ffi_attention  # noqa: E402
-from kernels_triton import attention_bwd as kbwd  # noqa: E402
-from kernels_triton import attention_fwd as kfwd  # noqa: E402
+from ffi import plan as plans  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from attention import time_ms  # noqa: E402  (benchmarks/attention.py)
 
 BOUNDS = {"O": 2e-3, "O'": 5e-4, "lse": 1e-5, "dQ": 1e-3, "dK": 1e-3, "dV": 2e-3}
 
-# Forward candidates by head dim (BLOCK_N is the API's block_n = 64: it is part of the function).
+# Forward candidates by head dim (BLOCK_N is the API's block_n = 64: it is part of the function); each a
+# set of ForwardConfig fields replacing the defaults.
 FWD = {
     128: [
         {},  # the built-in default
-        {"BLOCK_M": 128, "num_warps": 8, "num_stages": 3},
-        {"BLOCK_M": 64, "num_warps": 4, "num_stages": 4},
-        {"BLOCK_M": 64, "num_warps": 4, "num_stages": 2},
+        {"block_m": 128, "num_warps": 8, "num_stages": 3},
+        {"block_m": 64, "num_warps": 4, "num_stages": 4},
+        {"block_m": 64, "num_warps": 4, "num_stages": 2},
     ],
     64: [
         {},
-        {"BLOCK_M": 128, "num_warps": 8, "num_stages": 2},
-        {"BLOCK_M": 128, "num_warps": 8, "num_stages": 3},
-        {"BLOCK_M": 64, "num_warps": 4, "num_stages": 3},
-        {"BLOCK_M": 128, "num_warps": 4, "num_stages": 4},
+        {"block_m": 128, "num_warps": 8, "num_stages": 2},
+        {"block_m": 128, "num_warps": 8, "num_stages": 3},
+        {"block_m": 64, "num_warps": 4, "num_stages": 3},
+        {"block_m": 128, "num_warps": 4, "num_stages": 4},
     ],
 }
-# Backward candidates: dQ (M, N) and dK/dV (keys N, queries M), warps and stages.
+# Backward candidates (BackwardConfig fields): dQ (M, N) and dK/dV (keys N, queries M), warps and stages.
 BWD = {
     128: [
         {},
-        {"DQ_num_stages": 2},
-        {"KV_BLOCK_M": 64},
-        {"KV_BLOCK_M": 64, "num_stages": 2, "DQ_num_stages": 3},
-        {"num_stages": 4, "DQ_num_stages": 3},
-        {"DQ_BLOCK_N": 32, "DQ_num_stages": 4},
+        {"dq_num_stages": 2},
+        {"kv_block_m": 64},
+        {"kv_block_m": 64, "kv_num_stages": 2, "dq_num_stages": 3},
+        {"kv_num_stages": 4, "dq_num_stages": 3},
+        {"dq_block_n": 32, "dq_num_stages": 4},
     ],
     64: [
         {},
-        {"DQ_BLOCK_M": 128, "DQ_BLOCK_N": 64, "DQ_num_warps": 8, "DQ_num_stages": 3},
-        {"DQ_BLOCK_M": 128, "DQ_BLOCK_N": 64, "DQ_num_warps": 4, "DQ_num_stages": 3},
-        {"KV_BLOCK_M": 64, "num_warps": 8, "num_stages": 3},
-        {"KV_BLOCK_N": 64, "KV_BLOCK_M": 64, "num_warps": 4, "num_stages": 3},
-        {"num_warps": 4},
+        {"dq_block_m": 128, "dq_block_n": 64, "dq_num_warps": 8, "dq_num_stages": 3},
+        {"dq_block_m": 128, "dq_block_n": 64, "dq_num_warps": 4, "dq_num_stages": 3},
+        {"kv_block_m": 64, "kv_num_warps": 8, "kv_num_stages": 3},
+        {"kv_block_n": 64, "kv_block_m": 64, "kv_num_warps": 4, "kv_num_stages": 3},
+        {"kv_num_warps": 4, "dq_num_warps": 4},
     ],
 }
 
@@ -85,8 +84,9 @@ BWD = {
 def _fmt(cfg):
   if not cfg:
     return "default"
-  short = {"BLOCK_M": "M", "num_warps": "w", "num_stages": "s", "DQ_BLOCK_M": "qM", "DQ_BLOCK_N": "qN",
-           "DQ_num_warps": "qw", "DQ_num_stages": "qs", "KV_BLOCK_N": "kN", "KV_BLOCK_M": "kM"}
+  short = {"block_m": "M", "num_warps": "w", "num_stages": "s", "dq_block_m": "qM", "dq_block_n": "qN",
+           "dq_num_warps": "qw", "dq_num_stages": "qs", "kv_block_n": "kN", "kv_block_m": "kM", "kv_num_warps": "kw",
+           "kv_num_stages": "ks"}
   return ",".join(f"{short.get(k, k)}{v}" for k, v in cfg.items())
 
 
@@ -134,7 +134,7 @@ def _sweep_kind(kind, cfgs, make_fn, big_args, small_args, ref, names, causal, r
       rows.append(row)
       continue
     try:
-      ffi_attention.set_config_override(kind, cfg)
+      plans.set_config_override(kind, cfg)
       fn = make_fn(causal)  # a new jit per config: an existing one would keep its compiled kernels
       out = jax.block_until_ready(fn(*big_args))
       row["ms"] = time_ms(fn, big_args, args.iters, args.repeats)
@@ -148,7 +148,7 @@ def _sweep_kind(kind, cfgs, make_fn, big_args, small_args, ref, names, causal, r
       row["ok"], row["error"] = False, f"{type(e).__name__}: {str(e)[:120]}"
     rows.append(row)
     print(row, flush=True)
-  ffi_attention.set_config_override(kind, None)
+  plans.set_config_override(kind, None)
 
 
 def main():
@@ -167,8 +167,8 @@ def main():
     fwd_cfgs, bwd_cfgs = fwd_cfgs[:4], bwd_cfgs[:4]
   t_start = time.perf_counter()
   d = args.head_dim
-  print(jax.devices()[0], f"defaults at D={d}: fwd", ffi_attention._config("fwd", kfwd.launch_config(d)), "bwd",
-        ffi_attention._config("bwd", kbwd.launch_config(d)), flush=True)
+  print(jax.devices()[0], f"defaults at D={d}: fwd", plans.forward_config(d), "bwd", plans.backward_config(d),
+        flush=True)
 
   big = _inputs(1, args.seq, 16, 16, d, seed=0)
   small = _inputs(1, 1000, 8, 2, d, seed=1)

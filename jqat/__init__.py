@@ -7,8 +7,8 @@ Public API:
 """
 
 from jqat import nvfp4
-from jqat._src.attention import DEFAULT_BLOCK_N, attention, attention_backward, attention_forward
-from jqat._src.attention_reference import QATConfig
+from ffi.options import DEFAULT_BLOCK_N, QATConfig
+from jqat._src.attention import attention, attention_backward, attention_forward
 from jqat._src.rope_qdq import rope_qdq
 
 __all__ = ["DEFAULT_BLOCK_N", "QATConfig", "attention", "attention_backward", "attention_forward", "nvfp4", "rope_qdq"]

@@ -29,7 +29,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jqat._src.attention import DEFAULT_BLOCK_N, attention
+from ffi.options import DEFAULT_BLOCK_N
+from jqat._src.attention import attention
 
 __all__ = ["attention_fn", "make_attention_fn"]
 

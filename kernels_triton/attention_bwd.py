@@ -17,35 +17,41 @@ multiples of BLOCK_N, a multiple of 16).
 
 from __future__ import annotations
 
+import dataclasses
+
 import triton
 import triton.language as tl
 
-from kernels_triton.attention_fwd import _aligned3, bf16_dot, cast_out, kv_tile_range, load_kv_tile, qk_dot
+from kernels_triton.attention_common import LOG2E, aligned3, bf16_dot, cast_out, kv_tile_range, load_kv_tile, qk_dot
 from kernels_triton.nvfp4 import fq_probs_t
 
-# Per head dim: (dQ BLOCK_M, dQ BLOCK_N, dQ num_warps, dQ num_stages,
-#               dK/dV BLOCK_N, dK/dV BLOCK_M, dK/dV num_warps, dK/dV num_stages).
-# The dQ program keeps a tall Q/dO tile and streams thin K/V tiles; the dK/dV
-# program the reverse. ptxas -v on sm_90 (strides hinted, loads through cp.async), for the
-# defaults below: D = 128: dQ 128x64 / 8 warps / 3 stages 228 registers, no spills; dK/dV
-# 128 keys x 32 queries / 8 warps / 3 stages 272 bytes of spills, all outside the query-tile
-# loops (2 stages: 92 bytes). D = 64: dQ 128x32 / 4 warps 204 registers, no spills; dK/dV
-# at 4 warps 600 bytes of spills, again outside the query-tile loops.
-# D = 128 and 64 from the H200 sweeps of 2026-11-30 (docs/BENCHMARKS.md): at D = 128, 3 stages
-# for both kernels were the fastest despite those spills; at D = 64, 4 warps for both.
-_CONFIGS = {64: (128, 32, 4, 3, 128, 32, 4, 3), 128: (128, 64, 8, 3, 128, 32, 8, 3),
-            256: (64, 32, 8, 2, 64, 32, 8, 2)}
+@dataclasses.dataclass(frozen=True)
+class BackwardConfig:
+  """Launch configuration of the dQ kernel (``dq_*``) and the dK/dV kernel (``kv_*``).
 
-
-def launch_config(head_dim: int) -> dict:
-  """Block sizes and launch parameters of the dQ and dK/dV kernels for head dim ``head_dim``.
-
-  ``num_warps``/``num_stages`` are the dK/dV kernel's, ``DQ_num_warps``/``DQ_num_stages`` the dQ kernel's.
+  The dQ program keeps a tall Q/dO tile (``dq_block_m`` rows) and streams thin K/V tiles
+  (``dq_block_n`` keys); the dK/dV program keeps ``kv_block_n`` keys and streams ``kv_block_m``
+  query rows. Block sizes are powers of two, ``kv_block_n % 16 == 0`` (fq(P) blocks along keys).
   """
-  key = min((d for d in _CONFIGS if d >= head_dim), default=256)
-  dq_m, dq_n, dq_w, dq_s, kv_n, kv_m, kv_w, kv_s = _CONFIGS[key]
-  return {"DQ_BLOCK_M": dq_m, "DQ_BLOCK_N": dq_n, "KV_BLOCK_N": kv_n, "KV_BLOCK_M": kv_m, "num_warps": kv_w,
-          "num_stages": kv_s, "DQ_num_warps": dq_w, "DQ_num_stages": dq_s}
+
+  dq_block_m: int
+  dq_block_n: int
+  dq_num_warps: int
+  dq_num_stages: int
+  kv_block_n: int
+  kv_block_m: int
+  kv_num_warps: int
+  kv_num_stages: int
+
+
+# By head dim, from the H200 sweeps (docs/BENCHMARKS.md, with the register and spill figures).
+BACKWARD_CONFIGS = {64: BackwardConfig(128, 32, 4, 3, 128, 32, 4, 3), 128: BackwardConfig(128, 64, 8, 3, 128, 32, 8, 3),
+                    256: BackwardConfig(64, 32, 8, 2, 64, 32, 8, 2)}
+
+
+def backward_config(head_dim: int) -> BackwardConfig:
+  """The default :class:`BackwardConfig` for head dim ``head_dim`` (a multiple of 16)."""
+  return BACKWARD_CONFIGS[min((d for d in BACKWARD_CONFIGS if d >= head_dim), default=256)]
 
 
 # Launch parameters of the delta kernel (grid: (cdiv(Tq, BLOCK_M), B * N)).
@@ -59,8 +65,8 @@ def attention_bwd_delta_kernel(o_ptr, do_ptr, tq, n_heads, stride_ob, stride_ot,
 
   Grid: (cdiv(Tq, BLOCK_M), B * N).
   """
-  stride_ob, stride_ot, stride_on = _aligned3(stride_ob, stride_ot, stride_on)
-  stride_db, stride_dt, stride_dn = _aligned3(stride_db, stride_dt, stride_dn)
+  stride_ob, stride_ot, stride_on = aligned3(stride_ob, stride_ot, stride_on)
+  stride_db, stride_dt, stride_dn = aligned3(stride_db, stride_dt, stride_dn)
   pid_bh = tl.program_id(1)
   b = pid_bh // n_heads
   h = pid_bh % n_heads
@@ -107,10 +113,10 @@ def attention_bwd_dq_kernel(
   fp32 contiguous. Grid: (cdiv(Tq, BLOCK_M), B * N).
   """
   # Strides are multiples of HEAD_DIM: visible to the compiler for 16-byte, cp.async-pipelined loads.
-  stride_qb, stride_qt, stride_qn = _aligned3(stride_qb, stride_qt, stride_qn)
-  stride_kb, stride_kt, stride_kn = _aligned3(stride_kb, stride_kt, stride_kn)
-  stride_vb, stride_vt, stride_vn = _aligned3(stride_vb, stride_vt, stride_vn)
-  stride_db, stride_dt, stride_dn = _aligned3(stride_db, stride_dt, stride_dn)
+  stride_qb, stride_qt, stride_qn = aligned3(stride_qb, stride_qt, stride_qn)
+  stride_kb, stride_kt, stride_kn = aligned3(stride_kb, stride_kt, stride_kn)
+  stride_vb, stride_vt, stride_vn = aligned3(stride_vb, stride_vt, stride_vn)
+  stride_db, stride_dt, stride_dn = aligned3(stride_db, stride_dt, stride_dn)
   pid_bh = tl.program_id(1)
   b = pid_bh // n_heads
   h = pid_bh % n_heads
@@ -128,8 +134,8 @@ def attention_bwd_dq_kernel(
   lse = tl.load(lse_ptr + pid_bh.to(tl.int64) * tq + offs_m, mask=row_ok, other=float("-inf"))
   delta = tl.load(delta_ptr + pid_bh.to(tl.int64) * tq + offs_m, mask=row_ok, other=0.0)
   # In log2 units; +inf for a row without visible keys (or a padding row) makes its P exactly 0.
-  lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
-  qk_scale = scale * 1.4426950408889634
+  lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
+  qk_scale = scale * LOG2E
   k_base = k_ptr + b.to(tl.int64) * stride_kb + kvh.to(tl.int64) * stride_kn
   v_base = v_ptr + b.to(tl.int64) * stride_vb + kvh.to(tl.int64) * stride_vn
 
@@ -159,7 +165,7 @@ def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, kn,
   do = tl.load(do_base + rows * stride_dt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
   lse = tl.load(lse_base + qm, mask=row_ok, other=float("-inf"))
   delta = tl.load(delta_base + qm, mask=row_ok, other=0.0)
-  lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)  # P = 0 for such rows
+  lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)  # P = 0 for such rows
   p_t = tl.math.exp2(qk_dot(k, q, QK_F32, DOT_PREC) * qk_scale - lse2[None, :])  # [BLOCK_N, BLOCK_M]
   if MASKED:
     # Masked keys must be exactly +0 before fq(P): they share blocks of 16 with valid keys.
@@ -191,10 +197,10 @@ def attention_bwd_dkdv_kernel(
   strides of k and v. Grid: (cdiv(Tk, BLOCK_N), B * K). BLOCK_N % 16 == 0.
   """
   # Strides are multiples of HEAD_DIM: visible to the compiler for 16-byte, cp.async-pipelined loads.
-  stride_qb, stride_qt, stride_qn = _aligned3(stride_qb, stride_qt, stride_qn)
-  stride_kb, stride_kt, stride_kn = _aligned3(stride_kb, stride_kt, stride_kn)
-  stride_vb, stride_vt, stride_vn = _aligned3(stride_vb, stride_vt, stride_vn)
-  stride_db, stride_dt, stride_dn = _aligned3(stride_db, stride_dt, stride_dn)
+  stride_qb, stride_qt, stride_qn = aligned3(stride_qb, stride_qt, stride_qn)
+  stride_kb, stride_kt, stride_kn = aligned3(stride_kb, stride_kt, stride_kn)
+  stride_vb, stride_vt, stride_vn = aligned3(stride_vb, stride_vt, stride_vn)
+  stride_db, stride_dt, stride_dn = aligned3(stride_db, stride_dt, stride_dn)
   n_kv = n_heads // group
   pid_bk = tl.program_id(1)
   b = pid_bk // n_kv
@@ -209,7 +215,7 @@ def attention_bwd_dkdv_kernel(
   v_off = b.to(tl.int64) * stride_vb + kvh.to(tl.int64) * stride_vn + keys * stride_vt + offs_d[None, :]
   k = tl.load(k_ptr + k_off, mask=key_ok[:, None], other=0.0)
   v = tl.load(v_ptr + v_off, mask=key_ok[:, None], other=0.0)
-  qk_scale = scale * 1.4426950408889634
+  qk_scale = scale * LOG2E
 
   # Query tiles [lo, mask_end) need the elementwise mask (causal diagonal, or
   # every tile when this key tile is ragged); [mask_end, Tq) do not.

@@ -162,18 +162,33 @@ def fq_tile(x, valid, ROWS: tl.constexpr, COLS: tl.constexpr, HW_E4M3: tl.conste
 
 
 @triton.jit
+def _max_nan(a, b):
+  return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _prob_block_scales(p3, AXIS: tl.constexpr, HW_E4M3: tl.constexpr):
+  """E4M3 scales of probability blocks (``AXIS`` the block axis): NaN for a block that holds a NaN.
+
+  The block maximum propagates NaN (``max.NaN``, the cost of a plain max); a NaN scale then
+  makes every element of its block NaN through the final ``mag * s``, as SPEC section 2 says.
+  """
+  amax = tl.reduce(p3, AXIS, _max_nan)
+  s = e4m3_block_scale(amax, HW_E4M3)
+  return tl.where(amax != amax, float("nan"), s)
+
+
+@triton.jit
 def fq_probs(p, ROWS: tl.constexpr, COLS: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr):
   """``fq_tile`` for softmax probabilities ``p: [ROWS, COLS] fp32`` (blocks along axis 1).
 
-  Precondition: ``p >= 0`` and exactly +0 at masked positions. Then a masked
-  zero never raises a block's amax and quantizes to +0 by itself, so the mask
-  and sign handling of ``fq_tile`` can be skipped on this hot path. (A NaN
-  probability already makes its row NaN through the row sum.)
+  Precondition: ``p >= 0`` or NaN, and exactly +0 at masked positions. Then a masked
+  zero never raises a block's amax and quantizes to +0 by itself, so the mask and sign
+  handling of ``fq_tile`` can be skipped on this hot path; a NaN makes its block NaN.
   """
   NB: tl.constexpr = COLS // 16
   p3 = tl.reshape(p, [ROWS, NB, 16])
-  s = e4m3_block_scale(tl.max(p3, axis=2), HW_E4M3)
-  out = e2m1_dequant(p3, s, 2, HW_E2M1)
+  out = e2m1_dequant(p3, _prob_block_scales(p3, 2, HW_E4M3), 2, HW_E2M1)
   return tl.reshape(out, [ROWS, COLS])
 
 
@@ -186,8 +201,7 @@ def fq_probs_t(pt, ROWS: tl.constexpr, COLS: tl.constexpr, HW_E4M3: tl.constexpr
   """
   NB: tl.constexpr = ROWS // 16
   p3 = tl.reshape(pt, [NB, 16, COLS])
-  s = e4m3_block_scale(tl.max(p3, axis=1), HW_E4M3)
-  out = e2m1_dequant(p3, s, 1, HW_E2M1)
+  out = e2m1_dequant(p3, _prob_block_scales(p3, 1, HW_E4M3), 1, HW_E2M1)
   return tl.reshape(out, [ROWS, COLS])
 
 
@@ -207,3 +221,24 @@ def fake_quantize_kernel(x_ptr, rows, cols, stride_x, stride_out, out_ptr, BLOCK
   x = tl.load(x_ptr + r64 * stride_x + c[None, :], mask=valid, other=0.0).to(tl.float32)
   y = fq_tile(x, valid, BLOCK_R, BLOCK_C, HW_E4M3, HW_E2M1)
   tl.store(out_ptr + r64 * stride_out + c[None, :], y.to(out_ptr.dtype.element_ty), mask=valid)
+
+
+def fake_quantize_launch(rows: int, cols: int) -> tuple[tuple[int, int], dict]:
+  """Grid and launch parameters of :func:`fake_quantize_rows_kernel` for ``rows`` rows of ``cols`` channels."""
+  block_c = min(128, triton.next_power_of_2(cols))
+  block_r = max(1, 4096 // block_c)
+  grid = (triton.cdiv(rows, block_r), triton.cdiv(cols, block_c))
+  return grid, {"BLOCK_R": block_r, "BLOCK_C": block_c, "num_warps": 4, "num_stages": 1}
+
+
+@triton.jit
+def fake_quantize_rows_kernel(x_ptr, rows, cols, stride_x, stride_out, out_ptr, BLOCK_R: tl.constexpr,
+                              BLOCK_C: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr):
+  """``nvfp4.fake_quantize_kernel`` (same arguments, same result) for ``cols % 16 == 0`` and strides
+  that are multiples of 16, as for Q, K, V here (D % 16 == 0).
+
+  The hints let the compiler use 16-byte loads and stores; without them (jax-triton
+  does not specialize integers) it emitted 2-byte LDG.E.U16 / STG.E.U16.
+  """
+  fake_quantize_kernel(x_ptr, rows, cols // 16 * 16, stride_x // 16 * 16, stride_out // 16 * 16, out_ptr, BLOCK_R,
+                       BLOCK_C, HW_E4M3, HW_E2M1)

@@ -24,6 +24,7 @@ from conftest import HAS_GPU, kernel_device  # noqa: E402
 # Before triton is imported: the interpreter on CPU machines, compiled kernels on a GPU.
 os.environ.setdefault("TRITON_INTERPRET", "0" if HAS_GPU else "1")
 
+import dataclasses
 import functools
 
 import jax
@@ -35,13 +36,19 @@ from conftest import assert_close
 torch = pytest.importorskip("torch")
 triton = pytest.importorskip("triton")
 
+from ffi import plan as plans  # noqa: E402
+from ffi import torch_launch  # noqa: E402
+from ffi.options import AttentionOptions  # noqa: E402
 from kernels_triton import attention_bwd as kbwd  # noqa: E402
 from kernels_triton import attention_fwd as kfwd  # noqa: E402
 from kernels_triton import nvfp4 as knv  # noqa: E402
+from kernels_triton.attention_bwd import BackwardConfig  # noqa: E402
+from kernels_triton.attention_common import dot_flags  # noqa: E402
+from kernels_triton.attention_fwd import ForwardConfig  # noqa: E402
 
 import jqat  # noqa: E402
 from jqat._src import attention_reference as reference  # noqa: E402
-from jqat._src.attention_reference import QATConfig  # noqa: E402
+from ffi.options import QATConfig  # noqa: E402
 
 INTERPRET = os.environ["TRITON_INTERPRET"] == "1"
 BOUNDS = {"O": 2e-3, "O'": 5e-4, "lse": 1e-5, "dQ": 1e-3, "dK": 1e-3, "dV": 2e-3}
@@ -67,7 +74,7 @@ _TORCH = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 def _flags(device, dtype_name):
   interpret = device == "cpu"
   cc = None if interpret else torch.cuda.get_device_capability()
-  return {**knv.quant_flags(cc, interpret), **kfwd.dot_flags(dtype_name, interpret)}
+  return {**knv.quant_flags(cc, interpret), **dot_flags(dtype_name, interpret)}
 
 
 def _nan_like(x, shape=None, dtype=None):
@@ -88,43 +95,35 @@ def _qflags(flags):
   return {k: flags[k] for k in ("HW_E4M3", "HW_E2M1")}
 
 
-def _dflags(flags):
-  return {k: flags[k] for k in ("QK_F32", "DOT_BF16", "SOFT_BF16", "DOT_PREC")}
+def _poisoned(plan, names, device):
+  """Plan buffers filled with NaN: any element a kernel forgets to write stays NaN."""
+  tensors = torch_launch.allocate(plan, names, device)
+  for t in tensors.values():
+    t.fill_(float("nan"))
+  return tensors
 
 
-def _kernel_forward(q, k, v, *, scale, is_causal, block_n, block_m, cfg, flags):
-  """Launches fq(K), fq(V) and the forward kernel on torch tensors, the way ffi/attention.py does."""
-  b, tq, n, d = q.shape
-  tk, kh = k.shape[1], k.shape[2]
-  if cfg.quantize_qkv:
-    k, v = _fq(k, flags), _fq(v, flags)
-  o, o_hp, lse = _nan_like(q), _nan_like(q), _nan_like(q, (b, n, tq), torch.float32)
-  kfwd.attention_fwd_kernel[(triton.cdiv(tq, block_m), b * n)](
-      q, k, v, scale, tq, tk, n, n // kh, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
-      o, o_hp, lse, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, IS_CAUSAL=is_causal,
-      QUANTIZE_Q=cfg.quantize_qkv, QUANTIZE_P=cfg.quantize_p, **_dflags(flags), **_qflags(flags))
-  return o, o_hp, lse
+def _kernel_forward(q, k, v, *, scale, is_causal, block_n, block_m, cfg):
+  """The forward plan executed on torch tensors with a small query tile (``block_m``)."""
+  opts = AttentionOptions(scale, is_causal, block_n, cfg)
+  plan = plans.attention_forward(*map(torch_launch.describe, (q, k, v)), opts, torch_launch.target(q),
+                                 config=ForwardConfig(block_m, 4, 1))
+  tensors = dict(q=q, k=k, v=v, **_poisoned(plan, plan.scratch + ("o", "lse"), q.device))
+  tensors["o_hp"] = _poisoned(plan, ("o_hp",), q.device)["o_hp"]
+  torch_launch.execute(plan, tensors)
+  return tensors["o"], tensors["o_hp"], tensors["lse"]
 
 
-def _kernel_backward(do, q, k, v, o_for_delta, lse, *, scale, is_causal, blocks, cfg, flags):
-  """Launches the delta, dQ and dK/dV kernels on torch tensors; blocks = (dQ M, dQ N, dKdV M, dKdV N)."""
-  b, tq, n, d = q.shape
-  tk, kh = k.shape[1], k.shape[2]
-  if cfg.quantize_qkv:
-    q, k, v = _fq(q, flags), _fq(k, flags), _fq(v, flags)
-  delta = _nan_like(q, (b, n, tq), torch.float32)
-  kbwd.attention_bwd_delta_kernel[(triton.cdiv(tq, 16), b * n)](
-      o_for_delta, do, tq, n, *o_for_delta.stride()[:3], *do.stride()[:3], delta, HEAD_DIM=d, BLOCK_M=16)
-  dq, dk, dv = _nan_like(q), _nan_like(k), _nan_like(v)
-  common = (q, k, v, do, lse, delta, scale, tq, tk, n, n // kh, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-            *do.stride()[:3])
+def _kernel_backward(do, q, k, v, o_for_delta, lse, *, scale, is_causal, blocks, cfg):
+  """The backward plan executed on torch tensors; blocks = (dQ M, dQ N, dKdV M, dKdV N)."""
   dq_m, dq_n, kv_m, kv_n = blocks
-  kbwd.attention_bwd_dq_kernel[(triton.cdiv(tq, dq_m), b * n)](
-      *common, dq, HEAD_DIM=d, BLOCK_M=dq_m, BLOCK_N=dq_n, IS_CAUSAL=is_causal, **_dflags(flags))
-  kbwd.attention_bwd_dkdv_kernel[(triton.cdiv(tk, kv_n), b * kh)](
-      *common, dk, dv, HEAD_DIM=d, BLOCK_M=kv_m, BLOCK_N=kv_n, IS_CAUSAL=is_causal,
-      QUANTIZE_P=cfg.quantize_p_backward, **_dflags(flags), **_qflags(flags))
-  return dq, dk, dv
+  opts = AttentionOptions(scale, is_causal, 64, cfg)
+  plan = plans.attention_backward(*map(torch_launch.describe, (do, q, k, v, o_for_delta, lse)), opts,
+                                  torch_launch.target(q), config=BackwardConfig(dq_m, dq_n, 4, 1, kv_n, kv_m, 4, 1))
+  tensors = dict(do=do, q=q, k=k, v=v, o_for_delta=o_for_delta, lse=lse,
+                 **_poisoned(plan, plan.scratch + plan.outputs, q.device))
+  torch_launch.execute(plan, tensors)
+  return tensors["dq"], tensors["dk"], tensors["dv"]
 
 
 def _inputs(b, tq, tk, n, kh, d, dtype_name, seed=0):
@@ -154,7 +153,7 @@ CPU_CASES = [
 
 def _case_id(case):
   b, tq, tk, n, kh, d, causal, dtype, bn, cfg = case
-  sw = "".join(str(int(x)) for x in cfg)
+  sw = "".join(str(int(x)) for x in dataclasses.astuple(cfg))
   return f"B{b}-Tq{tq}-Tk{tk}-N{n}K{kh}-D{d}-{'causal' if causal else 'full'}-{dtype}-bn{bn}-cfg{sw}"
 
 
@@ -175,13 +174,12 @@ def _reference(case, seed=0):
 def test_kernels_match_reference(case):
   device = kernel_device()
   b, tq, tk, n, kh, d, causal, dtype, bn, cfg = case
-  flags = _flags(device, dtype)
   to_t = lambda x: torch.from_numpy(np.array(x)).to(_TORCH[dtype]).to(device)
   q, k, v, do = (to_t(x) for x in _inputs(b, tq, tk, n, kh, d, dtype))
   scale = d**-0.5
   r_o, r_ohp, r_lse, r_ofd, r_grads = _reference(case)
 
-  o, o_hp, lse = _kernel_forward(q, k, v, scale=scale, is_causal=causal, block_n=bn, block_m=16, cfg=cfg, flags=flags)
+  o, o_hp, lse = _kernel_forward(q, k, v, scale=scale, is_causal=causal, block_n=bn, block_m=16, cfg=cfg)
   assert_close(_np(o), r_o, rel=BOUNDS["O"], name="O")
   assert_close(_np(o_hp), r_ohp, rel=BOUNDS["O'"], name="O'")
   assert_close(_np(lse), r_lse, rel=BOUNDS["lse"], name="lse")
@@ -189,7 +187,7 @@ def test_kernels_match_reference(case):
   # The backward gets the reference's O'/O and lse, so it is checked on its own.
   lse_t = torch.from_numpy(r_lse.copy()).to(device)
   grads = _kernel_backward(do, q, k, v, to_t(r_ofd), lse_t, scale=scale, is_causal=causal, blocks=(16, 16, 16, 32),
-                           cfg=cfg, flags=flags)
+                           cfg=cfg)
   for name, got, want in zip(("dQ", "dK", "dV"), grads, r_grads):
     assert_close(_np(got), want, rel=BOUNDS[name], name=name)
 
@@ -197,11 +195,9 @@ def test_kernels_match_reference(case):
 def test_no_visible_key_gives_zero_and_minus_inf():
   """Tk = 0: every row is empty, so O = O' = 0 and lse = -inf, never NaN."""
   device = kernel_device()
-  flags = _flags(device, "bfloat16")
   q = torch.ones((1, 5, 2, 16), dtype=torch.bfloat16, device=device)
   k = torch.ones((1, 0, 1, 16), dtype=torch.bfloat16, device=device)
-  o, o_hp, lse = _kernel_forward(q, k, k, scale=0.25, is_causal=True, block_n=16, block_m=16, cfg=ALL_ON,
-                                 flags=flags)
+  o, o_hp, lse = _kernel_forward(q, k, k, scale=0.25, is_causal=True, block_n=16, block_m=16, cfg=ALL_ON)
   assert (_np(o) == 0).all() and (_np(o_hp) == 0).all()
   assert (_np(lse) == -np.inf).all()
 
@@ -211,60 +207,61 @@ def test_fq_blocks_follow_absolute_key_indices_in_dkdv():
   device = kernel_device()
   case = (1, 17, 40, 2, 1, 16, False, "bfloat16", 16, ALL_ON)
   b, tq, tk, n, kh, d, causal, dtype, bn, cfg = case
-  flags = _flags(device, dtype)
   to_t = lambda x: torch.from_numpy(np.array(x)).to(_TORCH[dtype]).to(device)
   q, k, v, do = (to_t(x) for x in _inputs(b, tq, tk, n, kh, d, dtype))
   _, _, r_lse, r_ofd, (_, _, r_dv) = _reference(case)
   lse_t = torch.from_numpy(r_lse.copy()).to(device)
   for kv_n in (16, 64):
     _, _, dv = _kernel_backward(do, q, k, v, to_t(r_ofd), lse_t, scale=d**-0.5, is_causal=causal,
-                                blocks=(16, 16, 16, kv_n), cfg=cfg, flags=flags)
+                                blocks=(16, 16, 16, kv_n), cfg=cfg)
     assert_close(_np(dv), r_dv, rel=BOUNDS["dV"], name=f"dV (key tile {kv_n})")
 
 
 def test_launch_configs_fit_every_head_dim():
   for d in (16, 64, 128, 256):
-    fwd = kfwd.launch_config(d)
-    bwd = kbwd.launch_config(d)
-    assert fwd["BLOCK_M"] >= 16 and bwd["KV_BLOCK_N"] % 16 == 0
+    fwd, bwd = kfwd.forward_config(d), kbwd.backward_config(d)
+    assert fwd.block_m >= 16 and bwd.kv_block_n % 16 == 0
     # Shared memory of the forward: Q tile plus pipelined K and V tiles, bf16, with BLOCK_N = 64.
-    smem = 2 * (fwd["BLOCK_M"] * d + fwd["num_stages"] * 2 * 64 * d)
+    smem = 2 * (fwd.block_m * d + fwd.num_stages * 2 * 64 * d)
     assert smem <= 228 * 1024, (d, smem)
 
 
 def test_fake_quantize_rows_kernel_matches_generic():
-  """The attention binding's fq kernel (stride hints) computes nvfp4.fake_quantize_kernel's function."""
+  """The attention plans' fq kernel (stride hints) computes nvfp4.fake_quantize_kernel's function."""
   device = kernel_device()
   flags = _flags(device, "bfloat16")
   x = torch.from_numpy(np.random.default_rng(3).standard_normal((37, 64)).astype(np.float32) * 3).to(
       torch.bfloat16).to(device)
   out = _nan_like(x)
-  kfwd.fake_quantize_rows_kernel[(triton.cdiv(37, 16), 1)](x, 37, 64, 64, 64, out, BLOCK_R=16, BLOCK_C=64,
-                                                           **_qflags(flags))
+  knv.fake_quantize_rows_kernel[(triton.cdiv(37, 16), 1)](x, 37, 64, 64, 64, out, BLOCK_R=16, BLOCK_C=64,
+                                                          **_qflags(flags))
   assert torch.equal(out.view(torch.int16), _fq(x, flags).view(torch.int16))
 
 
 def test_launch_config_overrides(monkeypatch):
-  """JQAT_ATTN_{FWD,BWD}_CONFIG and set_config_override merge over the defaults (for sweeps)."""
-  from ffi import attention as ffi_attention  # noqa: PLC0415
-
-  assert ffi_attention.parse_config("BLOCK_M=64, num_warps=4,", ffi_attention._FWD_KEYS) == {
-      "BLOCK_M": 64, "num_warps": 4}
-  with pytest.raises(ValueError):
-    ffi_attention.parse_config("BLOCK_N=32", ffi_attention._FWD_KEYS)  # BLOCK_N is block_n: not a launch knob
-  monkeypatch.setenv("JQAT_ATTN_FWD_CONFIG", "BLOCK_M=64,num_warps=4")
+  """JQAT_ATTN_{FWD,BWD}_CONFIG and set_config_override replace fields of the defaults, for both bindings."""
+  assert plans.parse_config("block_m=64, num_warps=4,", "fwd") == {"block_m": 64, "num_warps": 4}
+  with pytest.raises(ValueError, match="block_n"):
+    plans.parse_config("block_n=32", "fwd")  # block_n changes the function: not a launch knob
+  with pytest.raises(ValueError, match="must be an integer"):
+    plans.parse_config("block_m=big", "fwd")
+  monkeypatch.setenv("JQAT_ATTN_FWD_CONFIG", "block_m=32,num_warps=4")
   try:
-    ffi_attention.set_config_override("fwd", {"num_stages": 3})
-    assert ffi_attention._config("fwd", kfwd.launch_config(128)) == {"BLOCK_M": 64, "num_warps": 4, "num_stages": 3}
-    ffi_attention.set_config_override("bwd", "num_warps=4,KV_BLOCK_N=128")
-    bwd = ffi_attention._config("bwd", kbwd.launch_config(128))
-    assert bwd["num_warps"] == 4 and bwd["DQ_num_warps"] == 4 and bwd["KV_BLOCK_N"] == 128
-    assert bwd["DQ_BLOCK_M"] == kbwd.launch_config(128)["DQ_BLOCK_M"]
+    plans.set_config_override("fwd", {"num_stages": 1})
+    assert plans.forward_config(128) == ForwardConfig(32, 4, 1)
+    plans.set_config_override("bwd", "kv_num_warps=4,kv_block_n=64")
+    bwd = plans.backward_config(128)
+    assert (bwd.kv_num_warps, bwd.kv_block_n) == (4, 64)
+    assert bwd.dq_block_m == kbwd.backward_config(128).dq_block_m
+    # Both bindings execute the plan, so the override reaches a plan built for torch tensors too.
+    q = torch.zeros((1, 40, 2, 128), dtype=torch.bfloat16)
+    plan = plans.attention_forward(*(torch_launch.describe(q),) * 3, AttentionOptions(0.1), torch_launch.target(q))
+    assert plan.launches[-1].grid == (triton.cdiv(40, 32), 2) and plan.launches[-1].num_stages == 1
   finally:
-    ffi_attention.set_config_override("fwd", None)
-    ffi_attention.set_config_override("bwd", None)
+    plans.set_config_override("fwd", None)
+    plans.set_config_override("bwd", None)
   monkeypatch.delenv("JQAT_ATTN_FWD_CONFIG")
-  assert ffi_attention._config("fwd", kfwd.launch_config(128)) == kfwd.launch_config(128)
+  assert plans.forward_config(128) == kfwd.forward_config(128)
 
 
 # ----------------------------------------------------------------------------- GPU, through the public API
@@ -296,7 +293,7 @@ GPU_CASES = [
 
 def _gpu_case_id(case):
   b, tq, tk, n, kh, d, causal, cfg = case
-  return f"B{b}-Tq{tq}-Tk{tk}-N{n}K{kh}-D{d}-{'causal' if causal else 'full'}-cfg{''.join(str(int(x)) for x in cfg)}"
+  return f"B{b}-Tq{tq}-Tk{tk}-N{n}K{kh}-D{d}-{'causal' if causal else 'full'}-cfg{''.join(str(int(x)) for x in dataclasses.astuple(cfg))}"
 
 
 def _fwd_bwd(impl, q, k, v, do, causal, cfg):

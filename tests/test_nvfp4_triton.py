@@ -166,6 +166,7 @@ def _probability_cases():
   fill = 64 * 64 - x.size
   rand = (rng.random(fill) * 10.0 ** rng.integers(-12, 1, fill)).astype(np.float32)
   rand[rng.random(fill) < 0.2] = 0.0
+  rand[rng.random(fill) < 0.01] = np.nan  # a NaN probability makes its block NaN (SPEC section 2)
   return np.concatenate([x, rand]).reshape(64, 64)
 
 
@@ -174,7 +175,7 @@ def test_probability_quantizer_matches_oracle(blocks_on_rows):
   """The attention kernels' P quantizers (no mask or sign handling) against the oracle, bit for bit."""
   device = kernel_device()
   x = _probability_cases()
-  assert x.shape == (64, 64) and (x >= 0).all()
+  assert x.shape == (64, 64) and (np.isnan(x) | (x >= 0)).all() and np.isnan(x).any()
   tile = np.ascontiguousarray(x.T if blocks_on_rows else x)
   t = torch.from_numpy(tile).to(device)
   out = torch.full_like(t, float("nan"))
@@ -182,7 +183,8 @@ def test_probability_quantizer_matches_oracle(blocks_on_rows):
   got = out.cpu().numpy()
   got = got.T if blocks_on_rows else got
   want = fq_oracle(x).astype(np.float32)
-  bad = np.nonzero(bits(got) != bits(want))
+  assert (np.isnan(got) == np.isnan(want)).all(), "NaN blocks differ"
+  bad = np.nonzero((bits(got) != bits(want)) & ~np.isnan(want))
   assert bad[0].size == 0, f"{bad[0].size} mismatches, first x={x[bad][0]} got={got[bad][0]} want={want[bad][0]}"
 
 

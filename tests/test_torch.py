@@ -29,7 +29,7 @@ torch = pytest.importorskip("torch")
 
 import jqat  # noqa: E402
 import jqat.torch as jt  # noqa: E402
-from jqat._src.attention_reference import QATConfig  # noqa: E402
+from ffi.options import QATConfig  # noqa: E402
 
 INTERPRET = os.environ["TRITON_INTERPRET"] == "1"
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA torch build and GPU")
@@ -298,26 +298,32 @@ def test_attention_accepts_strided_views_and_sdpa_layout():
   _same(jt.attention(qs, ks, vs, is_causal=True), a, "strided")
 
 
+class _Block(torch.nn.Module):
+  """A projection and causal jt.attention, the way a model calls it (BHSD views of one projection)."""
+
+  def __init__(self):
+    super().__init__()
+    self.qkv = torch.nn.Linear(32, 96)
+
+  def forward(self, x):
+    b, s, _ = x.shape
+    q, k, v = self.qkv(x).view(b, s, 3, 2, 16).permute(2, 0, 3, 1, 4).to(torch.bfloat16)
+    return jt.attention(q, k, v, is_causal=True).float().sum()
+
+
+def _block(device):
+  torch.manual_seed(0)
+  return _Block().to(device), torch.randn(2, 8, 32, device=device)
+
+
 def _compiled_block_matches_eager(device, backend, exact):
   """A module calling ``jt.attention`` under ``torch.compile``: its loss and gradient against eager mode."""
-  class Block(torch.nn.Module):
-    def __init__(self):
-      super().__init__()
-      self.qkv = torch.nn.Linear(32, 96)
-
-    def forward(self, x):
-      b, s, _ = x.shape
-      q, k, v = self.qkv(x).view(b, s, 3, 2, 16).permute(2, 0, 3, 1, 4).to(torch.bfloat16)
-      return jt.attention(q, k, v, is_causal=True).float().sum()
-
-  torch.manual_seed(0)
-  m = Block().to(device)
-  x = torch.randn(2, 8, 32, device=device)
+  m, x = _block(device)
   eager = m(x)
   eager.backward()
   g_eager = m.qkv.weight.grad.clone()
   m.zero_grad()
-  compiled = torch.compile(m, backend=backend)
+  compiled = torch.compile(m, backend=backend, fullgraph=True)  # fullgraph: a graph break raises
   out = compiled(x)
   out.backward()
   if exact:
@@ -329,9 +335,24 @@ def _compiled_block_matches_eager(device, backend, exact):
     assert torch.isfinite(m.qkv.weight.grad).all() and m.qkv.weight.grad.abs().sum() > 0
 
 
+def _graph_breaks(device) -> int:
+  m, x = _block(device)
+  return torch._dynamo.explain(m)(x).graph_break_count
+
+
 def test_torch_compile_runs():
-  """CPU, aot_eager: the graph breaks at jt.attention (its autograd.Function calls into JAX)."""
+  """CPU, aot_eager, fullgraph: jt.attention is a torch.library op with a registered backward."""
   _compiled_block_matches_eager("cpu", "aot_eager", exact=True)
+
+
+def test_dynamo_explain_no_graph_break():
+  assert _graph_breaks("cpu") == 0
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_dynamo_explain_no_graph_break_gpu():
+  assert _graph_breaks("cuda") == 0
 
 
 @pytest.mark.gpu
@@ -348,35 +369,30 @@ BOUNDS = {"O": 2e-3, "O'": 5e-4, "lse": 1e-5, "dQ": 1e-3, "dK": 1e-3, "dV": 2e-3
 
 @pytest.mark.skipif(not INTERPRET, reason="the launcher runs on CPU tensors only under TRITON_INTERPRET=1")
 def test_torch_launcher_interpreted_on_strided_views():
-  """ffi/torch_launch.py on BHSD tensors passed as BTNH views (and workspace views), against the reference."""
-  from jqat.torch import Nvfp4AttentionQatBackward, _btnh
-  from ffi import torch_launch
+  """The plans executed on BHSD tensors passed as BTNH views (and workspace views), against the reference."""
+  from ffi.options import AttentionOptions
+  from jqat.torch import _attention
 
   b, h, hkv, sq, skv, d = 1, 2, 1, 17, 20, 16
   q, k, v, do = _bhsd_inputs(b, h, hkv, sq, skv, d, seed=7)
-  scale = d**-0.5
+  opts = AttentionOptions(d**-0.5, True, 16)
   o, o_hp = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
   lse = torch.full((b, h, sq), float("nan"))
-  kh, vh = torch.empty_like(k), torch.empty_like(v)
-  torch_launch.attention_forward(_btnh(q), _btnh(k), _btnh(v), _btnh(o), _btnh(o_hp), lse, _btnh(kh), _btnh(vh),
-                                 scale=scale, is_causal=True, block_n=16, quantize_qkv=True, quantize_p=True)
+  _attention.forward_kernels(q, k, v, o, o_hp, lse, opts)
   want = _jax_expected(q, k, v, do, causal=True, cfg=QATConfig(), implementation="xla")
   f = lambda x: np.asarray(jnp.asarray(x).astype(jnp.float32)) if not isinstance(x, torch.Tensor) else x.float().numpy()
   # block_n=16 here vs the JAX default 64 moves only fq(P) (bound O), never O' or lse.
   assert_close(f(o_hp), f(want["o_hp"]), rel=BOUNDS["O'"], name="O'")
   assert_close(f(lse), f(want["lse"]), rel=BOUNDS["lse"], name="lse")
   assert_close(f(o), f(want["o"]), rel=3e-2, name="O (block_n 16 vs 64)")
-  # Backward through the class API: workspace views, caller buffers; the reference's O' and lse as inputs.
+  # Backward into caller buffers with a workspace; the reference's O' and lse as inputs.
   ro_hp = torch.from_numpy(f(want["o_hp"]).copy()).bfloat16()
   rlse = torch.from_numpy(f(want["lse"]).copy())
-  op = Nvfp4AttentionQatBackward(q, k, v, ro_hp, do, rlse, is_causal=True)
+  op = jt.Nvfp4AttentionQatBackward(q, k, v, ro_hp, do, rlse, is_causal=True)
   op.check_support()
-  ws = torch.empty(op.scratch_workspace_bytes(), dtype=torch.uint8)
-  delta, qh2, kh2, vh2 = op._carve(ws)
+  ws = torch.full((op.scratch_workspace_bytes(),), 255, dtype=torch.uint8)
   grads = [torch.full_like(x, float("nan")) for x in (q, k, v)]
-  torch_launch.attention_backward(_btnh(do), _btnh(q), _btnh(k), _btnh(v), _btnh(ro_hp), rlse,
-                                  *map(_btnh, grads), delta, _btnh(qh2), _btnh(kh2), _btnh(vh2), scale=scale,
-                                  is_causal=True, quantize_qkv=True, quantize_p_backward=True)
+  _attention.backward_kernels(do, q, k, v, ro_hp, rlse, op.opts, out=grads, workspace=ws)
   for name, a, e in zip(("dQ", "dK", "dV"), grads, want["grads"]):
     assert_close(f(a), f(e), rel=BOUNDS[name], name=name)
 
@@ -522,17 +538,13 @@ def test_cuda_freed_inputs_not_reused_in_flight_gpu():
 @pytest.mark.skipif(not INTERPRET, reason="the launcher runs on CPU tensors only under TRITON_INTERPRET=1")
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: "-".join(map(str, m)))
 def test_torch_launcher_rope_interpreted(mode):
-  """ffi/torch_launch.rope_qdq_inplace writes over x itself; the kernel is bit-exact with the reference."""
-  from jqat._src.rope_qdq import _mode
-  from ffi import torch_launch
-
+  """The rope plan executed by the torch binding writes over x itself; bit-exact with the reference."""
   x, cache, pos = _rope_inputs(mode)
   want = jqat.rope_qdq(_j(x), jnp.asarray(cache.numpy()), jnp.asarray(pos.numpy()), quantization=mode[0],
                        group_size=mode[1], scale_format=mode[2], implementation="xla")
-  m = _mode(*mode)
   ptr = x.data_ptr()
-  out = torch_launch.rope_qdq_inplace(x, cache, pos.reshape(-1), heads=x.shape[1] if m.per_token else 1,
-                                      width=m.width, group=m.group, fp8=m.fp8, e4m3_scale=m.e4m3_scale,
-                                      amax_floor=m.floor)
-  assert out is x and x.data_ptr() == ptr
+  op = jt.RopeQDQInplace(x, cache, pos, quantization=mode[0], group_size=mode[1], scale_format=mode[2])
+  op.check_support()
+  op._launch(x, cache, pos)
+  assert x.data_ptr() == ptr
   _same(x, want, "rope (interpreted launcher)")

@@ -1,109 +1,114 @@
-"""Public QAT attention: validation, implementation dispatch and the custom VJP."""
+"""Public QAT attention: validation, implementation dispatch and the custom VJP.
+
+Shapes: B batch, Tq query length, Tk key length, N query heads, K key/value heads
+(N % K == 0), D head dim (a multiple of 16).
+"""
 
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
-import jax.numpy as jnp
 
+from ffi.options import DEFAULT_BLOCK_N, AttentionOptions, QATConfig
 from jqat._src import attention_reference as reference
-from jqat._src import dispatch
-from jqat._src.attention_reference import QATConfig
+from jqat._src import dispatch, validate
 
-DEFAULT_BLOCK_N = 64
-_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
-
-
-def _check(query, key, value, block_n, implementation):
-  """Validates shapes, dtypes and options (SPEC section 6); raises naming the argument."""
-  for name, x in (("query", query), ("key", key), ("value", value)):
-    if getattr(x, "ndim", None) != 4:
-      raise ValueError(f"{name} must have rank 4 [B, T, heads, D], got shape {getattr(x, 'shape', None)}")
-    if x.dtype not in _DTYPES:
-      raise TypeError(f"{name} must be bfloat16, float16 or float32, got {x.dtype}")
-  if not query.dtype == key.dtype == value.dtype:
-    raise TypeError(f"query, key and value must share a dtype, got {query.dtype}, {key.dtype}, {value.dtype}")
-  b, _, n, d = query.shape
-  if key.shape != value.shape:
-    raise ValueError(f"value must have the shape of key {key.shape}, got {value.shape}")
-  if key.shape[0] != b:
-    raise ValueError(f"key batch must equal query batch {b}, got {key.shape[0]}")
-  if key.shape[3] != d:
-    raise ValueError(f"key head dim must equal query head dim {d}, got {key.shape[3]}")
-  if d % 16:
-    raise ValueError(f"query head dim must be a multiple of 16 (NVFP4 blocks), got {d}")
-  if key.shape[2] == 0 or n % key.shape[2]:
-    raise ValueError(f"query heads ({n}) must be a multiple of key/value heads ({key.shape[2]})")
-  if block_n <= 0 or block_n % 16:
-    raise ValueError(f"block_n must be a positive multiple of 16, got {block_n}")
-  dispatch.check_implementation(implementation)
+# Head dims the Triton kernels take today (tiles are powers of two along D).
+_KERNEL_HEAD_DIMS = (16, 32, 64, 128, 256)
 
 
-def _scale(scale, d):
-  return 1.0 / math.sqrt(d) if scale is None else float(scale)
+def _resolve(implementation, head_dim: int) -> str:
+  unsupported = None
+  if head_dim not in _KERNEL_HEAD_DIMS:
+    unsupported = f"the Triton kernels take head dims {_KERNEL_HEAD_DIMS}, got {head_dim}"
+  return dispatch.resolve(implementation, unsupported=unsupported)
+
+
+def _forward(query, key, value, opts: AttentionOptions, impl: str):
+  if impl == "triton":
+    from ffi import jax_launch  # noqa: PLC0415  (GPU only: jax-triton needs CUDA to import)
+    return jax_launch.attention_forward(query, key, value, opts)
+  return reference.forward(query, key, value, scale=opts.scale, is_causal=opts.is_causal, block_n=opts.block_n,
+                           cfg=opts.config)
+
+
+def _backward(d_out, query, key, value, out_for_delta, lse, opts: AttentionOptions, impl: str):
+  if impl == "triton":
+    from ffi import jax_launch  # noqa: PLC0415
+    return jax_launch.attention_backward(d_out, query, key, value, out_for_delta, lse, opts)
+  return reference.backward(d_out, query, key, value, out_for_delta, lse, scale=opts.scale, is_causal=opts.is_causal,
+                            cfg=opts.config)
 
 
 def attention_forward(query, key, value, *, scale=None, is_causal=False, implementation=None,
                       block_n=DEFAULT_BLOCK_N, config: QATConfig = QATConfig()):
   """The explicit QAT forward.
 
-  query: [B, Tq, N, D]; key, value: [B, Tk, K, D] with N % K == 0; bf16 (fp16/fp32 accepted).
+  query: [B, Tq, N, D]; key, value: [B, Tk, K, D]; bf16 (fp16/fp32 accepted).
   Returns ``(out [B, Tq, N, D], out_high_precision [B, Tq, N, D], lse [B, N, Tq] fp32)``:
   O uses the quantized probabilities, O' the BF16 ones (for the backward's delta),
   lse is the natural-log softmax statistic (-inf for a row that sees no key).
   """
-  _check(query, key, value, block_n, implementation)
-  impl = dispatch.resolve(implementation)
-  kw = dict(scale=_scale(scale, query.shape[-1]), is_causal=bool(is_causal), block_n=int(block_n), cfg=config)
-  if impl == "triton":
-    from jqat._src import attention_triton
-    return attention_triton.forward(query, key, value, **kw)
-  return reference.forward(query, key, value, **kw)
+  validate.attention_inputs(query, key, value)
+  d = query.shape[-1]
+  opts = validate.attention_options(scale_value=scale, is_causal=is_causal, block_n_value=block_n, head_dim=d,
+                                    config=config)
+  return _forward(query, key, value, opts, _resolve(implementation, d))
 
 
 def attention_backward(d_out, query, key, value, out_for_delta, lse, *, scale=None, is_causal=False,
                        implementation=None, config: QATConfig = QATConfig()):
-  """The explicit QAT backward: ``(dQ, dK, dV)`` from SPEC section 3.
+  """The explicit QAT backward: ``(dQ, dK, dV)`` in the dtypes of query, key, value (SPEC section 3).
 
-  d_out, out_for_delta: [B, Tq, N, D]; query [B, Tq, N, D]; key, value [B, Tk, K, D];
+  d_out, out_for_delta: [B, Tq, N, D] in the query dtype; query [B, Tq, N, D]; key, value [B, Tk, K, D];
   lse: [B, N, Tq] fp32. ``out_for_delta`` is O' from :func:`attention_forward`
   (or O, for the paper's "naive FP4 forward + BF16 backward" ablation).
   """
-  _check(query, key, value, DEFAULT_BLOCK_N, implementation)
+  validate.attention_inputs(query, key, value)
   for name, x in (("d_out", d_out), ("out_for_delta", out_for_delta)):
-    if x.shape != query.shape:
-      raise ValueError(f"{name} must have the shape of query {query.shape}, got {x.shape}")
+    if not hasattr(x, "shape") or tuple(x.shape) != tuple(query.shape):
+      raise ValueError(f"{name} must have the shape of query {tuple(query.shape)}, got {getattr(x, 'shape', x)}")
+    if validate.dtype_name(x) != validate.dtype_name(query):
+      raise TypeError(f"{name} must have the dtype of query ({validate.dtype_name(query)}), got "
+                      f"{validate.dtype_name(x)}")
   want = (query.shape[0], query.shape[2], query.shape[1])
-  if lse.shape != want or lse.dtype != jnp.float32:
-    raise ValueError(f"lse must be float32 of shape {want} [B, N, Tq], got {lse.dtype} {lse.shape}")
-  impl = dispatch.resolve(implementation)
-  kw = dict(scale=_scale(scale, query.shape[-1]), is_causal=bool(is_causal), cfg=config)
-  if impl == "triton":
-    from jqat._src import attention_triton
-    return attention_triton.backward(d_out, query, key, value, out_for_delta, lse, **kw)
-  return reference.backward(d_out, query, key, value, out_for_delta, lse, **kw)
+  if not hasattr(lse, "shape") or tuple(lse.shape) != want or validate.dtype_name(lse) != "float32":
+    raise ValueError(f"lse must be float32 of shape {want} [B, N, Tq], got {getattr(lse, 'dtype', '?')} "
+                     f"{getattr(lse, 'shape', lse)}")
+  d = query.shape[-1]
+  opts = validate.attention_options(scale_value=scale, is_causal=is_causal, block_n_value=DEFAULT_BLOCK_N,
+                                    head_dim=d, config=config)
+  return _backward(d_out, query, key, value, out_for_delta, lse, opts, _resolve(implementation, d))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6, 7))
-def _attention(query, key, value, scale, is_causal, implementation, block_n, config):
-  out, _, _ = attention_forward(query, key, value, scale=scale, is_causal=is_causal,
-                                implementation=implementation, block_n=block_n, config=config)
-  return out
+@jax.custom_jvp
+def _first_order_only(res, d_out):
+  return res, d_out
 
 
-def _attention_fwd(query, key, value, scale, is_causal, implementation, block_n, config):
-  out, out_hp, lse = attention_forward(query, key, value, scale=scale, is_causal=is_causal,
-                                       implementation=implementation, block_n=block_n, config=config)
+@_first_order_only.defjvp
+def _first_order_only_jvp(primals, tangents):
+  raise NotImplementedError(
+      "jqat.attention has first-order gradients only: its backward is the Attn-QAT straight-through rule, "
+      "which has no derivative of its own. Differentiate jqat.attention once (jax.grad, jax.vjp); for "
+      "higher-order derivatives use jax.nn.dot_product_attention.")
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _attention(query, key, value, opts: AttentionOptions, impl: str):
+  return _forward(query, key, value, opts, impl)[0]
+
+
+def _attention_fwd(query, key, value, opts, impl):
+  out, out_hp, lse = _forward(query, key, value, opts, impl)
   # The softmax-gradient term must use O' (P @ V_hat); O = fq(P) @ V_hat only for the ablation.
-  return out, (query, key, value, out_hp if config.high_precision_delta else out, lse)
+  return out, (query, key, value, out_hp if opts.config.high_precision_delta else out, lse)
 
 
-def _attention_bwd(scale, is_causal, implementation, block_n, config, res, d_out):
-  query, key, value, out_for_delta, lse = res
-  return attention_backward(d_out, query, key, value, out_for_delta, lse, scale=scale, is_causal=is_causal,
-                            implementation=implementation, config=config)
+def _attention_bwd(opts, impl, res, d_out):
+  res, d_out = _first_order_only(res, d_out)
+  return _backward(d_out, *res, opts, impl)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
@@ -111,18 +116,21 @@ _attention.defvjp(_attention_fwd, _attention_bwd)
 
 def attention(query, key, value, *, scale=None, is_causal=False, implementation=None, block_n=DEFAULT_BLOCK_N,
               quantize_qkv=True, quantize_p=True, high_precision_delta=True, quantize_p_backward=True):
-  """NVFP4 quantization-aware-training attention (Attn-QAT), differentiable.
+  """NVFP4 quantization-aware-training attention (Attn-QAT), differentiable (first order).
 
-  query: [B, Tq, N, D]; key, value: [B, Tk, K, D] (N % K == 0 for GQA/MQA; D % 16 == 0); bf16.
+  query: [B, Tq, N, D]; key, value: [B, Tk, K, D] (N % K == 0 for GQA/MQA; D % 16 == 0); bf16
+    (fp16/fp32 accepted).
   scale: softmax scale, default 1/sqrt(D). is_causal: top-left aligned causal mask.
   implementation: None (Triton on a supported GPU, else XLA), "triton" or "xla".
-  block_n: KV tile size of the forward (the quantized P depends on it; both
-    implementations use the same value).
+  block_n: KV tile of the forward, one of 16, 32, 64, 128, 256 (the quantized P depends on it;
+    both implementations use the same value).
   The four switches reproduce the paper's ablations; all False is BF16 flash attention.
   Returns out: [B, Tq, N, D] in the query dtype. Gradients are straight-through
-  for Q, K, V and follow SPEC section 3.
+  for Q, K, V and follow SPEC section 3; higher-order derivatives raise.
   """
-  config = QATConfig(bool(quantize_qkv), bool(quantize_p), bool(high_precision_delta), bool(quantize_p_backward))
-  _check(query, key, value, block_n, implementation)
+  validate.attention_inputs(query, key, value)
   d = query.shape[-1]
-  return _attention(query, key, value, _scale(scale, d), bool(is_causal), implementation, int(block_n), config)
+  config = validate.qat_config(quantize_qkv, quantize_p, high_precision_delta, quantize_p_backward)
+  opts = validate.attention_options(scale_value=scale, is_causal=is_causal, block_n_value=block_n, head_dim=d,
+                                    config=config)
+  return _attention(query, key, value, opts, _resolve(implementation, d))

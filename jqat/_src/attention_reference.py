@@ -7,24 +7,14 @@ because the quantized probabilities depend on the running max at each tile.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ffi.options import QATConfig
 from jqat import nvfp4
 
 _HI = lax.Precision.HIGHEST
-
-
-class QATConfig(NamedTuple):
-  """The paper's switches; all True is Attn-QAT, all False is plain BF16 flash attention."""
-
-  quantize_qkv: bool = True  # fake-quantize Q, K, V (blocks of 16 along D)
-  quantize_p: bool = True  # fake-quantize P for the forward output O
-  high_precision_delta: bool = True  # delta = rowsum(O' * dO); False uses O (naive FP4 fwd + BF16 bwd)
-  quantize_p_backward: bool = True  # dV = fq(P)^T dO; False uses bf16(P)
 
 
 def _bf16(x):

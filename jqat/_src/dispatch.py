@@ -10,7 +10,7 @@ IMPLEMENTATIONS = (None, "triton", "xla")
 
 
 def check_implementation(implementation):
-  if implementation not in IMPLEMENTATIONS:
+  if not (implementation is None or isinstance(implementation, str)) or implementation not in IMPLEMENTATIONS:
     raise ValueError(f"implementation must be one of None, 'triton', 'xla', got {implementation!r}")
 
 
@@ -34,12 +34,16 @@ def triton_unavailable_reason() -> str | None:
   return None
 
 
-def resolve(implementation) -> str:
-  """Returns "triton" or "xla"; raises when "triton" was asked for and cannot run."""
+def resolve(implementation, unsupported: str | None = None) -> str:
+  """Returns "triton" or "xla"; raises when "triton" was asked for and cannot run.
+
+  unsupported: why the kernels cannot take this call (its shapes or options), or None. With
+  ``implementation=None`` such a call falls through to the XLA reference.
+  """
   check_implementation(implementation)
   if implementation == "xla":
     return "xla"
-  reason = triton_unavailable_reason()
+  reason = triton_unavailable_reason() or unsupported
   if implementation == "triton" and reason is not None:
     raise RuntimeError(f"implementation='triton' cannot run here: {reason}. Use implementation='xla' or None.")
   return "xla" if reason is not None else "triton"

@@ -84,9 +84,9 @@ def rope_qdq(x, cache, positions, *, quantization="fp4", group_size=32, scale_fo
     return x
   heads = x.shape[1] if mode.per_token else 1
   if impl == "triton":
-    from ffi import rope_qdq as ffi_rope_qdq  # GPU only: jax-triton needs CUDA to import
-    return ffi_rope_qdq.rope_qdq(x, cache, positions.reshape(-1), heads=heads, width=mode.width, group=mode.group,
-                                 fp8=mode.fp8, e4m3_scale=mode.e4m3_scale, amax_floor=mode.floor)
+    from ffi import jax_launch  # noqa: PLC0415  (GPU only: jax-triton needs CUDA to import)
+    return jax_launch.rope_qdq(x, cache, positions.reshape(-1), heads=heads, group=mode.group, fp8=mode.fp8,
+                               e4m3_scale=mode.e4m3_scale, amax_floor=mode.floor)
   row_positions = jnp.repeat(positions.reshape(-1), heads)
   out = reference.rope_qdq(x.reshape(-1, mode.width), cache, row_positions, mode)
   return out.reshape(x.shape)

@@ -1,0 +1,121 @@
+"""The JAX binding: executes launch plans (``ffi.plan``) as jax-triton custom calls inside XLA.
+
+Every buffer is an XLA buffer: row-major and 16-byte aligned (jax-triton's assumption),
+so plans are built from dense :class:`~ffi.plan.Tensor` descriptions. jax-triton's
+primitive has no batching rule, so the attention entry points are
+``jax.custom_batching.custom_vmap`` functions whose rule folds the vmapped axis into the
+batch axis B (every operand leads with B, lse included): exactly a larger batch for the
+kernels.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from ffi import plan as plans
+from ffi.options import AttentionOptions
+from ffi.triton_call import triton_call
+
+
+@functools.lru_cache(maxsize=None)
+def target() -> plans.Target:
+  """The default JAX device as a plan target."""
+  cc = getattr(jax.devices()[0], "compute_capability", None)
+  if isinstance(cc, str):
+    major, _, minor = cc.partition(".")
+    cc = (int(major), int(minor or 0))
+  return plans.Target(cc)
+
+
+def dense(x) -> plans.Tensor:
+  return plans.Tensor.dense(x.shape, jnp.dtype(x.dtype).name)
+
+
+def execute(plan: plans.Plan, *arrays) -> tuple:
+  """Runs ``plan`` on ``arrays`` (its inputs, in order); returns its outputs."""
+  env = dict(zip(plan.inputs, arrays))
+  for name, value in plan.fills.items():
+    t = plan.buffers[name]
+    env[name] = jnp.full(t.shape, value, t.dtype)
+  for launch in plan.launches:
+    args = tuple(env[a.name] if isinstance(a, plans.Ref) else a for a in launch.args)
+    out_shape = tuple(jax.ShapeDtypeStruct(plan.buffers[o].shape, plan.buffers[o].dtype) for o in launch.outputs)
+    # jax-triton numbers aliased inputs among the array operands (scalars are not operands).
+    aliases = {sum(isinstance(a, plans.Ref) for a in launch.args[:i]): o for i, o in launch.aliases}
+    res = triton_call(*args, kernel=launch.kernel, out_shape=out_shape if len(out_shape) > 1 else out_shape[0],
+                      grid=launch.grid, num_warps=launch.num_warps, num_stages=launch.num_stages,
+                      input_output_aliases=aliases, name=launch.name, **launch.constexprs)
+    env.update(zip(launch.outputs, res if len(out_shape) > 1 else (res,)))
+  return tuple(env[o] for o in plan.outputs)
+
+
+def fold_batch(fun, num_args: int):
+  """``custom_vmap`` of ``fun(*arrays) -> tuple of arrays`` whose every array leads with B.
+
+  Under vmap the mapped axis (moved to the front by JAX) is merged into B:
+  ``[V, B, ...] -> [V * B, ...]``; unbatched operands are broadcast first.
+  """
+  folded = jax.custom_batching.custom_vmap(fun)
+
+  @folded.def_vmap
+  def _rule(axis_size, in_batched, *args):
+    assert len(args) == num_args
+    flat = []
+    for x, batched in zip(args, in_batched):
+      if not batched:
+        x = jnp.broadcast_to(x, (axis_size,) + x.shape)
+      flat.append(x.reshape((axis_size * x.shape[1],) + x.shape[2:]))
+    outs = folded(*flat)  # the same custom_vmap function, so nested vmaps fold again
+    outs = tuple(o.reshape((axis_size, o.shape[0] // axis_size) + o.shape[1:]) for o in outs)
+    return outs, tuple(True for _ in outs)
+
+  return folded
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_fn(opts: AttentionOptions, config):
+  def run(q, k, v):
+    plan = plans.attention_forward(dense(q), dense(k), dense(v), opts, target(), config=config)
+    return execute(plan, q, k, v)
+  return fold_batch(run, 3)
+
+
+@functools.lru_cache(maxsize=None)
+def _backward_fn(opts: AttentionOptions, config):
+  def run(do, q, k, v, o_for_delta, lse):
+    plan = plans.attention_backward(*map(dense, (do, q, k, v, o_for_delta, lse)), opts, target(), config=config)
+    return execute(plan, do, q, k, v, o_for_delta, lse)
+  return fold_batch(run, 6)
+
+
+def attention_forward(query, key, value, opts: AttentionOptions):
+  """QAT forward on the GPU: ``(O, O', lse)``.
+
+  query: [B, Tq, N, D]; key, value: [B, Tk, K, D] (N % K == 0, D % 16 == 0), one float dtype.
+  Returns O, O' [B, Tq, N, D] in the query dtype and lse [B, N, Tq] fp32.
+  """
+  return _forward_fn(opts, plans.forward_config(query.shape[-1]))(query, key, value)
+
+
+def attention_backward(d_out, query, key, value, out_for_delta, lse, opts: AttentionOptions):
+  """QAT backward on the GPU: ``(dQ, dK, dV)`` in the dtypes of query, key, value.
+
+  d_out, out_for_delta: [B, Tq, N, D]; query [B, Tq, N, D]; key, value [B, Tk, K, D];
+  lse: [B, N, Tq] fp32 from :func:`attention_forward`.
+  """
+  fn = _backward_fn(opts, plans.backward_config(query.shape[-1]))
+  return fn(d_out, query, key, value, out_for_delta, lse)
+
+
+def rope_qdq(x, cache, positions, *, heads: int, group: int, fp8: bool, e4m3_scale: bool, amax_floor: float):
+  """x: [..., width] bf16 (rows flattened, at least one); cache: [P, 64] fp32; positions: [rows // heads] int32/int64.
+
+  Returns the QDQ result in x's buffer: output 0 aliases input 0, so under
+  ``jax.jit(..., donate_argnums=...)`` no new buffer is allocated.
+  """
+  plan = plans.rope_qdq(dense(x), dense(cache), dense(positions), target(), heads=heads, group=group, fp8=fp8,
+                        e4m3_scale=e4m3_scale, amax_floor=amax_floor)
+  return execute(plan, x, cache, positions)[0]

@@ -1,0 +1,300 @@
+"""Launch plans: what the Triton kernels of an op launch, decided once for every framework.
+
+A plan is plain data (framework-free; Triton is imported only for the kernels and
+``triton.cdiv``): the buffers an op touches (shape, dtype, element strides) and its
+launches in order, each a kernel, a grid, positional arguments (buffer references and
+scalars), the buffers it writes, its constexprs, ``num_warps`` and ``num_stages``. The
+JAX binding (``ffi.jax_launch``: jax-triton custom calls inside XLA) and the torch
+binding (``ffi.torch_launch``: Triton's launcher on torch's current stream) are thin
+executors of the same plan; neither decides a grid, a stride or a launch parameter.
+
+Layout contract of the attention kernels: every tensor is a BTNH (``[B, T, heads, D]``)
+view with a contiguous last axis, described by its element strides; JAX passes dense
+row-major buffers, torch passes BHSD tensors as transposed views. Gradients are written
+with the strides of the tensor they belong to (dq like q, dk like k, dv like v), fq(X)
+scratch like X; ``lse`` and ``delta`` are dense ``[B, N, Tq]`` fp32. The fake-quantize
+kernel walks a tensor as rows of D in storage order, so its input must be dense
+(:func:`rows_dense`).
+
+Launch configurations: the defaults per head dim live beside the kernels
+(:class:`~kernels_triton.attention_fwd.ForwardConfig`,
+:class:`~kernels_triton.attention_bwd.BackwardConfig`); :func:`set_config_override`
+and the environment variables ``JQAT_ATTN_FWD_CONFIG`` / ``JQAT_ATTN_BWD_CONFIG``
+(``"field=int,..."``, e.g. ``"block_m=128,num_warps=8"``) replace fields for both
+bindings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+
+import triton
+
+from ffi.options import AttentionOptions
+from kernels_triton import attention_bwd as kbwd
+from kernels_triton import attention_fwd as kfwd
+from kernels_triton import nvfp4 as knv
+from kernels_triton import rope_qdq as krope
+from kernels_triton.attention_common import dot_flags
+
+# ----------------------------------------------------------------------------- plan data
+
+
+@dataclasses.dataclass(frozen=True)
+class Tensor:
+  """A buffer of a plan: ``shape``, ``dtype`` name ("bfloat16", "float32", "int64", ...) and element strides."""
+
+  shape: tuple[int, ...]
+  dtype: str
+  strides: tuple[int, ...]
+
+  @classmethod
+  def dense(cls, shape, dtype: str) -> Tensor:
+    """A row-major buffer (every JAX array, and torch's contiguous tensors)."""
+    shape = tuple(int(s) for s in shape)
+    return cls(shape, dtype, tuple(math.prod(shape[i + 1:]) for i in range(len(shape))))
+
+  @property
+  def size(self) -> int:
+    return math.prod(self.shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class Ref:
+  """A kernel argument that is the buffer named ``name`` of the plan."""
+
+  name: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+  """One kernel launch: ``kernel[grid](*args, *outputs, **constexprs, num_warps=, num_stages=)``.
+
+  args: :class:`Ref` or Python int/float scalars (FP32 in the kernels), in kernel order.
+  outputs: names of the buffers the launch writes; they follow ``args``.
+  aliases: ``(arg index, output index)`` pairs of an output written over an input (in place).
+  """
+
+  name: str
+  kernel: object
+  grid: tuple[int, ...]
+  args: tuple
+  outputs: tuple[str, ...]
+  constexprs: dict
+  num_warps: int
+  num_stages: int
+  aliases: tuple[tuple[int, int], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """Every buffer by name, which are the op's inputs, scratch and outputs, and the launches in order.
+
+  fills: outputs set to a constant instead of computed (an op with nothing to launch, e.g. no keys).
+  """
+
+  buffers: dict
+  inputs: tuple[str, ...]
+  scratch: tuple[str, ...]
+  outputs: tuple[str, ...]
+  launches: tuple[Launch, ...]
+  fills: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+  """Where a plan runs: a GPU's compute capability ``(major, minor)``, or the Triton interpreter."""
+
+  compute_capability: tuple[int, int] | None = None
+  interpret: bool = False
+
+  def quant_flags(self) -> dict:
+    return knv.quant_flags(self.compute_capability, self.interpret)
+
+  def dot_flags(self, dtype: str) -> dict:
+    return dot_flags(dtype, self.interpret)
+
+
+def rows_dense(t: Tensor) -> bool:
+  """True when ``t`` is ``size / D`` rows of ``D`` consecutive elements (dense, last axis contiguous)."""
+  if not t.shape or t.strides[-1] != 1:
+    return False
+  expect = 1
+  for stride, size in sorted((st, s) for st, s in zip(t.strides, t.shape) if s != 1):
+    if stride != expect:
+      return False
+    expect *= size
+  return True
+
+
+# ----------------------------------------------------------------------------- launch configurations
+
+_CONFIG_TYPES = {"fwd": kfwd.ForwardConfig, "bwd": kbwd.BackwardConfig}
+_ENV = {"fwd": "JQAT_ATTN_FWD_CONFIG", "bwd": "JQAT_ATTN_BWD_CONFIG"}
+_OVERRIDES: dict = {"fwd": {}, "bwd": {}}
+
+
+def parse_config(text: str, kind: str) -> dict:
+  """``"block_m=64,num_warps=4"`` -> ``{"block_m": 64, "num_warps": 4}``; fields of the ``kind`` config."""
+  fields = [f.name for f in dataclasses.fields(_CONFIG_TYPES[kind])]
+  out = {}
+  for item in filter(None, (t.strip() for t in (text or "").split(","))):
+    key, _, val = item.partition("=")
+    key = key.strip()
+    if key not in fields:
+      raise ValueError(f"unknown {kind} launch-config field {key!r}; expected one of {fields}")
+    try:
+      out[key] = int(val)
+    except ValueError:
+      raise ValueError(f"launch-config field {key} must be an integer, got {val.strip()!r}") from None
+  return out
+
+
+def set_config_override(kind: str, config=None) -> None:
+  """Overrides fields of the ``"fwd"`` or ``"bwd"`` launch configuration for every head dim, in both bindings.
+
+  config: a ``ForwardConfig`` / ``BackwardConfig``, a dict of fields, a ``"field=int,..."`` string, or
+  None to clear. Merged over the environment variable and the defaults; block sizes must keep the kernels'
+  constraints (powers of two; ``kv_block_n % 16 == 0``). Functions traced afterwards use it.
+  """
+  if kind not in _CONFIG_TYPES:
+    raise ValueError(f"kind must be 'fwd' or 'bwd', got {kind!r}")
+  if isinstance(config, _CONFIG_TYPES[kind]):
+    config = dataclasses.asdict(config)
+  if config is None or isinstance(config, str):
+    config = parse_config(config, kind)
+  text = ",".join(f"{k}={v}" for k, v in dict(config).items())
+  _OVERRIDES[kind] = parse_config(text, kind)
+
+
+def _launch_config(kind: str, default):
+  fields = {**parse_config(os.environ.get(_ENV[kind], ""), kind), **_OVERRIDES[kind]}
+  return dataclasses.replace(default, **fields)
+
+
+def forward_config(head_dim: int) -> kfwd.ForwardConfig:
+  """The forward's launch configuration for ``head_dim``: defaults, then environment, then override."""
+  return _launch_config("fwd", kfwd.forward_config(head_dim))
+
+
+def backward_config(head_dim: int) -> kbwd.BackwardConfig:
+  """The backward's launch configuration for ``head_dim``: defaults, then environment, then override."""
+  return _launch_config("bwd", kbwd.backward_config(head_dim))
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+def _s3(t: Tensor) -> tuple[int, int, int]:
+  return t.strides[:3]
+
+
+def _fake_quantize(src: str, dst: str, x: Tensor, target: Target) -> Launch:
+  """fq(x) along D into ``dst`` (strides of ``x``): ``x`` is walked as rows of D in storage order."""
+  if not rows_dense(x):
+    raise ValueError(f"{src}: the fake-quantize kernel needs a dense tensor with a contiguous last axis, "
+                     f"got shape {x.shape} strides {x.strides}")
+  d = x.shape[-1]
+  rows = x.size // d
+  grid, launch = knv.fake_quantize_launch(rows, d)
+  return Launch(f"jqat_nvfp4_fake_quantize_{src}", knv.fake_quantize_rows_kernel, grid, (Ref(src), rows, d, d, d),
+                (dst,), {"BLOCK_R": launch["BLOCK_R"], "BLOCK_C": launch["BLOCK_C"], **target.quant_flags()},
+                launch["num_warps"], launch["num_stages"])
+
+
+def _quantized_inputs(names, tensors, enabled: bool, target: Target, buffers: dict):
+  """Names the kernels read for ``names`` (fq scratch when ``enabled``), the scratch names and their launches."""
+  if not enabled:
+    return list(names), (), ()
+  hats = [f"{n}_hat" for n in names]
+  for hat, t in zip(hats, tensors):
+    buffers[hat] = t
+  return hats, tuple(hats), tuple(_fake_quantize(n, h, t, target) for n, h, t in zip(names, hats, tensors))
+
+
+def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, target: Target, *,
+                      out_strides=None, config: kfwd.ForwardConfig | None = None) -> Plan:
+  """Plan of the QAT forward: outputs ``o``, ``o_hp`` (``[B, Tq, N, D]``, strides ``out_strides``, default dense)
+  and ``lse`` (``[B, N, Tq]`` fp32, dense). q: ``[B, Tq, N, D]``; k, v: ``[B, Tk, K, D]``, N % K == 0."""
+  b, tq, n, d = q.shape
+  tk, kh = k.shape[1], k.shape[2]
+  o = Tensor(q.shape, q.dtype, tuple(out_strides) if out_strides is not None else Tensor.dense(q.shape, q.dtype).strides)
+  buffers = {"q": q, "k": k, "v": v, "o": o, "o_hp": o, "lse": Tensor.dense((b, n, tq), "float32")}
+  outputs = ("o", "o_hp", "lse")
+  if q.size == 0 or k.size == 0:  # no rows, or no keys: O = O' = 0, lse = -inf
+    return Plan(buffers, ("q", "k", "v"), (), outputs, (), {"o": 0.0, "o_hp": 0.0, "lse": float("-inf")})
+  cfg = opts.config
+  (kk, vv), scratch, launches = _quantized_inputs(("k", "v"), (k, v), cfg.quantize_qkv, target, buffers)
+  c = config or forward_config(d)
+  fwd = Launch(
+      "jqat_attention_fwd", kfwd.attention_fwd_kernel, (triton.cdiv(tq, c.block_m), b * n),
+      (Ref("q"), Ref(kk), Ref(vv), float(opts.scale), tq, tk, n, n // kh, *_s3(q), *_s3(k), *_s3(v), *_s3(o)),
+      outputs,
+      dict(HEAD_DIM=d, BLOCK_M=c.block_m, BLOCK_N=opts.block_n, IS_CAUSAL=opts.is_causal,
+           QUANTIZE_Q=cfg.quantize_qkv, QUANTIZE_P=cfg.quantize_p, **target.dot_flags(q.dtype),
+           **target.quant_flags()),
+      c.num_warps, c.num_stages)
+  return Plan(buffers, ("q", "k", "v"), scratch, outputs, launches + (fwd,))
+
+
+def attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out_for_delta: Tensor, lse: Tensor,
+                       opts: AttentionOptions, target: Target, *, config: kbwd.BackwardConfig | None = None) -> Plan:
+  """Plan of the QAT backward: outputs ``dq``, ``dk``, ``dv`` with the strides of q, k, v.
+
+  d_out, out_for_delta, q: ``[B, Tq, N, D]``; k, v: ``[B, Tk, K, D]``; lse: ``[B, N, Tq]`` fp32 dense.
+  Scratch: ``delta`` (``[B, N, Tq]`` fp32) and, with ``quantize_qkv``, fq(Q), fq(K), fq(V).
+  """
+  b, tq, n, d = q.shape
+  tk, kh = k.shape[1], k.shape[2]
+  buffers = {"do": d_out, "q": q, "k": k, "v": v, "o_for_delta": out_for_delta, "lse": lse,
+             "dq": q, "dk": k, "dv": v}
+  inputs = ("do", "q", "k", "v", "o_for_delta", "lse")
+  outputs = ("dq", "dk", "dv")
+  if q.size == 0 or k.size == 0:  # every gradient is an empty sum
+    return Plan(buffers, inputs, (), outputs, (), {"dq": 0.0, "dk": 0.0, "dv": 0.0})
+  cfg = opts.config
+  (qq, kk, vv), scratch, launches = _quantized_inputs(("q", "k", "v"), (q, k, v), cfg.quantize_qkv, target, buffers)
+  buffers["delta"] = Tensor.dense((b, n, tq), "float32")
+  delta = Launch(
+      "jqat_attention_bwd_delta", kbwd.attention_bwd_delta_kernel, (triton.cdiv(tq, kbwd.DELTA_LAUNCH["BLOCK_M"]), b * n),
+      (Ref("o_for_delta"), Ref("do"), tq, n, *_s3(out_for_delta), *_s3(d_out)), ("delta",),
+      dict(HEAD_DIM=d, BLOCK_M=kbwd.DELTA_LAUNCH["BLOCK_M"]), kbwd.DELTA_LAUNCH["num_warps"],
+      kbwd.DELTA_LAUNCH["num_stages"])
+  c = config or backward_config(d)
+  common = (Ref(qq), Ref(kk), Ref(vv), Ref("do"), Ref("lse"), Ref("delta"), float(opts.scale), tq, tk, n, n // kh,
+            *_s3(q), *_s3(k), *_s3(v), *_s3(d_out))
+  flags = dict(HEAD_DIM=d, IS_CAUSAL=opts.is_causal, **target.dot_flags(q.dtype))
+  dq = Launch("jqat_attention_bwd_dq", kbwd.attention_bwd_dq_kernel, (triton.cdiv(tq, c.dq_block_m), b * n), common,
+              ("dq",), dict(BLOCK_M=c.dq_block_m, BLOCK_N=c.dq_block_n, **flags), c.dq_num_warps, c.dq_num_stages)
+  dkdv = Launch("jqat_attention_bwd_dkdv", kbwd.attention_bwd_dkdv_kernel, (triton.cdiv(tk, c.kv_block_n), b * kh),
+                common, ("dk", "dv"),
+                dict(BLOCK_M=c.kv_block_m, BLOCK_N=c.kv_block_n, QUANTIZE_P=cfg.quantize_p_backward, **flags,
+                     **target.quant_flags()),
+                c.kv_num_warps, c.kv_num_stages)
+  return Plan(buffers, inputs, scratch + ("delta",), outputs, launches + (delta, dq, dkdv))
+
+
+# ----------------------------------------------------------------------------- tail RoPE + QDQ
+
+
+def rope_qdq(x: Tensor, cache: Tensor, positions: Tensor, target: Target, *, heads: int, group: int, fp8: bool,
+             e4m3_scale: bool, amax_floor: float) -> Plan:
+  """Plan of the in-place tail RoPE + QDQ: output ``out`` is written over ``x`` (aliased).
+
+  x: dense bf16, rows of ``width = x.shape[-1]`` channels (at least one row); cache: ``[P, 64]`` fp32
+  dense; positions: dense int32/int64, one per ``heads`` consecutive rows.
+  """
+  width = x.shape[-1]
+  n_rows = x.size // width
+  assert n_rows > 0, "rope_qdq plan: nothing to launch for an empty x"
+  config = krope.launch_config(width, target.quant_flags()["HW_E4M3"])
+  num_warps, num_stages = config.pop("num_warps"), config.pop("num_stages")
+  launch = Launch(
+      "jqat_rope_qdq", krope.rope_qdq_kernel, (triton.cdiv(n_rows, config["BLOCK_R"]),),
+      (Ref("x"), Ref("cache"), Ref("positions"), n_rows, cache.shape[0], heads), ("out",),
+      dict(D=width, GROUP=group, FP8=bool(fp8), E4M3_SCALE=bool(e4m3_scale), AMAX_FLOOR=float(amax_floor), **config),
+      num_warps, num_stages, aliases=((0, 0),))
+  return Plan({"x": x, "cache": cache, "positions": positions, "out": x}, ("x", "cache", "positions"), (), ("out",),
+              (launch,))

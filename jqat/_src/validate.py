@@ -1,0 +1,105 @@
+"""The one validator of QAT attention's inputs and keywords, shared by the JAX API and the torch shim.
+
+Works on anything with ``shape`` and ``dtype`` (JAX arrays, tracers, torch tensors), so the
+checks and their messages are the same on both sides; each failure names the argument,
+what was expected and what was given (SPEC section 6).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from ffi.options import AttentionOptions, QATConfig
+
+FLOAT_DTYPES = ("bfloat16", "float16", "float32")
+BLOCK_N_CHOICES = (16, 32, 64, 128, 256)  # powers of two (Triton tiles) from one fq(P) block up
+
+
+def dtype_name(x) -> str:
+  return str(x.dtype).removeprefix("torch.")
+
+
+def attention_inputs(query, key, value, *, layout: str = "BTNH", names=("query", "key", "value"),
+                     gqa: bool = True) -> None:
+  """Checks rank, dtype and shapes of query, key, value in ``layout`` "BTNH" (JAX) or "BHSD" (torch).
+
+  gqa: query heads may be a multiple of the KV heads (else they must be equal; torch's ``enable_gqa``).
+  """
+  rank_text = "[B, T, heads, D]" if layout == "BTNH" else "[B, H, S, D]"
+  for name, x in zip(names, (query, key, value)):
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+      raise TypeError(f"{name} must be an array, got {type(x).__name__}")
+    if len(x.shape) != 4:
+      raise ValueError(f"{name} must have rank 4 {rank_text}, got shape {tuple(x.shape)}")
+    if dtype_name(x) not in FLOAT_DTYPES:
+      raise TypeError(f"{name} must be bfloat16, float16 or float32, got {dtype_name(x)}")
+  nq, nk, nv = names
+  if not dtype_name(query) == dtype_name(key) == dtype_name(value):
+    raise TypeError(f"{nq}, {nk} and {nv} must share a dtype, got {dtype_name(query)}, {dtype_name(key)}, "
+                    f"{dtype_name(value)}")
+  heads_axis = 2 if layout == "BTNH" else 1
+  b, d = query.shape[0], query.shape[3]
+  n, kh = query.shape[heads_axis], key.shape[heads_axis]
+  if tuple(value.shape) != tuple(key.shape):
+    raise ValueError(f"{nv} must have the shape of {nk} {tuple(key.shape)}, got {tuple(value.shape)}")
+  if key.shape[0] != b:
+    raise ValueError(f"{nk} batch must equal {nq} batch {b}, got {key.shape[0]}")
+  if key.shape[3] != d:
+    raise ValueError(f"{nk} head dim must equal {nq} head dim {d}, got {key.shape[3]}")
+  if d % 16 or d == 0:
+    raise ValueError(f"{nq} head dim must be a positive multiple of 16 (NVFP4 blocks), got {d}")
+  if gqa:
+    if kh == 0 and n == 0:
+      return
+    if kh == 0 or n % kh:
+      raise ValueError(f"{nq} heads ({n}) must be a multiple of {nk}/{nv} heads ({kh})")
+  elif n != kh:
+    raise ValueError(f"{nq} heads ({n}) must equal {nk}/{nv} heads ({kh}); pass enable_gqa=True for GQA/MQA")
+
+
+def flag(name: str, value) -> bool:
+  """A bool keyword: Python or NumPy bools only (``"no"`` or ``"False"`` must not read as True)."""
+  if not isinstance(value, (bool, np.bool_)):
+    raise TypeError(f"{name} must be a bool, got {value!r} ({type(value).__name__})")
+  return bool(value)
+
+
+def block_n(value) -> int:
+  if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+    raise TypeError(f"block_n must be an int in {BLOCK_N_CHOICES}, got {value!r} ({type(value).__name__})")
+  if int(value) not in BLOCK_N_CHOICES:
+    raise ValueError(f"block_n must be one of {BLOCK_N_CHOICES} (a power of two, a multiple of the 16-key fq(P) "
+                     f"block), got {value}")
+  return int(value)
+
+
+def scale(value, head_dim: int) -> float:
+  """The softmax scale: ``None`` gives ``1/sqrt(head_dim)``; else a finite real number."""
+  if value is None:
+    return 1.0 / math.sqrt(head_dim) if head_dim else 1.0
+  if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+    try:
+      value = float(value)  # a concrete 0-d array
+    except (TypeError, ValueError):
+      raise TypeError(f"scale must be None or a real number (static, not traced), got {type(value).__name__}") \
+          from None
+  if not math.isfinite(float(value)):
+    raise ValueError(f"scale must be finite, got {value}")
+  return float(value)
+
+
+def qat_config(quantize_qkv, quantize_p, high_precision_delta, quantize_p_backward) -> QATConfig:
+  return QATConfig(flag("quantize_qkv", quantize_qkv), flag("quantize_p", quantize_p),
+                   flag("high_precision_delta", high_precision_delta), flag("quantize_p_backward", quantize_p_backward))
+
+
+def attention_options(*, scale_value, is_causal, block_n_value, head_dim: int, config) -> AttentionOptions:
+  """Validated :class:`AttentionOptions` from the public keywords."""
+  if not isinstance(config, QATConfig):
+    raise TypeError(f"config must be a jqat.QATConfig, got {type(config).__name__}")
+  for f in ("quantize_qkv", "quantize_p", "high_precision_delta", "quantize_p_backward"):
+    flag(f"config.{f}", getattr(config, f))
+  return AttentionOptions(scale(scale_value, head_dim), flag("is_causal", is_causal), block_n(block_n_value), config)

@@ -1,0 +1,33 @@
+"""PyTorch front end of jqat: QAT attention and tail RoPE + QDQ on torch tensors (SPEC section 5).
+
+Layout is BHSD, as in ``torch.nn.functional.scaled_dot_product_attention``:
+``q [B, H, Sq, D]``, ``k, v [B, Hkv, Skv, D]``, ``lse [B, H, Sq]`` fp32.
+
+- CUDA tensors run the launch plans of ``ffi.plan`` -- the very kernels the JAX API
+  runs inside XLA -- on torch's current CUDA stream (or ``current_stream``), with BHSD
+  tensors passed as strided BTNH views: no host copies, no extra device copies. Outputs
+  and scratch come from torch's caching allocator on the stream the work is ordered on.
+- CPU tensors go through DLPack to the pure-JAX (XLA) reference of jqat and back (not
+  zero-copy: XLA writes new buffers).
+
+Entry points: :func:`attention` (differentiable, like ``F.scaled_dot_product_attention``;
+the ``torch.library`` op ``torch.ops.jqat.attention_fwd`` underneath, so ``torch.compile``
+does not break its graph), and the vendor API names of ``vendor``:
+:func:`nvfp4_attention_qat_forward`, :func:`nvfp4_attention_qat_backward`,
+:class:`Nvfp4AttentionQatBackward`, :func:`rope_qdq_inplace`, :class:`RopeQDQInplace`.
+"""
+
+from jqat.torch._attention import attention
+from jqat.torch.vendor import (
+    Nvfp4AttentionQatBackward,
+    RopeQDQInplace,
+    TupleDict,
+    nvfp4_attention_qat_backward,
+    nvfp4_attention_qat_forward,
+    rope_qdq_inplace,
+)
+
+__all__ = [
+    "Nvfp4AttentionQatBackward", "RopeQDQInplace", "TupleDict", "attention", "nvfp4_attention_qat_backward",
+    "nvfp4_attention_qat_forward", "rope_qdq_inplace",
+]

@@ -1,0 +1,216 @@
+"""QAT attention on torch tensors: the host functions of both devices and the ``torch.library`` ops.
+
+Layout BHSD as in ``F.scaled_dot_product_attention``: q ``[B, H, Sq, D]``, k, v
+``[B, Hkv, Skv, D]``, lse ``[B, H, Sq]`` fp32. CUDA tensors execute the launch plans of
+``ffi.plan`` (the kernels the JAX API runs inside XLA) on torch's current stream,
+passing BHSD tensors as BTNH views; CPU tensors go through DLPack to the XLA reference.
+
+``jqat::attention_fwd`` and ``jqat::attention_bwd`` are ``torch.library`` custom ops with
+fake (meta) implementations and an autograd formula, so ``torch.compile`` keeps them in
+its graph instead of breaking it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from ffi.options import DEFAULT_BLOCK_N, AttentionOptions, QATConfig
+from jqat._src import attention as _api
+from jqat._src import validate
+from jqat.torch import _tensors as tt
+
+
+def check_inputs(q, k, v, *, enable_gqa: bool = True, names=("q", "k", "v")):
+  """SPEC section 6 checks of BHSD q, k, v (the shared validator, plus device and backend)."""
+  for name, t in zip(names, (q, k, v)):
+    tt.check_tensor(name, t)
+  validate.attention_inputs(q, k, v, layout="BHSD", names=names, gqa=enable_gqa)
+  tt.check_device(names[1], k, q.device)
+  tt.check_device(names[2], v, q.device)
+  tt.check_backend(q.device)
+
+
+@functools.lru_cache(maxsize=None)
+def _xla_forward(opts: AttentionOptions):
+  """The XLA reference forward on BHSD arrays, jitted once per options value."""
+  def fn(q, k, v):
+    q, k, v = (jnp.swapaxes(t, 1, 2) for t in (q, k, v))
+    return _api._forward(q, k, v, opts, "xla")
+  return jax.jit(fn)
+
+
+@functools.lru_cache(maxsize=None)
+def _xla_backward(opts: AttentionOptions):
+  """The XLA reference backward on BHSD arrays, jitted once per options value."""
+  def fn(do, q, k, v, o_for_delta, lse):
+    do, q, k, v, o_for_delta = (jnp.swapaxes(t, 1, 2) for t in (do, q, k, v, o_for_delta))
+    return _api._backward(do, q, k, v, o_for_delta, lse, opts, "xla")
+  return jax.jit(fn)
+
+
+def _launcher():
+  from ffi import plan as plans  # noqa: PLC0415  (imports triton; only needed on CUDA)
+  from ffi import torch_launch  # noqa: PLC0415
+
+  return plans, torch_launch
+
+
+def forward(q, k, v, opts: AttentionOptions):
+  """BHSD q, k, v (validated) -> contiguous BHSD O, O' and lse [B, H, Sq] fp32, on the current stream."""
+  b, h, sq, d = q.shape
+  o = torch.empty((b, h, sq, d), dtype=q.dtype, device=q.device)
+  o_hp = torch.empty_like(o)
+  lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
+  if q.device.type == "cpu":
+    for dst, src in zip((o, o_hp, lse), _xla_forward(opts)(*(tt.to_jax(t) for t in (q, k, v)))):
+      dst.copy_(tt.from_jax(src).transpose(1, 2) if src.ndim == 4 else tt.from_jax(src))
+  else:
+    forward_kernels(q, k, v, o, o_hp, lse, opts)
+  return o, o_hp, lse
+
+
+def forward_kernels(q, k, v, o, o_hp, lse, opts: AttentionOptions):
+  """The forward plan into ``o``, ``o_hp`` (BHSD, equal strides) and ``lse`` (contiguous); CUDA, or CPU
+  tensors under ``TRITON_INTERPRET=1``."""
+  plans, launch = _launcher()
+  q, k, v = tt.dense(q), tt.dense(k), tt.dense(v)
+  views = dict(q=tt.btnh(q), k=tt.btnh(k), v=tt.btnh(v), o=tt.btnh(o), o_hp=tt.btnh(o_hp), lse=lse)
+  plan = plans.attention_forward(*(launch.describe(views[n]) for n in ("q", "k", "v")), opts, launch.target(q),
+                                 out_strides=views["o"].stride())
+  views.update(launch.allocate(plan, plan.scratch, q.device))
+  launch.execute(plan, views)
+
+
+def backward_plan(do, q, k, v, o_for_delta, lse, opts: AttentionOptions):
+  """The backward's plan and the BTNH views of its inputs (``q, k, v`` dense, ``do``/``o_for_delta`` with a
+  contiguous last axis, ``lse`` contiguous: copies only where a tensor is not already so)."""
+  plans, launch = _launcher()
+  views = dict(do=tt.last_contiguous(do), q=tt.dense(q), k=tt.dense(k), v=tt.dense(v),
+               o_for_delta=tt.last_contiguous(o_for_delta))
+  views = {n: tt.btnh(t) for n, t in views.items()}
+  views["lse"] = lse.contiguous()
+  plan = plans.attention_backward(*(launch.describe(views[n]) for n in ("do", "q", "k", "v", "o_for_delta", "lse")),
+                                  opts, launch.target(q))
+  return plan, views
+
+
+def backward(do, q, k, v, o_for_delta, lse, opts: AttentionOptions, *, out=None, workspace=None):
+  """BHSD (dq, dk, dv) of validated inputs on the current stream.
+
+  out: optional (dq, dk, dv) buffers to write (on CUDA with the strides of the dense q, k, v); workspace:
+  optional 1-D uint8 scratch (:func:`ffi.torch_launch.workspace_bytes` of the plan), else allocated.
+  """
+  if q.device.type == "cpu":
+    grads = _xla_backward(opts)(*(tt.to_jax(t) for t in (do, q, k, v, o_for_delta, lse)))
+    out = out or tuple(torch.empty_like(t) for t in (q, k, v))
+    for dst, src in zip(out, grads):
+      dst.copy_(tt.from_jax(src).transpose(1, 2))
+    return tuple(out)
+  return backward_kernels(do, q, k, v, o_for_delta, lse, opts, out=out, workspace=workspace)
+
+
+def backward_kernels(do, q, k, v, o_for_delta, lse, opts: AttentionOptions, *, out=None, workspace=None):
+  """The backward plan (arguments as :func:`backward`); CUDA, or CPU tensors under ``TRITON_INTERPRET=1``."""
+  plan, views = backward_plan(do, q, k, v, o_for_delta, lse, opts)
+  _, launch = _launcher()
+  if out is None:
+    out = tuple(tt.btnh(g) for g in launch.allocate(plan, plan.outputs, q.device).values())
+  views.update(zip(("dq", "dk", "dv"), (tt.btnh(g) for g in out)))
+  views.update(launch.carve(plan, workspace) if workspace is not None else
+               launch.allocate(plan, plan.scratch, q.device))
+  launch.execute(plan, views)
+  return tuple(out)
+
+
+def _options(scale, is_causal, block_n, quantize_qkv, quantize_p, high_precision_delta, quantize_p_backward):
+  return AttentionOptions(scale, is_causal, block_n,
+                          QATConfig(quantize_qkv, quantize_p, high_precision_delta, quantize_p_backward))
+
+
+@torch.library.custom_op("jqat::attention_fwd", mutates_args=())
+def attention_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, is_causal: bool,
+                     block_n: int, quantize_qkv: bool, quantize_p: bool, high_precision_delta: bool,
+                     quantize_p_backward: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+  """``(O, O', lse)``: contiguous BHSD outputs in q's dtype and lse [B, H, Sq] fp32."""
+  tt.check_backend(q.device)
+  return forward(q, k, v, _options(scale, is_causal, block_n, quantize_qkv, quantize_p, high_precision_delta,
+                                   quantize_p_backward))
+
+
+@attention_fwd_op.register_fake
+def _(q, k, v, scale, is_causal, block_n, quantize_qkv, quantize_p, high_precision_delta, quantize_p_backward):
+  o = q.new_empty(q.shape)  # contiguous, as forward() allocates
+  return o, torch.empty_like(o), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+@torch.library.custom_op("jqat::attention_bwd", mutates_args=())
+def attention_bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     o_for_delta: torch.Tensor, lse: torch.Tensor, scale: float, is_causal: bool, block_n: int,
+                     quantize_qkv: bool, quantize_p: bool, high_precision_delta: bool,
+                     quantize_p_backward: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+  """``(dQ, dK, dV)`` with the layouts of q, k, v (``torch.empty_like``)."""
+  opts = _options(scale, is_causal, block_n, quantize_qkv, quantize_p, high_precision_delta, quantize_p_backward)
+  out = tuple(torch.empty_like(t) for t in (q, k, v))
+  if q.device.type == "cuda":  # the kernels write gradients with the strides of the (dense) operand they read
+    out = tuple(o if tt.is_dense(t) else torch.empty_like(o, memory_format=torch.contiguous_format)
+                for o, t in zip(out, (q, k, v)))
+  return backward(do, q, k, v, o_for_delta, lse, opts, out=out)
+
+
+@attention_bwd_op.register_fake
+def _(do, q, k, v, o_for_delta, lse, scale, is_causal, block_n, quantize_qkv, quantize_p, high_precision_delta,
+      quantize_p_backward):
+  return tuple(torch.empty_like(t) if tt.is_dense(t) else torch.empty_like(t, memory_format=torch.contiguous_format)
+               for t in (q, k, v))
+
+
+def _setup_context(ctx, inputs, output):
+  q, k, v, *static = inputs
+  o, o_hp, lse = output
+  high_precision_delta = static[5]
+  ctx.save_for_backward(q, k, v, o_hp if high_precision_delta else o, lse)
+  ctx.static = tuple(static)
+  ctx.mark_non_differentiable(o_hp, lse)
+
+
+def _backward_formula(ctx, d_out, d_out_hp, d_lse):
+  del d_out_hp, d_lse  # O' and lse are statistics of the forward, not differentiated
+  q, k, v, o_for_delta, lse = ctx.saved_tensors
+  dq, dk, dv = attention_bwd_op(d_out, q, k, v, o_for_delta, lse, *ctx.static)
+  return (dq, dk, dv) + (None,) * len(ctx.static)
+
+
+attention_fwd_op.register_autograd(_backward_formula, setup_context=_setup_context)
+
+
+def attention(q, k, v, is_causal=False, scale=None, enable_gqa=False, *, block_n=DEFAULT_BLOCK_N,
+              quantize_qkv=True, quantize_p=True, high_precision_delta=True, quantize_p_backward=True):
+  """NVFP4 quantization-aware-training attention (Attn-QAT) on BHSD tensors, differentiable.
+
+  Drop-in for ``F.scaled_dot_product_attention(q, k, v, is_causal=..., scale=..., enable_gqa=...)``
+  without ``attn_mask`` / ``dropout_p``.
+
+  q: [B, H, Sq, D]; k, v: [B, Hkv, Skv, D]; bf16 (fp16/fp32 accepted); D % 16 == 0.
+  Without ``enable_gqa`` H must equal Hkv; with it H % Hkv == 0 (query head h reads KV head h // (H // Hkv)).
+  is_causal: top-left aligned (key j visible to query i iff j <= i), as in JAX and SDPA.
+  scale: softmax scale, default 1/sqrt(D).
+  block_n: KV tile of the forward (the quantized P depends on it), as in ``jqat.attention``.
+  quantize_qkv, quantize_p, high_precision_delta, quantize_p_backward: the paper's ablation
+    switches (SPEC section 3); all False is plain BF16 flash attention.
+
+  Returns O [B, H, Sq, D] in q's dtype. CUDA tensors run the Triton kernels on the current
+  stream; CPU tensors run the JAX reference through DLPack. The op is ``torch.ops.jqat.attention_fwd``
+  (a ``torch.library`` custom op with a registered backward), so ``torch.compile`` traces
+  through it without a graph break.
+  """
+  check_inputs(q, k, v, enable_gqa=validate.flag("enable_gqa", enable_gqa))
+  config = validate.qat_config(quantize_qkv, quantize_p, high_precision_delta, quantize_p_backward)
+  opts = validate.attention_options(scale_value=scale, is_causal=is_causal, block_n_value=block_n,
+                                    head_dim=q.shape[-1], config=config)
+  c = opts.config
+  return attention_fwd_op(q, k, v, opts.scale, opts.is_causal, opts.block_n, c.quantize_qkv, c.quantize_p,
+                          c.high_precision_delta, c.quantize_p_backward)[0]

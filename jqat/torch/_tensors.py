@@ -1,0 +1,115 @@
+"""Tensor, device and stream helpers of the torch shim: checks, layouts, DLPack and streams."""
+
+from __future__ import annotations
+
+import contextlib
+
+import jax
+import torch
+
+
+def check_tensor(name, t):
+  if not isinstance(t, torch.Tensor):
+    raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def check_device(name, t, device):
+  if t.device != device:
+    raise ValueError(f"{name} must be on {device} like the other inputs, got {t.device}")
+
+
+def check_backend(device):
+  """Raises when ``device`` cannot run the jqat.torch kernels (CUDA below sm_80, or a non-CPU/CUDA device)."""
+  if device.type == "cpu":
+    return
+  if device.type != "cuda":
+    raise ValueError(f"tensors must be on a CUDA device or the CPU, got {device}")
+  cc = torch.cuda.get_device_capability(device)
+  if cc < (8, 0):
+    raise RuntimeError(f"the jqat kernels need compute capability >= 8.0 (Ampere); {device} has {cc[0]}.{cc[1]}")
+  try:
+    import triton  # noqa: F401, PLC0415
+  except ImportError as e:  # pragma: no cover
+    raise RuntimeError(f"triton is needed for CUDA tensors ({e})") from None
+
+
+def span(t):
+  """Byte range ``[lo, hi)`` of the storage ``t`` can touch (None when empty)."""
+  if t.numel() == 0:
+    return None
+  extent = sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride())) + 1
+  return t.data_ptr(), t.data_ptr() + extent * t.element_size()
+
+
+def overlap(a, b) -> bool:
+  if a.device != b.device:
+    return False
+  sa, sb = span(a), span(b)
+  return sa is not None and sb is not None and sa[0] < sb[1] and sb[0] < sa[1]
+
+
+def is_dense(t) -> bool:
+  """Dense (no gaps, no overlap, non-negative strides) with a contiguous last axis: what both the kernels
+  (as rows of D) and JAX's DLPack import (a transposition of a compact buffer) take without a copy."""
+  if t.dim() == 0 or t.stride(-1) != 1:
+    return False
+  expect = 1
+  for stride, size in sorted((t.stride(i), t.size(i)) for i in range(t.dim()) if t.size(i) != 1):
+    if stride != expect:
+      return False
+    expect *= size
+  return True
+
+
+def dense(t):
+  """``t`` if the kernels can read it in place (dense, last axis contiguous), else a contiguous copy."""
+  return t if is_dense(t) else t.contiguous()
+
+
+def last_contiguous(t):
+  return t if t.dim() and t.stride(-1) == 1 else t.contiguous()
+
+
+def btnh(t):
+  """A BHSD tensor as the BTNH view the kernels take (and back: the transposition is its own inverse)."""
+  return t.transpose(1, 2)
+
+
+def to_jax(t):
+  t = t.detach()
+  return jax.dlpack.from_dlpack(t if t.numel() == 0 or is_dense(t) else t.contiguous())
+
+
+def from_jax(a):
+  return torch.utils.dlpack.from_dlpack(jax.block_until_ready(a))
+
+
+def stream_handle(current_stream) -> int:
+  if isinstance(current_stream, torch.cuda.Stream):
+    return current_stream.cuda_stream
+  handle = getattr(current_stream, "cuda_stream", current_stream)
+  if isinstance(handle, (bool, str, bytes, float)):
+    handle = None
+  try:
+    return int(handle)
+  except (TypeError, ValueError):
+    raise TypeError("current_stream must be None, a torch.cuda.Stream, a raw CUDA stream handle (int) or an "
+                    f"object convertible to one, got {type(current_stream).__name__}") from None
+
+
+@contextlib.contextmanager
+def on_stream(current_stream, device):
+  """Makes ``current_stream`` (or torch's current stream) current on ``device`` for the launches inside."""
+  if device.type != "cuda":
+    if current_stream is not None:
+      stream_handle(current_stream)  # validated; CPU work is synchronous and ignores it
+    yield
+    return
+  with torch.cuda.device(device):
+    if current_stream is None:
+      yield
+    else:
+      stream = current_stream if isinstance(current_stream, torch.cuda.Stream) else \
+          torch.cuda.ExternalStream(stream_handle(current_stream), device=device)
+      with torch.cuda.stream(stream):
+        yield

@@ -1,0 +1,333 @@
+"""The vendor API names and contracts of ``seeds/`` on torch tensors: NVFP4 attention QAT forward and
+backward (function and prepared class) and tail RoPE + QDQ in place (function and prepared class).
+
+BHSD contiguous tensors; CUDA tensors run the same launch plans as :func:`jqat.torch.attention`
+on the current stream, or on ``current_stream`` when given (a ``torch.cuda.Stream``, a raw
+``cudaStream_t`` int, or an object with ``cuda_stream`` / ``int()``); CPU tensors run the XLA
+reference through DLPack (not zero-copy). The caller orders the producers of the inputs before
+that stream and keeps the inputs alive until the work finishes.
+"""
+
+from __future__ import annotations
+
+import jqat
+from ffi.options import AttentionOptions
+from jqat._src import rope_qdq as _rope_api
+from jqat._src import validate
+from jqat.torch import _attention
+from jqat.torch import _tensors as tt
+
+import torch
+
+class TupleDict(dict):
+  """A dict that also unpacks like a tuple of its values, in insertion order.
+
+  ``result["dq_tensor"]`` works as for a dict; ``dq, dk, dv = result``, ``list(result)``
+  and ``result[0]`` give the values (iteration yields values, not keys; use
+  ``result.keys()`` / ``result.items()`` for the keys).
+  """
+
+  def __iter__(self):
+    return iter(self.values())
+
+  def __getitem__(self, key):
+    if isinstance(key, int):
+      return list(self.values())[key]
+    return super().__getitem__(key)
+
+
+
+def _options(softmax_scale, is_causal, head_dim: int) -> AttentionOptions:
+  """The vendor contract's options: Attn-QAT with every switch on, the default KV tile."""
+  return validate.attention_options(scale_value=softmax_scale, is_causal=is_causal,
+                                    block_n_value=jqat.DEFAULT_BLOCK_N, head_dim=head_dim, config=jqat.QATConfig())
+
+
+def nvfp4_attention_qat_forward(q, k, v, is_causal=False, softmax_scale=None, current_stream=None):
+  """The QAT forward with the auxiliaries the backward needs: ``(o, high_precision_o, lse)``.
+
+  q: [B, H, Sq, D]; k, v: [B, Hkv, Skv, D] (H % Hkv == 0); o, high_precision_o: [B, H, Sq, D]
+  contiguous in q's dtype; lse: [B, H, Sq] fp32 (natural log, -inf for a row without keys).
+  ``high_precision_o`` is O' = softmax(Q_fake K_fake^T) @ V_fake before probability fake
+  quantization, the ``high_precision_o`` of :func:`nvfp4_attention_qat_backward`.
+  """
+  _attention.check_inputs(q, k, v)
+  opts = _options(softmax_scale, is_causal, q.shape[-1])
+  with tt.on_stream(current_stream, q.device):
+    return _attention.forward(q, k, v, opts)
+
+
+_BWD_NAMES = ("q_tensor", "k_tensor", "v_tensor", "high_precision_o_tensor", "do_tensor", "lse_tensor")
+
+
+def _check_backward_inputs(q, k, v, high_precision_o, do, lse, *, contiguous=True):
+  _attention.check_inputs(q, k, v, names=_BWD_NAMES[:3])
+  for name, t in (("high_precision_o_tensor", high_precision_o), ("do_tensor", do), ("lse_tensor", lse)):
+    tt.check_tensor(name, t)
+    tt.check_device(name, t, q.device)
+  for name, t in (("high_precision_o_tensor", high_precision_o), ("do_tensor", do)):
+    if tuple(t.shape) != tuple(q.shape):
+      raise ValueError(f"{name} must have the shape of q_tensor {tuple(q.shape)}, got {tuple(t.shape)}")
+    if t.dtype != q.dtype:
+      raise TypeError(f"{name} must have the dtype of q_tensor ({q.dtype}), got {t.dtype}")
+  want = tuple(q.shape[:3])
+  if tuple(lse.shape) != want or lse.dtype != torch.float32:
+    raise ValueError(f"lse_tensor must be float32 of shape {want} [B, H, S_q], got {lse.dtype} {tuple(lse.shape)}")
+  if contiguous:
+    for name, t in zip(_BWD_NAMES, (q, k, v, high_precision_o, do, lse)):
+      if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous BHSD storage, got strides {tuple(t.stride())}")
+
+
+def _check_grad_buffers(inputs, grads):
+  """dq/dk/dv: contiguous, the shape, dtype and device of q/k/v, overlapping no input and no other output."""
+  q, k, v = inputs[:3]
+  for name, g, like in zip(("dq_tensor", "dk_tensor", "dv_tensor"), grads, (q, k, v)):
+    tt.check_tensor(name, g)
+    tt.check_device(name, g, q.device)
+    if tuple(g.shape) != tuple(like.shape) or g.dtype != like.dtype:
+      raise ValueError(f"{name} must be {like.dtype} of shape {tuple(like.shape)}, got {g.dtype} {tuple(g.shape)}")
+    if not g.is_contiguous():
+      raise ValueError(f"{name} must be contiguous, got strides {tuple(g.stride())}")
+    if g.requires_grad:
+      raise ValueError(f"{name} must not require grad (it is written in place)")
+    for in_name, t in zip(_BWD_NAMES, inputs):
+      if tt.overlap(g, t):
+        raise ValueError(f"{name} overlaps {in_name}: output buffers must not alias inputs")
+  names = ("dq_tensor", "dk_tensor", "dv_tensor")
+  for i in range(3):
+    for j in range(i + 1, 3):
+      if tt.overlap(grads[i], grads[j]):
+        raise ValueError(f"{names[j]} overlaps {names[i]}")
+
+
+class Nvfp4AttentionQatBackward:
+  """Prepared NVFP4 attention QAT backward (vendor class API).
+
+  ``op = Nvfp4AttentionQatBackward(q, k, v, high_precision_o, do, lse, is_causal=False, softmax_scale=None)``
+  plans for those shapes, dtypes and device; ``check_support()`` validates (raises naming
+  the argument; returns True); ``compile()`` compiles every kernel the plan launches without
+  launching it (Triton ``warmup``); ``scratch_workspace_bytes()`` is the size of the 1-D
+  ``torch.uint8`` workspace ``execute`` needs (delta [B, H, Sq] fp32 plus fq(Q), fq(K), fq(V),
+  each at a 256-byte aligned offset); ``execute(...)`` writes dq, dk, dv into the caller's
+  contiguous buffers and allocates nothing on CUDA. On CPU tensors ``execute`` runs the JAX
+  reference (which allocates its own buffers) and copies the results into dq, dk, dv.
+
+  Supports more than the vendor page: H % Hkv == 0 (GQA/MQA), any D % 16 == 0, fp16/fp32,
+  causal with Sq != Skv (top-left aligned), Hopper and Ampere.
+  """
+
+  def __init__(self, q, k, v, high_precision_o, do, lse, is_causal=False, softmax_scale=None):
+    self._planned = (q, k, v, high_precision_o, do, lse)
+    self.is_causal = is_causal
+    self.softmax_scale = softmax_scale
+    self._plan = None
+
+  def check_support(self):
+    q, k, v, o_hp, do, lse = self._planned
+    _check_backward_inputs(q, k, v, o_hp, do, lse)
+    self.device, self.dtype = q.device, q.dtype
+    self.q_shape, self.kv_shape = tuple(q.shape), tuple(k.shape)
+    self.opts = _options(self.softmax_scale, self.is_causal, q.shape[-1])
+    self._plan, _ = _attention.backward_plan(do, q, k, v, o_hp, lse, self.opts)
+    return True
+
+  def _require_checked(self):
+    if self._plan is None:
+      self.check_support()
+
+  def scratch_workspace_bytes(self) -> int:
+    """Bytes of the plan's scratch (fq(Q), fq(K), fq(V) and delta [B, H, Sq] fp32, 256-byte aligned each)."""
+    self._require_checked()
+    from ffi import torch_launch  # noqa: PLC0415
+
+    return torch_launch.workspace_bytes(self._plan)
+
+  def compile(self):
+    """Compiles (CUDA: Triton warmup, nothing launched) every kernel of the plan; no-op on CPU."""
+    self._require_checked()
+    if self.device.type != "cuda":
+      return self
+    from ffi import torch_launch  # noqa: PLC0415
+
+    q, k, v, o_hp, do, lse = self._planned
+    _, views = _attention.backward_plan(do, q, k, v, o_hp, lse, self.opts)
+    with torch.cuda.device(self.device):
+      views.update(torch_launch.allocate(self._plan, self._plan.scratch + self._plan.outputs, self.device))
+      torch_launch.execute(self._plan, views, warmup=True)
+    return self
+
+  def execute(self, q, k, v, high_precision_o, do, lse, dq, dk, dv, workspace, current_stream=None):
+    """Writes dQ, dK, dV into ``dq``, ``dk``, ``dv`` (contiguous, shaped like q, k, v); no allocation on CUDA."""
+    self._require_checked()
+    _check_backward_inputs(q, k, v, high_precision_o, do, lse)
+    if q.device != self.device or q.dtype != self.dtype or tuple(q.shape) != self.q_shape \
+        or tuple(k.shape) != self.kv_shape:
+      raise ValueError(f"q_tensor/k_tensor must match the plan ({self.dtype} {self.q_shape}, {self.kv_shape} on "
+                       f"{self.device}), got {q.dtype} {tuple(q.shape)}, {tuple(k.shape)} on {q.device}")
+    inputs = (q, k, v, high_precision_o, do, lse)
+    _check_grad_buffers(inputs, (dq, dk, dv))
+    need = self.scratch_workspace_bytes()
+    tt.check_tensor("workspace", workspace)
+    if workspace.dtype != torch.uint8 or workspace.dim() != 1 or workspace.numel() < need:
+      raise ValueError(f"workspace must be a 1-D torch.uint8 tensor of at least {need} bytes, got {workspace.dtype} "
+                       f"{tuple(workspace.shape)}")
+    tt.check_device("workspace", workspace, self.device)
+    if not workspace.is_contiguous() or workspace.data_ptr() % 16:
+      raise ValueError("workspace must be contiguous and 16-byte aligned, got data_ptr "
+                       f"{workspace.data_ptr():#x}, stride {workspace.stride()}")
+    for name, t in zip(_BWD_NAMES + ("dq_tensor", "dk_tensor", "dv_tensor"), inputs + (dq, dk, dv)):
+      if tt.overlap(workspace, t):
+        raise ValueError(f"workspace overlaps {name}")
+    with tt.on_stream(current_stream, self.device):
+      _attention.backward(do, q, k, v, high_precision_o, lse, self.opts, out=(dq, dk, dv),
+                          workspace=workspace if self.device.type == "cuda" else None)
+    return dq, dk, dv
+
+
+def nvfp4_attention_qat_backward(do, q, k, v, high_precision_o, lse, is_causal=False, softmax_scale=None,
+                                 dq_tensor=None, dk_tensor=None, dv_tensor=None, current_stream=None):
+  """dQ, dK, dV of NVFP4 QAT attention (vendor wrapper): ``TupleDict(dq_tensor=, dk_tensor=, dv_tensor=)``.
+
+  BHSD contiguous tensors: q, do, high_precision_o [B, H, Sq, D]; k, v [B, Hkv, Skv, D];
+  lse [B, H, Sq] fp32 from :func:`nvfp4_attention_qat_forward`. ``dq, dk, dv = result`` and
+  ``result["dq_tensor"]`` both work. Preallocated dq/dk/dv tensors are written in place;
+  missing ones (and the workspace) are allocated on the stream the work runs on.
+  """
+  _check_backward_inputs(q, k, v, high_precision_o, do, lse)
+  op = Nvfp4AttentionQatBackward(q, k, v, high_precision_o, do, lse, is_causal=is_causal,
+                                 softmax_scale=softmax_scale)
+  op.check_support()
+  with tt.on_stream(current_stream, q.device):
+    grads = [g if g is not None else torch.empty_like(like, memory_format=torch.contiguous_format)
+             for g, like in zip((dq_tensor, dk_tensor, dv_tensor), (q, k, v))]
+    _check_grad_buffers((q, k, v, high_precision_o, do, lse), grads)
+    _attention.backward(do, q, k, v, high_precision_o, lse, op.opts, out=grads)
+  return TupleDict(dq_tensor=grads[0], dk_tensor=grads[1], dv_tensor=grads[2])
+
+
+
+def _check_rope(x, cache, positions, mode):
+  """Static checks of rope_qdq_inplace (SPEC section 6); nothing is touched on failure."""
+  for name, t in (("x", x), ("cache", cache), ("positions", positions)):
+    tt.check_tensor(name, t)
+    if t.requires_grad:
+      raise ValueError(f"{name} must not require grad: rope_qdq_inplace mutates x and has no backward")
+  _rope_api.check_arrays(x, cache, positions, mode)
+  tt.check_device("cache", cache, x.device)
+  tt.check_device("positions", positions, x.device)
+  tt.check_backend(x.device)
+  if x.is_inference() and not torch.is_inference_mode_enabled():
+    raise ValueError("x is an inference tensor (made under torch.inference_mode()): rope_qdq_inplace writes it in "
+                     "place, which torch allows only inside inference mode; call it there or pass x.clone()")
+  for name, t in (("x", x), ("cache", cache), ("positions", positions)):
+    if not t.is_contiguous():
+      raise ValueError(f"{name} must be contiguous, got shape {tuple(t.shape)} with strides {tuple(t.stride())}")
+  for name, t in (("cache", cache), ("positions", positions)):
+    if tt.overlap(x, t):
+      raise ValueError(f"x overlaps {name}: x is written in place and must not share storage with its inputs")
+  n_rows = x.numel() // mode.width
+  if n_rows >= 2**31:
+    raise ValueError(f"x has {n_rows} rows of {mode.width}; at most 2**31 - 1 are supported")
+
+
+class RopeQDQInplace:
+  """Prepared tail RoPE + microscaled QDQ written over ``x`` (vendor class API).
+
+  ``op = RopeQDQInplace(x, cache, positions, quantization="fp4", group_size=32, scale_format="ue8m0",
+  backend="frost")``; ``check_support()`` validates (returns True); ``compile()`` compiles the
+  kernel for the plan without launching it (CUDA; no-op on CPU); ``scratch_workspace_bytes()``
+  is 0; ``execute(x, cache, positions, current_stream=None)`` mutates x's storage. The plan
+  accepts new token counts, leading dims, cache lengths and positions; the mode, the group-32
+  FP4 head count, the positions dtype and the device stay fixed.
+
+  CUDA: one kernel launch, no allocation, no synchronization (a new shape may compile a
+  new Triton specialization on first use). CPU: the JAX reference computes a new buffer
+  (through DLPack) that is then copied into x with ``x.copy_`` -- not zero-copy.
+  """
+
+  def __init__(self, x, cache, positions, quantization="fp4", group_size=32, scale_format="ue8m0",
+               backend="frost"):
+    if backend != "frost":
+      raise ValueError(f"backend must be 'frost' (the only backend), got {backend!r}")
+    self.mode = _rope_api._mode(quantization, group_size, scale_format)
+    self.quantization, self.group_size, self.scale_format = quantization, int(group_size), scale_format
+    self._planned = (x, cache, positions)
+    self._checked = False
+
+  def check_support(self):
+    x, cache, positions = self._planned
+    _check_rope(x, cache, positions, self.mode)
+    self.device, self.pos_dtype = x.device, positions.dtype
+    self.heads = x.shape[1] if self.mode.per_token else 1
+    self._checked = True
+    return True
+
+  def scratch_workspace_bytes(self) -> int:
+    return 0
+
+  def _launch(self, x, cache, positions, *, warmup: bool = False):
+    """The plan of one call (CUDA), executed over x itself."""
+    from ffi import plan as plans  # noqa: PLC0415  (imports triton; only needed on CUDA)
+    from ffi import torch_launch  # noqa: PLC0415
+
+    m = self.mode
+    positions = positions.reshape(-1)
+    plan = plans.rope_qdq(*(torch_launch.describe(t) for t in (x, cache, positions)), torch_launch.target(x),
+                          heads=x.shape[1] if m.per_token else 1, group=m.group, fp8=m.fp8, e4m3_scale=m.e4m3_scale,
+                          amax_floor=m.floor)
+    torch_launch.execute(plan, {"x": x, "cache": cache, "positions": positions, "out": x}, warmup=warmup)
+
+  def compile(self):
+    if not self._checked:
+      self.check_support()
+    x, cache, positions = self._planned
+    if self.device.type == "cuda" and x.numel():
+      with torch.cuda.device(self.device):
+        self._launch(x, cache, positions, warmup=True)
+    return self
+
+  def _check_execute(self, x, cache, positions):
+    if not self._checked:
+      self.check_support()
+    _check_rope(x, cache, positions, self.mode)
+    if x.device != self.device:
+      raise ValueError(f"x must be on the planned device {self.device}, got {x.device}")
+    if positions.dtype != self.pos_dtype:
+      raise TypeError(f"positions must have the planned dtype {self.pos_dtype}, got {positions.dtype}")
+    if self.mode.per_token and x.shape[1] != self.heads:
+      raise ValueError(f"x must have the planned head count {self.heads} (x.shape[1]), got {x.shape[1]}")
+
+  def execute(self, x, cache, positions, current_stream=None):
+    self._check_execute(x, cache, positions)
+    self._run(x, cache, positions, current_stream)
+    return x
+
+  def _run(self, x, cache, positions, current_stream):
+    if x.numel() == 0:
+      return
+    if x.device.type == "cpu":
+      out = jqat.rope_qdq(tt.to_jax(x), tt.to_jax(cache), tt.to_jax(positions), quantization=self.quantization,
+                          group_size=self.group_size, scale_format=self.scale_format, implementation="xla")
+      x.copy_(tt.from_jax(out))
+      return
+    with tt.on_stream(current_stream, x.device):
+      self._launch(x, cache, positions)
+
+
+def rope_qdq_inplace(x, cache, positions, quantization="fp4", group_size=32, scale_format="ue8m0",
+                     current_stream=None):
+  """Tail RoPE on the last 64 channels + microscaled QDQ of every channel, written over ``x``.
+
+  x: contiguous bf16 [N, H, 128] (fp4/32/ue8m0) or [..., 512] (fp8/32/ue8m0, fp4/16/e4m3);
+  cache: contiguous fp32 [P, 64] (32 cosines then 32 sines); positions: contiguous int32/int64,
+  one id per token ([N]) for group-32 FP4, else one per 512-channel row (x.shape[:-1] or flat).
+  Returns ``TupleDict(out=x)``: ``result["out"] is x``. Every check runs before anything is
+  launched, and x is untouched when one fails. CUDA: in place, on the current (or given)
+  stream. CPU: JAX reference through DLPack, then ``x.copy_`` (not zero-copy).
+  """
+  op = RopeQDQInplace(x, cache, positions, quantization=quantization, group_size=group_size,
+                      scale_format=scale_format)
+  op.check_support()
+  op._run(x, cache, positions, current_stream)
+  return TupleDict(out=x)

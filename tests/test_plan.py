@@ -1,0 +1,125 @@
+"""Launch plans (``ffi/plan.py``) and their two executors: the JAX binding and the torch binding.
+
+Both bindings must launch exactly what the plan says; the kernels themselves are checked
+against the reference in tests/test_attention_triton.py. Nothing here runs a kernel: the
+JAX binding's jax-triton call and the kernels' launchers are replaced by recorders.
+"""
+
+import dataclasses
+
+import jax.numpy as jnp
+import pytest
+import torch
+
+from ffi import jax_launch, torch_launch
+from ffi import plan as plans
+from ffi.options import AttentionOptions, QATConfig
+
+GPU = plans.Target((9, 0))
+
+
+def _bhsd_views(b, h, hkv, sq, skv, d):
+  """BTNH views of contiguous BHSD tensors, as the torch shim passes them."""
+  mk = lambda *s: torch.zeros(*s, dtype=torch.bfloat16).transpose(1, 2)
+  return mk(b, h, sq, d), mk(b, hkv, skv, d), mk(b, hkv, skv, d)
+
+
+def test_plan_uses_the_strides_it_is_given():
+  q, k, v = _bhsd_views(2, 8, 2, 100, 70, 128)
+  lse = torch.zeros(2, 8, 100)
+  opts = AttentionOptions(0.1, True)
+  fwd = plans.attention_forward(*map(torch_launch.describe, (q, k, v)), opts, GPU, out_strides=q.stride())
+  assert [la.name for la in fwd.launches] == ["jqat_nvfp4_fake_quantize_k", "jqat_nvfp4_fake_quantize_v",
+                                              "jqat_attention_fwd"]
+  args = fwd.launches[-1].args
+  assert args[8:20] == q.stride()[:3] + k.stride()[:3] + v.stride()[:3] + q.stride()[:3]
+  assert fwd.buffers["k_hat"].strides == k.stride() and fwd.scratch == ("k_hat", "v_hat")
+  bwd = plans.attention_backward(*map(torch_launch.describe, (q, q, k, v, q, lse)), opts, GPU)
+  assert [bwd.buffers[n].strides for n in ("dq", "dk", "dv")] == [q.stride(), k.stride(), v.stride()]
+  assert bwd.scratch == ("q_hat", "k_hat", "v_hat", "delta") and bwd.launches[-1].grid == (1, 2 * 2)
+  off = dataclasses.replace(opts, config=QATConfig(quantize_qkv=False))
+  assert plans.attention_forward(*map(torch_launch.describe, (q, k, v)), off, GPU).scratch == ()
+
+
+def test_empty_problems_fill_instead_of_launching():
+  q, k, v = _bhsd_views(1, 2, 1, 5, 0, 16)
+  plan = plans.attention_forward(*map(torch_launch.describe, (q, k, v)), AttentionOptions(0.25), GPU)
+  assert plan.launches == () and plan.fills == {"o": 0.0, "o_hp": 0.0, "lse": float("-inf")}
+
+
+def test_fake_quantize_needs_dense_rows():
+  q = torch.zeros(2, 8, 32, 64, dtype=torch.bfloat16)[:, :, ::2].transpose(1, 2)  # gaps between rows
+  with pytest.raises(ValueError, match="dense tensor"):
+    plans.attention_forward(*(torch_launch.describe(q),) * 3, AttentionOptions(0.1), GPU)
+
+
+def _recorded_plan(plan):
+  """The plan with every kernel replaced by a recorder of its launches."""
+  calls = []
+
+  class Kernel:
+    def __init__(self, name):
+      self.name = name
+
+    def __getitem__(self, grid):
+      return lambda *args, **kwargs: calls.append((self.name, grid, args, kwargs))
+
+  launches = tuple(dataclasses.replace(la, kernel=Kernel(la.name)) for la in plan.launches)
+  return dataclasses.replace(plan, launches=launches), calls
+
+
+def test_torch_binding_launches_the_plan():
+  q, k, v = _bhsd_views(1, 4, 2, 33, 40, 64)
+  lse = torch.zeros(1, 4, 33)
+  plan = plans.attention_backward(*map(torch_launch.describe, (q, q, k, v, q, lse)), AttentionOptions(0.125), GPU)
+  plan, calls = _recorded_plan(plan)
+  tensors = dict(do=q, q=q, k=k, v=v, o_for_delta=q, lse=lse, **torch_launch.allocate(plan, plan.scratch + plan.outputs,
+                                                                                     "cpu"))
+  torch_launch.execute(plan, tensors)
+  assert [c[0] for c in calls] == [la.name for la in plan.launches]
+  for (_, grid, args, kwargs), la in zip(calls, plan.launches):
+    assert grid == la.grid
+    want = [tensors[a.name] if isinstance(a, plans.Ref) else a for a in la.args] + [tensors[o] for o in la.outputs]
+    assert len(args) == len(want) and all(a is w for a, w in zip(args, want))
+    assert kwargs == dict(la.constexprs, num_warps=la.num_warps, num_stages=la.num_stages)
+
+
+def test_workspace_carves_aligned_disjoint_scratch():
+  q, k, v = _bhsd_views(1, 4, 2, 33, 40, 64)
+  lse = torch.zeros(1, 4, 33)
+  plan = plans.attention_backward(*map(torch_launch.describe, (q, q, k, v, q, lse)), AttentionOptions(0.125), GPU)
+  ws = torch.zeros(torch_launch.workspace_bytes(plan), dtype=torch.uint8)
+  views = torch_launch.carve(plan, ws)
+  spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in views.values())
+  assert all(lo % 256 == 0 for lo, _ in spans) and all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+  assert spans[-1][1] <= ws.data_ptr() + ws.numel()
+  assert all(views[n].stride() == plan.buffers[n].strides for n in plan.scratch)
+
+
+def test_jax_binding_launches_the_plan(monkeypatch):
+  calls = []
+
+  def fake_triton_call(*args, kernel, out_shape, grid, num_warps, num_stages, input_output_aliases, name, **meta):
+    calls.append(dict(args=args, kernel=kernel, grid=grid, num_warps=num_warps, num_stages=num_stages,
+                      aliases=input_output_aliases, name=name, meta=meta))
+    outs = out_shape if isinstance(out_shape, tuple) else (out_shape,)
+    res = tuple(jnp.zeros(o.shape, o.dtype) for o in outs)
+    return res if isinstance(out_shape, tuple) else res[0]
+
+  monkeypatch.setattr(jax_launch, "triton_call", fake_triton_call)
+  q = jnp.zeros((2, 100, 8, 128), jnp.bfloat16)
+  k = jnp.zeros((2, 70, 2, 128), jnp.bfloat16)
+  plan = plans.attention_forward(*map(jax_launch.dense, (q, k, k)), AttentionOptions(0.1, True), GPU)
+  outs = jax_launch.execute(plan, q, k, k)
+  assert [o.shape for o in outs] == [q.shape, q.shape, (2, 8, 100)]
+  assert [c["name"] for c in calls] == [la.name for la in plan.launches]
+  for c, la in zip(calls, plan.launches):
+    assert c["kernel"] is la.kernel and c["grid"] == la.grid and c["meta"] == la.constexprs
+    assert (c["num_warps"], c["num_stages"], c["aliases"]) == (la.num_warps, la.num_stages, {})
+    assert [a for a in c["args"] if not hasattr(a, "shape")] == [a for a in la.args if not isinstance(a, plans.Ref)]
+  # In-place rope: the aliased input is numbered among the array operands, scalars skipped.
+  x = jnp.zeros((4, 2, 128), jnp.bfloat16)
+  rope = plans.rope_qdq(jax_launch.dense(x), plans.Tensor.dense((8, 64), "float32"), plans.Tensor.dense((4,), "int32"),
+                        GPU, heads=2, group=32, fp8=False, e4m3_scale=False, amax_floor=6 * 2.0**-126)
+  jax_launch.execute(rope, x, jnp.zeros((8, 64), jnp.float32), jnp.zeros((4,), jnp.int32))
+  assert calls[-1]["aliases"] == {0: 0}
