@@ -327,6 +327,65 @@ def test_disk_cache_concurrent_writers_of_one_key_use_their_own_temp_files(monke
   assert _get(p.lib, _fn("a"))[0].ctor_args == _genuine("a") and len(p.compiled) == 4
 
 
+def _real_triton_lib(monkeypatch):
+  """jax-triton 0.3.1's ``triton_lib`` loaded from its installed source with a stand-in for jaxlib's GPU module
+  (absent from CPU jaxlib); returns (the module, the stand-in's TritonKernel constructions)."""
+  import importlib.util
+
+  spec = importlib.util.find_spec("jax_triton")
+  if spec is None or not spec.submodule_search_locations:
+    pytest.skip("jax-triton is not installed")
+  source = os.path.join(spec.submodule_search_locations[0], "triton_lib.py")
+  from jax._src import lib as jaxlib_lib
+
+  made = []
+  kernel_lib = types.SimpleNamespace(TritonKernel=lambda *args: made.append(args) or _Kernel(*args),
+                                     get_compute_capability=lambda device: 90)
+  monkeypatch.setattr(jaxlib_lib, "gpu_triton", kernel_lib, raising=False)
+  package = types.ModuleType("jax_triton")
+  package.__path__, package.__version__ = [], "0.3.1"
+  monkeypatch.setitem(sys.modules, "jax_triton", package)
+  module_spec = importlib.util.spec_from_file_location("jax_triton.triton_lib", source)
+  lib = importlib.util.module_from_spec(module_spec)
+  monkeypatch.setitem(sys.modules, "jax_triton.triton_lib", lib)
+  module_spec.loader.exec_module(lib)
+  return lib, made
+
+
+def test_disk_cache_with_jax_triton_031s_factory(monkeypatch, tmp_path):
+  """The real factory compiles a Triton kernel to PTX (no GPU needed); its constructor values and
+  specialization attributes go through the JSON entry unchanged, and a new process compiles nothing."""
+  import triton
+  import triton.language as tl
+  from triton.backends.compiler import GPUTarget
+  from triton.backends.nvidia.compiler import CUDABackend
+
+  lib, made = _real_triton_lib(monkeypatch)
+  monkeypatch.setenv("JQAT_CACHE_DIR", str(tmp_path))
+
+  @triton.jit
+  def add(x_ptr, y_ptr, n, out_ptr, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + i, tl.load(x_ptr + i, mask=i < n) + tl.load(y_ptr + i, mask=i < n), mask=i < n)
+
+  args = (lambda device, cc: CUDABackend(GPUTarget("cuda", cc, 32)), "cuda", add, ["*fp32", "*fp32", "i32", "*fp32"],
+          ((2, "i32", 1000),))
+  kw = {**_KW, "compute_capability": 90, "metaparams": {"BLOCK": 128}}
+  factory = lib.get_or_create_triton_kernel
+  tc._install_disk_cache()
+  assert lib.get_or_create_triton_kernel is not factory, "the cache did not recognise jax-triton 0.3.1"
+  kernel, attrs = lib.get_or_create_triton_kernel(*args, **kw)
+  assert len(made) == 1 and ".entry add" in kernel.ctor_args[4]  # PTX text
+  assert attrs == {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]], (2,): [],
+                   (3,): [["tt.divisibility", 16]]}
+  lib._COMPILED_KERNEL_CACHE.clear()  # a new process
+  lib.get_or_create_triton_kernel = factory
+  tc._install_disk_cache()
+  kernel2, attrs2 = lib.get_or_create_triton_kernel(*args, **kw)
+  assert not lib._COMPILED_KERNEL_CACHE, "jax-triton compiled the kernel again"
+  assert kernel2.ctor_args == kernel.ctor_args and attrs2 == attrs
+
+
 _FLAG_KEYS = {"HW_E4M3", "HW_E2M1", "QK_F32", "DOT_BF16", "DOT_PREC", "SOFT_BF16", "HW"}  # device-dependent
 
 
