@@ -435,3 +435,56 @@ def test_jax_and_torch_bindings_launch_the_same_kernels(monkeypatch, causal):
       "fake_quantize_rows_kernel", "fake_quantize_rows_kernel", "fake_quantize_rows_kernel",
       "attention_bwd_delta_kernel", "attention_bwd_dq_kernel", "attention_bwd_dkdv_kernel"]
   assert jax_launches == torch_launches
+
+
+# JAX's persistent compilation cache (jqat.enable_compilation_cache), in child processes: JAX opens its cache
+# once per process, so enabling it here would send every later test's programs to disk.
+_XLA_CACHE_CHILD = r"""
+import jax, jax.numpy as jnp, jqat
+events = []
+jax.monitoring.register_event_listener(lambda event, **_: events.append(event.rsplit("/", 1)[-1]))
+path = jqat.enable_compilation_cache()
+jax.block_until_ready(jax.jit(lambda x: x * 2 + 1)(jnp.arange(3.0)))  # tiny: compiled in far under 1 s
+print("RESULT", path, events.count("cache_misses"), events.count("cache_hits"))
+"""
+
+
+def _xla_cache_child(root):
+  import subprocess
+
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = {**os.environ, "JQAT_CACHE_DIR": str(root), "PYTHONPATH": repo, "JAX_PLATFORMS": "cpu"}
+  out = subprocess.run([sys.executable, "-c", _XLA_CACHE_CHILD], env=env, capture_output=True, text=True,
+                       check=True).stdout
+  _, path, misses, hits = out.splitlines()[-1].split()
+  return path, int(misses), int(hits)
+
+
+def test_compilation_cache_serves_a_new_process(tmp_path):
+  path, misses, hits = _xla_cache_child(tmp_path)
+  assert path == str(tmp_path / "xla") and misses >= 1 and hits == 0
+  assert stat.S_IMODE(os.stat(path).st_mode) == 0o700
+  assert os.listdir(path), "a small, quickly compiled program was not written to the cache"
+  assert _xla_cache_child(tmp_path) == (path, 0, misses), "the new process compiled instead of reading the cache"
+
+
+@pytest.mark.parametrize("explicit", [False, True])
+def test_compilation_cache_refuses_a_directory_others_can_write(monkeypatch, tmp_path, explicit):
+  import jax
+
+  import jqat
+
+  monkeypatch.setenv("JQAT_CACHE_DIR", str(tmp_path))
+  os.makedirs(tmp_path / "xla")
+  os.chmod(tmp_path / "xla", 0o777)
+  before = jax.config.jax_compilation_cache_dir
+  with pytest.warns(RuntimeWarning, match="group or other users can write"):
+    assert jqat.enable_compilation_cache(tmp_path / "xla" if explicit else None) is None
+  assert jax.config.jax_compilation_cache_dir == before
+
+
+def test_compilation_cache_rejects_a_path_that_is_not_one():
+  import jqat
+
+  with pytest.raises(TypeError, match="path must be a str, an os.PathLike or None; got int"):
+    jqat.enable_compilation_cache(3)
