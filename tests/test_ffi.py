@@ -488,3 +488,41 @@ def test_compilation_cache_rejects_a_path_that_is_not_one():
 
   with pytest.raises(TypeError, match="path must be a str, an os.PathLike or None; got int"):
     jqat.enable_compilation_cache(3)
+
+
+_GPU_CHILD = r"""
+import sys, numpy as np, jax, jax.numpy as jnp, jqat
+q = jax.random.normal(jax.random.key(0), (1, 200, 4, 64), jnp.bfloat16)
+loss = lambda q: jnp.sum(jqat.attention(q, q, q, is_causal=True, implementation="triton").astype(jnp.float32) ** 2)
+grad = jax.jit(jax.grad(loss))(q)
+np.save(sys.argv[1], np.asarray(grad, np.float32))
+lib = sys.modules["jax_triton.triton_lib"]
+print("RESULT", getattr(lib.get_or_create_triton_kernel, "_jqat_disk_cache", False), len(lib._COMPILED_KERNEL_CACHE))
+"""
+
+
+@pytest.mark.gpu
+def test_disk_cache_serves_a_new_gpu_process(tmp_path):
+  """The installed jax-triton: a second process builds every kernel of an attention gradient from the JSON
+  entries the first wrote, compiling none, and computes the same gradient."""
+  import subprocess
+
+  from conftest import assert_reordered_equal
+
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = {k: v for k, v in os.environ.items() if k != "TRITON_CACHE_DIR"}
+  env.update(JQAT_CACHE_DIR=str(tmp_path), PYTHONPATH=repo, TRITON_INTERPRET="0")
+
+  def child(name):
+    out = subprocess.run([sys.executable, "-c", _GPU_CHILD, str(tmp_path / name)], env=env, capture_output=True,
+                         text=True, check=True).stdout
+    _, installed, compiled = out.splitlines()[-1].split()
+    return installed == "True", int(compiled), np.load(tmp_path / f"{name}.npy")
+
+  installed, compiled, grad = child("cold")
+  assert installed, "the disk cache did not recognise the installed jax-triton"
+  entries = os.listdir(tmp_path / "kernels")
+  assert compiled > 0 and entries and all(e.endswith(".json") for e in entries), entries
+  _, compiled_warm, grad_warm = child("warm")
+  assert compiled_warm == 0, f"{compiled_warm} kernels were compiled again"
+  assert_reordered_equal(grad_warm, grad, name="gradient from cached kernels")
