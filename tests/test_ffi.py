@@ -14,10 +14,12 @@ import concurrent.futures
 import json
 import os
 import pickle
+import shutil
 import stat
 import sys
 import threading
 import types
+import warnings
 
 import numpy as np
 import pytest
@@ -100,6 +102,32 @@ def test_wrapper_restores_cache_dir_and_passes_fp32_scalars(monkeypatch, tmp_pat
   args, kwargs = calls[-1]
   assert isinstance(args[0], np.float32) and args[1] == 3 and isinstance(args[1], int)
   assert kwargs[out_keyword] == "S"
+  tc.jax_triton.cache_clear()
+
+
+@pytest.mark.parametrize("safe", [True, False])
+def test_wrapper_keeps_tritons_cache_in_a_private_directory(monkeypatch, tmp_path, safe):
+  """Triton's cache holds the launcher it loads as a shared library: with TRITON_CACHE_DIR unset it goes to
+  ``$JQAT_CACHE_DIR/triton`` (mode 0o700), or to a fresh private directory when that one is unsafe."""
+  _fake_jax_triton(monkeypatch)
+  monkeypatch.setenv("TRITON_CACHE_DIR", "")  # not chosen by the user
+  monkeypatch.setenv("JQAT_CACHE_DIR", str(tmp_path))
+  if not safe:
+    os.makedirs(tmp_path / "triton")
+    os.chmod(tmp_path / "triton", 0o777)
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    tc.jax_triton()
+  used = os.environ["TRITON_CACHE_DIR"]
+  st = os.stat(used)
+  assert st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == 0o700
+  if safe:
+    assert used == str(tmp_path / "triton") and not caught
+  else:
+    shutil.rmtree(used)
+    assert used != str(tmp_path / "triton")
+    expected = f"jqat: not using the cache directory {tmp_path / 'triton'}: its group or other users can write to it"
+    assert [str(w.message) for w in caught] == [expected + " (mode 777)"]
   tc.jax_triton.cache_clear()
 
 
