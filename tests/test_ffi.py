@@ -248,7 +248,7 @@ def _edit(field, value):
 _TAMPERED_JSON = {
     "PTX changed, hash kept": lambda e: e.update(ptx=e["ptx"] + "\n// planted"),
     "TTIR changed, hash kept": lambda e: e.update(ttir="planted"),
-    "key material of another call": lambda e: e.update(key_material=e["key_material"].replace("hash of a", "hash of b")),
+    "key material of another call": lambda e: e.update(key_material=e["key_material"].replace("of a", "of b")),
     "key of another call": _edit("key", "0" * 64),
     "format from the future": _edit("format", 2),
     "string for an int": _edit("num_warps", "4"),
