@@ -53,6 +53,11 @@ second_fn = time.perf_counter() - t1
 print("RESULT", first, n0, hits, misses, second_fn, kernels() - n0)
 """
 
+# The figures of the child's RESULT line, in order.
+_RESULT_FIELDS = (("first_result_s", float), ("kernels_compiled_before_first_result", int), ("xla_cache_hits", int),
+                  ("xla_cache_misses", int), ("second_function_same_shapes_s", float),
+                  ("kernels_compiled_by_second_function", int))
+
 
 def run_child(env):
   t0 = time.perf_counter()
@@ -61,9 +66,7 @@ def run_child(env):
   if out.returncode:
     sys.exit(f"child process failed:\n{out.stderr}")
   line = [l for l in out.stdout.splitlines() if l.startswith("RESULT")][-1].split()
-  return {"process_wall_s": wall, "first_result_s": float(line[1]),
-          "kernels_compiled_before_first_result": int(line[2]), "xla_cache_hits": int(line[3]),
-          "xla_cache_misses": int(line[4]), "second_function_same_shapes_s": float(line[5]), "kernels_compiled_by_second_function": int(line[6])}
+  return {"process_wall_s": wall, **{name: cast(v) for (name, cast), v in zip(_RESULT_FIELDS, line[1:], strict=True)}}
 
 
 def main():
