@@ -174,4 +174,5 @@ def _plot(rows, path):
 
 
 if __name__ == "__main__":
+  jqat.enable_compilation_cache()
   main()

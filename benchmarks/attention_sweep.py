@@ -200,4 +200,5 @@ def main():
 
 
 if __name__ == "__main__":
+  jqat.enable_compilation_cache()
   main()

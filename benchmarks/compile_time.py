@@ -1,11 +1,21 @@
-"""Cold vs warm start of the Triton path: time from a new process to its first attention fwd+bwd result.
+"""Cold vs warm start: time from a new process to its first attention gradient, with jqat's caches.
 
-  python benchmarks/compile_time.py --out compile_time.json
+  python benchmarks/compile_time.py --out compile_time.json [--implementation triton|xla]
 
-Runs the same child process twice against one fresh kernel cache directory
-(``JQAT_CACHE_DIR``): the first compiles every Triton kernel, the second must
-find them on disk. Each child also traces a second, different jitted function
-of the same shapes and reports how many kernels that compiled (expected 0).
+Runs one child process after another against one fresh cache root (``JQAT_CACHE_DIR``,
+with ``TRITON_CACHE_DIR`` unset so Triton's own cache lives there too):
+
+- ``cold``: every cache empty: Triton compiles each kernel, XLA each program.
+- ``warm``: a new process with the caches the cold one filled: jqat's kernel cache
+  (``kernels/``) spares the Triton compiles while lowering, JAX's persistent
+  compilation cache (``xla/``, ``jqat.enable_compilation_cache``) the XLA compiles.
+- ``warm_kernel_cache_only``: the same without JAX's cache, to show each cache's share.
+
+Each child reports the seconds from before ``import jax`` to its first gradient (the
+figure of the warm-start target, under 3 s on an H200), the Triton kernels and XLA
+cache hits/misses before it, and then traces a second, different jitted function of the
+same shapes (its kernels are already in memory: expected 0 compiled). ``--implementation
+xla`` runs the same on any backend (no Triton) to check the XLA cache alone.
 """
 
 from __future__ import annotations
@@ -23,50 +33,70 @@ import time, os, sys
 t0 = time.perf_counter()
 import jax, jax.numpy as jnp
 import jqat
+events = []
+jax.monitoring.register_event_listener(lambda event, **_: events.append(event.rsplit("/", 1)[-1]))
+if os.environ["XLA_CACHE"] == "1":
+  jqat.enable_compilation_cache()
+impl = os.environ["IMPLEMENTATION"]
+kernels = lambda: len(getattr(sys.modules.get("jax_triton.triton_lib"), "_COMPILED_KERNEL_CACHE", ()))
 q = jnp.ones((1, 1024, 8, 128), jnp.bfloat16) * 0.1
-loss = lambda q, k, v: jnp.sum(jqat.attention(q, k, v, is_causal=True, implementation="triton").astype(jnp.float32))
+loss = lambda q, k, v: jnp.sum(jqat.attention(q, k, v, is_causal=True, implementation=impl).astype(jnp.float32))
 g = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, q, q)
 jax.block_until_ready(g)
 first = time.perf_counter() - t0
-from ffi import triton_call
-lib = sys.modules["jax_triton.triton_lib"]
-n0 = len(lib._COMPILED_KERNEL_CACHE)
+n0, hits, misses = kernels(), events.count("cache_hits"), events.count("cache_misses")
 t1 = time.perf_counter()
-loss2 = lambda q, k, v: 2.0 * jnp.sum(jqat.attention(q, k, v, is_causal=True, implementation="triton").astype(jnp.float32) ** 2)
+attn = lambda q, k, v: jqat.attention(q, k, v, is_causal=True, implementation=impl).astype(jnp.float32)
+loss2 = lambda q, k, v: 2.0 * jnp.sum(attn(q, k, v) ** 2)
 jax.block_until_ready(jax.jit(jax.grad(loss2, argnums=(0, 1, 2)))(q, q, q))
 second_fn = time.perf_counter() - t1
-print("RESULT", first, second_fn, len(lib._COMPILED_KERNEL_CACHE) - n0)
+print("RESULT", first, n0, hits, misses, second_fn, kernels() - n0)
 """
+
+# The figures of the child's RESULT line, in order.
+_RESULT_FIELDS = (("first_result_s", float), ("kernels_compiled_before_first_result", int), ("xla_cache_hits", int),
+                  ("xla_cache_misses", int), ("second_function_same_shapes_s", float),
+                  ("kernels_compiled_by_second_function", int))
 
 
 def run_child(env):
   t0 = time.perf_counter()
-  out = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, check=True)
+  out = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, check=False)
   wall = time.perf_counter() - t0
+  if out.returncode:
+    sys.exit(f"child process failed:\n{out.stderr}")
   line = [l for l in out.stdout.splitlines() if l.startswith("RESULT")][-1].split()
-  return dict(process_wall_s=wall, first_result_s=float(line[1]), second_function_same_shapes_s=float(line[2]),
-              kernels_compiled_by_second_function=int(line[3]))
+  return {"process_wall_s": wall, **{name: cast(v) for (name, cast), v in zip(_RESULT_FIELDS, line[1:], strict=True)}}
 
 
 def main():
-  ap = argparse.ArgumentParser()
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--out", default="compile_time.json")
+  ap.add_argument("--implementation", choices=["triton", "xla"], default="triton")
   args = ap.parse_args()
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  result = {"implementation": args.implementation}
   with tempfile.TemporaryDirectory() as cache:
-    env = dict(os.environ, JQAT_CACHE_DIR=cache, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
-    cold = run_child(env)
-    warm = run_child(env)
-    files = sum(len(f) for _, _, f in os.walk(cache))
-  result = dict(cold=cold, warm=warm, cached_kernel_files=files)
-  for name in ("cold", "warm"):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_CACHE_DIR"}
+    env.update(JQAT_CACHE_DIR=cache, IMPLEMENTATION=args.implementation,
+               PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    for name, xla_cache in (("cold", "1"), ("warm", "1"), ("warm_kernel_cache_only", "0")):
+      result[name] = run_child({**env, "XLA_CACHE": xla_cache})
+    result["cache_files"] = {d: sum(len(f) for _, _, f in os.walk(os.path.join(cache, d)))
+                             for d in sorted(os.listdir(cache))}
+  print(f"{'start':<23} {'first grad s':>12} {'process s':>9} {'kernels compiled':>16} {'XLA hits/misses':>15} "
+        f"{'2nd fn s':>8} {'2nd fn kernels':>14}")
+  for name in ("cold", "warm", "warm_kernel_cache_only"):
     r = result[name]
-    print(f"{name}: first result {r['first_result_s']:.2f} s after start (process {r['process_wall_s']:.2f} s); "
-          f"a second jitted function of the same shapes: {r['second_function_same_shapes_s']:.2f} s, "
-          f"{r['kernels_compiled_by_second_function']} kernels compiled")
-  print(f"kernels on disk: {files}")
+    xla = f"{r['xla_cache_hits']}/{r['xla_cache_misses']}"
+    print(f"{name:<23} {r['first_result_s']:>12.2f} {r['process_wall_s']:>9.2f} "
+          f"{r['kernels_compiled_before_first_result']:>16} "
+          f"{xla:>15} {r['second_function_same_shapes_s']:>8.2f} "
+          f"{r['kernels_compiled_by_second_function']:>14}")
+  print("files per cache:", result["cache_files"])
   with open(args.out, "w") as f:
     json.dump(result, f, indent=1)
+  print("wrote", args.out)
 
 
 if __name__ == "__main__":

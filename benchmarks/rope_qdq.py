@@ -38,6 +38,7 @@ from jax import lax
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import jqat  # noqa: E402
 from jqat._src.rope_qdq import rope_qdq  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -256,4 +257,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+  jqat.enable_compilation_cache()
   main()

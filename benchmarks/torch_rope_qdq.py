@@ -23,6 +23,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import jqat  # noqa: E402
 import jqat.torch as jt  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -76,4 +77,5 @@ def main():
 
 
 if __name__ == "__main__":
+  jqat.enable_compilation_cache()
   main()

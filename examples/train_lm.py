@@ -320,4 +320,5 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
+  jqat.enable_compilation_cache()
   main()

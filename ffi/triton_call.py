@@ -1,38 +1,90 @@
-"""One wrapper around ``jax_triton.triton_call`` shared by every op.
+"""One wrapper around ``jax_triton.triton_call`` shared by every op, and jqat's on-disk caches.
 
 - Works with jax-triton 0.3.1 (triton 3.6, the H200 image) and 0.4.x (triton >= 3.7):
   only keywords common to both are passed.
 - jax-triton 0.3.1 sets ``TRITON_CACHE_DIR=""`` on import, which breaks Triton's
   own launcher (and its on-disk cache) in the whole process; a real directory is
   restored right after the import.
-- Compiled kernels are kept on disk (``$JQAT_CACHE_DIR``, default
+- Compiled kernels are kept on disk (``$JQAT_CACHE_DIR/kernels``, default
   ``~/.cache/jqat/kernels``): jax-triton compiles each specialization once per
   process and keeps it only in memory, so without this a new process pays the
-  Triton compile of every kernel again before its first result.
+  Triton compile of every kernel again before its first result. An entry is plain
+  JSON (no pickle, nothing from disk is ever executed on the host), checked against
+  the key of the call and its content hashes before use; anything else is ignored
+  and overwritten by a fresh compile.
+- Every cache directory is created with mode 0o700 and skipped, with a warning, when
+  another user could write to it: whoever writes a cache chooses the code this
+  process runs on the GPU (or, for Triton's launcher and XLA, on the host).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import inspect
+import json
 import os
-import pickle
+import secrets
+import stat
 import sys
+import tempfile
+import threading
+import types
+import warnings
 
 import numpy as np
 
-_CACHE_ROOT = os.path.join(os.path.expanduser("~"), ".cache", "jqat")
+_ENTRY_FORMAT = 1
+_MAX_ENTRY_BYTES = 256 << 20  # far above any kernel's PTX; a larger file is not an entry
+_INT32_MAX = 2**31 - 1  # TritonKernel's integer fields are 32-bit
 
 
-@functools.lru_cache(maxsize=None)
+def cache_root() -> str:
+  """The root of jqat's on-disk caches: ``$JQAT_CACHE_DIR``, default ``~/.cache/jqat``."""
+  return os.environ.get("JQAT_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "jqat")
+
+
+def private_dir(path: str) -> str | None:
+  """``path`` created (mode 0o700) if missing; None, with one warning, when it is not safe to use as a cache.
+
+  Safe means a directory owned by this user that neither its group nor others can
+  write: anyone else who can write a cache decides what this process loads from it.
+  """
+  try:
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.stat(path)
+  except OSError as e:
+    problem = f"it cannot be created ({e})"
+  else:
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    if uid is None:
+      problem = "its owner cannot be checked on this system"
+    elif not stat.S_ISDIR(st.st_mode):
+      problem = "it is not a directory"
+    elif st.st_uid != uid:
+      problem = f"it is owned by uid {st.st_uid}, not by this user (uid {uid})"
+    elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+      problem = f"its group or other users can write to it (mode {stat.S_IMODE(st.st_mode):o})"
+    else:
+      return path
+  warnings.warn(f"jqat: not using the cache directory {path}: {problem}", RuntimeWarning, stacklevel=2)
+  return None
+
+
+@functools.cache
 def jax_triton():
   """Imports jax_triton once, restoring a usable TRITON_CACHE_DIR and adding the disk cache."""
   before = os.environ.get("TRITON_CACHE_DIR")
-  import jax_triton as jt  # noqa: PLC0415  (GPU-only import)
+  import jax_triton as jt  # GPU-only: imported on first use
 
-  cache = before or os.path.join(_CACHE_ROOT, "triton")
-  os.makedirs(cache, exist_ok=True)
+  if before:
+    os.makedirs(before, exist_ok=True)
+    cache = before
+  else:
+    # Triton's cache holds the launcher it compiles and loads as a shared library:
+    # when the default directory is unsafe, a fresh private one is the fallback.
+    cache = private_dir(os.path.join(cache_root(), "triton")) or tempfile.mkdtemp(prefix="jqat-triton-")
   os.environ["TRITON_CACHE_DIR"] = cache
   _install_disk_cache()
   return jt
@@ -50,84 +102,198 @@ def triton_call(*args, kernel, out_shape, grid, num_warps=4, num_stages=2, input
                         **{_out_keyword(jt.triton_call): out_shape}, **metaparams)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _out_keyword(fn) -> str:
   """The output-spec keyword: ``out_shape`` up to jax-triton 0.3.x, ``out_type`` in later releases."""
   params = inspect.signature(fn).parameters
   return "out_shape" if "out_shape" in params else "out_type"
 
 
-def _install_disk_cache():
-  """Wraps jax-triton's kernel factory with an on-disk cache, where its internals are the known ones.
+# The TritonKernel constructor of jax-triton 0.3.1, in order, as entry fields.
+_KERNEL_FIELDS = (("kernel_name", str), ("num_warps", int), ("num_ctas", int), ("shared_mem_bytes", int),
+                  ("ptx", str), ("ttir", str), ("compute_capability", int))
+_ENTRY_FIELDS = {"format": int, "key": str, "key_material": str, **dict(_KERNEL_FIELDS), "ptx_sha256": str,
+                 "ttir_sha256": str, "attrs": list}
 
-  The factory builds a ``TritonKernel`` from plain values (name, warps, CTAs,
-  shared memory, PTX, TTIR, compute capability); those values and the
-  specialization attributes are pickled under a key made of everything that
-  decides the compiler output. Unknown internals (another jax-triton release)
-  leave jax-triton as it is: correct, only slower to start.
+
+def _install_disk_cache():
+  """Wraps jax-triton's kernel factory with the on-disk kernel cache, where its internals are the known ones.
+
+  jax-triton 0.3.1's factory compiles a kernel and builds a ``TritonKernel`` from plain
+  values (``_KERNEL_FIELDS``), reaching the class through its module global
+  ``triton_kernel_call_lib``. On a miss the factory runs as a copy whose globals give
+  that name a recorder private to the call: nothing shared is patched, so concurrent
+  compiles in other threads can neither record each other's kernels nor leave the class
+  replaced. The recorded values and the specialization attributes become the entry,
+  keyed by everything that decides the compiler output. Unknown internals (another
+  jax-triton release) leave jax-triton as it is: correct, only slower to start.
   """
   lib = sys.modules.get("jax_triton.triton_lib")
   factory = getattr(lib, "get_or_create_triton_kernel", None)
   kernel_lib = getattr(lib, "triton_kernel_call_lib", None)
   expected = ["backend_init_func", "platform", "fn", "arg_dtypes", "scalar_args", "num_warps", "num_stages",
               "num_ctas", "compute_capability", "enable_fp_fusion", "metaparams", "dump"]
-  if (factory is None or kernel_lib is None or getattr(factory, "_jqat_disk_cache", False)
+  if (not isinstance(factory, types.FunctionType) or kernel_lib is None
+      or getattr(factory, "_jqat_disk_cache", False)
+      or "triton_kernel_call_lib" not in factory.__code__.co_names
+      or factory.__globals__.get("triton_kernel_call_lib") is not kernel_lib
       or list(inspect.signature(factory).parameters) != expected):
     return
-  import triton  # noqa: PLC0415
+  import triton
 
-  root = os.environ.get("JQAT_CACHE_DIR") or os.path.join(_CACHE_ROOT, "kernels")
+  root = private_dir(os.path.join(cache_root(), "kernels"))
   memo = {}
 
   def cached(backend_init_func, platform, fn, arg_dtypes, scalar_args, *, num_warps, num_stages, num_ctas,
              compute_capability, enable_fp_fusion, metaparams, dump):
-    call = functools.partial(factory, backend_init_func, platform, fn, arg_dtypes, scalar_args,
-                             num_warps=num_warps, num_stages=num_stages, num_ctas=num_ctas,
-                             compute_capability=compute_capability, enable_fp_fusion=enable_fp_fusion,
-                             metaparams=metaparams, dump=dump)
-    if dump or not hasattr(fn, "cache_key"):
-      return call()
+    args = (backend_init_func, platform, fn, arg_dtypes, scalar_args)
+    kwargs = {"num_warps": num_warps, "num_stages": num_stages, "num_ctas": num_ctas,
+              "compute_capability": compute_capability, "enable_fp_fusion": enable_fp_fusion,
+              "metaparams": metaparams, "dump": dump}
+    # Only CUDA's binary is text (PTX); on ROCm it is the path of a temporary file.
+    if dump or platform != "cuda" or not hasattr(fn, "cache_key"):
+      return factory(*args, **kwargs)
     cc = compute_capability if compute_capability is not None else kernel_lib.get_compute_capability(0)
     # Scalars enter the compiled code only through their type and the ==1 / None specializations.
     scalars = tuple((i, t, v == 1, v is None) for i, t, v in scalar_args)
-    ident = repr((fn.cache_key, fn.arg_names, platform, tuple(arg_dtypes), scalars, num_warps, num_stages,
-                  num_ctas, cc, enable_fp_fusion, sorted(metaparams.items()), triton.__version__,
-                  getattr(sys.modules.get("jax_triton"), "__version__", "?")))
-    key = hashlib.sha256(ident.encode()).hexdigest()
+    material = repr(("jqat-kernel", _ENTRY_FORMAT, fn.cache_key, fn.arg_names, platform, tuple(arg_dtypes), scalars,
+                     num_warps, num_stages, num_ctas, cc, enable_fp_fusion, sorted(metaparams.items()),
+                     triton.__version__, getattr(sys.modules.get("jax_triton"), "__version__", "?")))
+    key = _sha256(material)
     if key in memo:
       return memo[key]
-    path = os.path.join(root, key[:2], key + ".pkl")
-    try:
-      with open(path, "rb") as f:
-        ctor_args, attrs = pickle.load(f)
+    path = os.path.join(root, key + ".json") if root else None
+    entry = _read_entry(path, material, key, len(arg_dtypes), cc) if path else None
+    if entry is not None:
+      ctor_args, attrs = entry
       memo[key] = (kernel_lib.TritonKernel(*ctor_args), attrs)
       return memo[key]
-    except (OSError, EOFError, pickle.UnpicklingError, TypeError, ValueError):
-      pass
-    # Miss: compile through jax-triton, recording the kernel's constructor arguments.
-    recorded = []
-    kernel_cls = kernel_lib.TritonKernel
-
-    def recording(*ctor_args):
-      recorded.append(ctor_args)
-      return kernel_cls(*ctor_args)
-
-    kernel_lib.TritonKernel = recording
-    try:
-      kernel, attrs = call()
-    finally:
-      kernel_lib.TritonKernel = kernel_cls
+    (kernel, attrs), made = _compile_recording(factory, kernel_lib, args, kwargs)
     memo[key] = (kernel, attrs)
-    if recorded:
-      try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
-          pickle.dump((recorded[-1], attrs), f)
-        os.replace(tmp, path)  # atomic: concurrent processes never read a partial file
-      except (OSError, pickle.PicklingError, TypeError):
-        pass
+    # Nothing is built when jax-triton's in-memory cache already held the kernel; and
+    # only values that built exactly the returned kernel may stand for it on disk.
+    if path and len(made) == 1 and made[0][2] is kernel and not made[0][1]:
+      text = _encode_entry(material, key, made[0][0], attrs)
+      if text is not None:
+        _write_atomically(path, text)
     return kernel, attrs
 
   cached._jqat_disk_cache = True
   lib.get_or_create_triton_kernel = cached
+
+
+class _RecordingKernelLib:
+  """jaxlib's ``gpu_triton`` as one compile sees it: its ``TritonKernel`` also records what it built."""
+
+  def __init__(self, kernel_lib):
+    self._kernel_lib = kernel_lib
+    self.made = []  # (args, kwargs, kernel) per construction
+
+  def __getattr__(self, name):
+    return getattr(self._kernel_lib, name)
+
+  def TritonKernel(self, *args, **kwargs):  # the class name jax-triton calls
+    kernel = self._kernel_lib.TritonKernel(*args, **kwargs)
+    self.made.append((args, kwargs, kernel))
+    return kernel
+
+
+def _compile_recording(factory, kernel_lib, args, kwargs):
+  """``factory(*args, **kwargs)`` run with a private recorder as its ``triton_kernel_call_lib``.
+
+  Returns (the factory's result, the recorder's ``made`` list).
+  """
+  recorder = _RecordingKernelLib(kernel_lib)
+  run = types.FunctionType(factory.__code__, {**factory.__globals__, "triton_kernel_call_lib": recorder},
+                           factory.__name__, factory.__defaults__, factory.__closure__)
+  run.__kwdefaults__ = factory.__kwdefaults__
+  return run(*args, **kwargs), recorder.made
+
+
+def _sha256(text: str) -> str:
+  return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _encode_entry(material: str, key: str, ctor_args: tuple, attrs: dict) -> str | None:
+  """The JSON entry for one kernel; None when its values are not the plain ones an entry can hold exactly."""
+  if len(ctor_args) != len(_KERNEL_FIELDS) or any(type(v) is not t for v, (_, t) in zip(ctor_args, _KERNEL_FIELDS)):
+    return None
+  fields = {name: v for v, (name, _) in zip(ctor_args, _KERNEL_FIELDS)}
+  encoded_attrs = [[list(index), values] for index, values in attrs.items()]
+  if _decode_attrs(encoded_attrs, len(attrs)) != attrs:  # e.g. tuples, which JSON would turn into lists
+    return None
+  return json.dumps(dict(format=_ENTRY_FORMAT, key=key, key_material=material, **fields,
+                         ptx_sha256=_sha256(fields["ptx"]), ttir_sha256=_sha256(fields["ttir"]), attrs=encoded_attrs))
+
+
+def _decode_attrs(value, n_args: int) -> dict | None:
+  """Specialization attributes ``{(i,): [[name, int], ...]}`` for arguments 0..n_args-1, or None."""
+  if type(value) is not list or len(value) != n_args:
+    return None
+  attrs = {}
+  for item in value:
+    if type(item) is not list or len(item) != 2:
+      return None
+    index, pairs = item
+    if not (type(index) is list and len(index) == 1 and type(index[0]) is int and 0 <= index[0] < n_args):
+      return None
+    if type(pairs) is not list or not all(type(p) is list and len(p) == 2 and type(p[0]) is str
+                                          and type(p[1]) is int for p in pairs):
+      return None
+    attrs[(index[0],)] = pairs
+  return attrs if len(attrs) == n_args else None  # every argument once: jax-triton looks each one up
+
+
+def _decode_entry(text: str, material: str, key: str, n_args: int, cc: int):
+  """(TritonKernel constructor values, specialization attributes) of a valid entry for this key, else None."""
+  entry = json.loads(text)
+  if type(entry) is not dict or set(entry) != set(_ENTRY_FIELDS):
+    return None
+  if any(type(entry[name]) is not t for name, t in _ENTRY_FIELDS.items()):
+    return None
+  if (entry["format"] != _ENTRY_FORMAT or entry["key"] != key or entry["key_material"] != material
+      or entry["compute_capability"] != cc):
+    return None
+  if entry["ptx_sha256"] != _sha256(entry["ptx"]) or entry["ttir_sha256"] != _sha256(entry["ttir"]):
+    return None
+  if not all(0 <= entry[name] <= _INT32_MAX for name in ("num_warps", "num_ctas", "shared_mem_bytes")):
+    return None
+  attrs = _decode_attrs(entry["attrs"], n_args)
+  if attrs is None:
+    return None
+  return tuple(entry[name] for name, _ in _KERNEL_FIELDS), attrs
+
+
+def _read_entry(path: str, material: str, key: str, n_args: int, cc: int):
+  """The decoded entry at ``path``, or None for a missing, unreadable, oversized or invalid one."""
+  try:
+    with open(path, "rb") as f:
+      data = f.read(_MAX_ENTRY_BYTES + 1)
+  except OSError:
+    return None
+  if len(data) > _MAX_ENTRY_BYTES:
+    return None
+  try:
+    return _decode_entry(data.decode("utf-8"), material, key, n_args, cc)
+  except (ValueError, RecursionError):  # not UTF-8, not JSON, or nested too deep to parse
+    return None
+
+
+def _write_atomically(path: str, text: str):
+  """Writes ``text`` to ``path`` through a temporary file unique to this process and thread, then renames it.
+
+  Readers never see a partial entry, and concurrent writers of one key never share
+  a temporary file. A failed write leaves the cache without the entry, nothing more.
+  """
+  tmp = f"{path}.{os.getpid()}-{threading.get_ident()}-{secrets.token_hex(8)}.tmp"
+  try:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+  except OSError:
+    return
+  try:
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+      f.write(text)
+    os.replace(tmp, path)
+  except OSError:
+    with contextlib.suppress(OSError):
+      os.unlink(tmp)

@@ -9,7 +9,9 @@ Public API:
 from jqat import nvfp4
 from ffi.options import DEFAULT_BLOCK_N, QATConfig
 from jqat._src.attention import attention, attention_backward, attention_forward
+from jqat._src.compile_cache import enable_compilation_cache
 from jqat._src.rope_qdq import rope_qdq
 
-__all__ = ["DEFAULT_BLOCK_N", "QATConfig", "attention", "attention_backward", "attention_forward", "nvfp4", "rope_qdq"]
+__all__ = ["DEFAULT_BLOCK_N", "QATConfig", "attention", "attention_backward", "attention_forward",
+           "enable_compilation_cache", "nvfp4", "rope_qdq"]
 __version__ = "0.1.0"

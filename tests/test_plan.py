@@ -91,7 +91,7 @@ def test_workspace_carves_aligned_disjoint_scratch():
   ws = torch.zeros(torch_launch.workspace_bytes(plan), dtype=torch.uint8)
   views = torch_launch.carve(plan, ws)
   spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in views.values())
-  assert all(lo % 256 == 0 for lo, _ in spans) and all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+  assert all((lo - ws.data_ptr()) % 256 == 0 for lo, _ in spans) and all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
   assert spans[-1][1] <= ws.data_ptr() + ws.numel()
   assert all(views[n].stride() == plan.buffers[n].strides for n in plan.scratch)
 
