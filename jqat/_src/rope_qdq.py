@@ -14,11 +14,19 @@ _CHOICES = ", ".join(f"(quantization={q!r}, group_size={g}, scale_format={s!r})"
 
 
 def _mode(quantization, group_size, scale_format) -> reference.Mode:
+  """The SPEC section 4 mode of the keywords; a wrong type is a TypeError, a wrong value a ValueError."""
+  for name, value, choices in (("quantization", quantization, "'fp4' or 'fp8'"),
+                               ("scale_format", scale_format, "'ue8m0' or 'e4m3'")):
+    if not isinstance(value, str):
+      raise TypeError(f"{name} must be a str ({choices}), got {type(value).__name__} {value!r}")
+  # bool is an int subclass and 32.0 == 32: both are refused rather than read as a size.
+  if isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer)):
+    raise TypeError(f"group_size must be an int (16 or 32), got {type(group_size).__name__} {group_size!r}")
   if quantization not in ("fp4", "fp8"):
     raise ValueError(f"quantization must be 'fp4' or 'fp8', got {quantization!r}")
   if scale_format not in ("ue8m0", "e4m3"):
     raise ValueError(f"scale_format must be 'ue8m0' or 'e4m3', got {scale_format!r}")
-  if isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer)) or group_size not in (16, 32):
+  if group_size not in (16, 32):
     raise ValueError(f"group_size must be 16 or 32, got {group_size!r}")
   key = (quantization, int(group_size), scale_format)
   if key not in reference.MODES:
@@ -77,7 +85,14 @@ def rope_qdq(x, cache, positions, *, quantization="fp4", group_size=32, scale_fo
   """
   mode = _mode(quantization, group_size, scale_format)
   check_arrays(x, cache, positions, mode)
+  if implementation is not None and not isinstance(implementation, str):
+    raise TypeError(f"implementation must be None, 'triton' or 'xla', got {type(implementation).__name__} "
+                    f"{implementation!r}")
   dispatch.check_implementation(implementation)
+  if isinstance(positions, np.ndarray) and positions.dtype == np.int64:
+    # Without jax_enable_x64, jnp.asarray narrows int64 to int32 by wrapping (2**32 + 3 -> 3):
+    # host ids are clamped into [0, P) first, as the device paths clamp theirs.
+    positions = np.clip(positions, 0, cache.shape[0] - 1).astype(np.int32)
   x, cache, positions = jnp.asarray(x), jnp.asarray(cache), jnp.asarray(positions)
   impl = dispatch.resolve(implementation)
   if x.size == 0:

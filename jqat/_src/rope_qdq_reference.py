@@ -431,13 +431,14 @@ def qdq(bits, mode: Mode):
 def rope_qdq(x, cache, row_positions, mode: Mode):
   """Reference of the fused op on validated inputs.
 
-  x: [R, width] bf16; cache: [P, 64] fp32; row_positions: [R] int (one per row,
-  clamped into [0, P) like the kernel's reads). Returns [R, width] bf16.
+  x: [R, width] bf16; cache: [P, 64] fp32; row_positions: [R] int32/int64 (one per row,
+  clamped into [0, P) like the kernel's reads, in their own dtype: an int64 id of 2**31 or
+  more reads row P - 1, never a wrapped one). Returns [R, width] bf16.
   """
   # BF16 -> FP32 on the bits (the BF16 pattern is the top half of the FP32 one): no
   # float convert in the graph for an excess-precision rule to touch.
   x_bits = lax.bitcast_convert_type(x, jnp.uint16).astype(jnp.int32) << 16
-  pos = jnp.clip(row_positions.astype(jnp.int32), 0, cache.shape[0] - 1)
+  pos = jnp.clip(row_positions, 0, cache.shape[0] - 1).astype(jnp.int32)
   rows = cache[pos]  # [R, 64]
   tail = _float(x_bits[:, -ROPE_CHANNELS:]).reshape(-1, ROPE_CHANNELS // 2, 2)
   real, imag = rope(tail[..., 0], tail[..., 1], rows[:, :32], rows[:, 32:])
