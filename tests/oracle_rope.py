@@ -39,8 +39,8 @@ def _value64(r):
 
 def fma32(a, b, c):
   """Correctly rounded FP32 ``a * b + c`` (one rounding) for float32 arrays; IEEE NaN, Inf and overflow."""
-  a, b, c = (np.asarray(v, np.float32).astype(np.float64) for v in (a, b, c))
-  with np.errstate(invalid="ignore", over="ignore"):
+  with np.errstate(invalid="ignore", over="ignore"):  # NaN and Inf follow IEEE rules, silently
+    a, b, c = (np.asarray(v, np.float32).astype(np.float64) for v in (a, b, c))
     p = a * b  # exact: 48 significant bits at most (Inf * 0 is NaN, as in FP32)
     s = p + c
     bb = s - p

@@ -166,6 +166,20 @@ def test_oracle_fma_matches_rational_definition():
   assert_bitwise(fma32(a, c, d), want, "fma32")
 
 
+def test_oracle_fma_nonfinite_and_overflow_match_rational_definition():
+  """NaN, +-Inf, Inf * 0, Inf - Inf, and overflow at the FP32 rounding threshold 2**128 - 2**103
+  (31 * 2**100 times 1082401 * 2**3 is exactly that threshold: a tie that goes to Inf, and a
+  2**-100 on either side decides between Inf and the largest finite value)."""
+  rng = np.random.default_rng(15)
+  vals = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.5, 3.0e38, -3.4e38, 2.0**-140], np.float32)
+  a, c, d = (vals[rng.integers(0, len(vals), 2000)] for _ in range(3))
+  edge_a, edge_c = np.float32(31 * 2.0**100), np.float32(1082401 * 2.0**3)
+  a[:4], c[:4], d[:4] = edge_a, edge_c, [0.0, 2.0**-100, -2.0**-100, -2.0**103]
+  want = np.array([fma32_fraction(float(x), float(y), float(z)) for x, y, z in zip(a, c, d)], np.float32)
+  assert [float(v) for v in want[:4]] == [np.inf, np.inf, float(np.finfo(np.float32).max), 2.0**128 - 2.0**104]
+  assert_bitwise(fma32(a, c, d), want, "fma32 non-finite")
+
+
 def test_reference_fma_matches_oracle():
   a, c, d = _fma_triples(np.random.default_rng(2), 200_000)
   got = jax.jit(reference._fma)(jnp.asarray(a), jnp.asarray(c), jnp.asarray(d))
@@ -348,7 +362,8 @@ _NAN_PATTERNS = (0xFFC1, 0x7F81, 0x7FFF, 0xFF80 | 0x7F)  # negative, signalling-
 
 def nonfinite_cache():
   """[8, 64] fp32. 0: identity (sin = +0); 1: cos = sin = sqrt(1/2); 2, 3, 4: a real row with NaN
-  cos[5], +Inf sin[9], -Inf cos[2]; 5: identity with NaN sin[30]; 6: a scaled cache (x1.5); 7: real."""
+  cos[5], +Inf sin[9], -Inf cos[2]; 5: identity with NaN sin[30]; 6: a scaled cache (x1.5, pair 0
+  at 45 degrees); 7: real."""
   c = make_cache(None, 8)
   c[0, :32], c[0, 32:] = 1.0, 0.0
   c[1] = np.sqrt(np.float32(0.5))
@@ -358,6 +373,7 @@ def nonfinite_cache():
   c[5, :32], c[5, 32:] = 1.0, 0.0
   c[5, 32 + 30] = np.nan
   c[6] *= 1.5
+  c[6, [0, 32]] = 1.5 * np.sqrt(np.float32(0.5))  # pair 0 at 45 degrees, scaled: cos = sin > 1
   return c
 
 
@@ -379,7 +395,9 @@ def nonfinite_case(mode):
       (1, {t + 6: -inf, t + 7: inf}),                  # imag: -Inf + Inf = NaN
       (1, {t + 8: big, t + 9: big}),                   # finite rotation overflowing to +Inf
       (1, {t + 10: big, t + 11: -big}),                # ... and to -Inf
-      (6, {t + 12: 2.5e38, t + 13: -2.5e38}),          # products past the FP32 range with a scaled cache
+      (6, {t + 12: 2.5e38, t + 13: -2.5e38}),          # products near the FP32 range with a scaled cache
+      (6, {t + 2: 3.38e38, t + 3: 3.38e38}),           # b * sin (-1.47 here) overflows: real = +Inf
+      (6, {t: 3.3e38, t + 1: 3.3e38}),                 # b * sin overflows though a*cos - b*sin is 0: -Inf
       (2, {}),                                         # NaN cos[5] in the used row
       (3, {}),                                         # +Inf sin[9]
       (4, {t + 4: 0.0, t + 5: -0.0}),                  # -Inf cos[2] times zeros: NaN
@@ -610,13 +628,14 @@ def test_kernel_under_triton_interpreter():
 
 
 def _interpreter_kernel():
-  """The kernel module imported in interpreter mode, with the interpreter's FMA and BF16 casts made the GPU's.
+  """The kernel module imported in interpreter mode, with the interpreter's FMA and BF16 load made the GPU's.
 
   The interpreter evaluates ``tl.fma`` as ``x * y + z`` in NumPy FP32 (two roundings);
   the GPU instruction rounds once, so the builder gets the oracle's exact FMA. Its
-  BF16 <-> FP32 casts flush subnormals to zero (a BF16 ``2**-130`` loads as 0), while
-  ``cvt.f32.bf16`` is exact and ``cvt.rn.bf16.f32`` rounds to nearest even with
-  subnormals; both are given the GPU semantics on the bits.
+  BF16 -> FP32 cast flushes subnormals to zero (a BF16 ``2**-130`` loads as 0), while
+  ``cvt.f32.bf16`` is exact: it is given the GPU semantics on the bits. (The kernel
+  rounds to BF16 on the bits without ``HW`` and stores by truncating bits, so no
+  FP32 -> BF16 cast runs here.)
   """
   import triton.language as tl
   from triton.runtime import interpreter
@@ -633,9 +652,6 @@ def _interpreter_kernel():
     src_t, dst_t = src.dtype.scalar, dst_type.scalar
     if src_t == tl.bfloat16 and dst_t == tl.float32:
       data = (np.asarray(src.data).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-      return interpreter.TensorHandle(data, dst_t)
-    if src_t == tl.float32 and dst_t == tl.bfloat16:  # finite values in this kernel
-      data = np.asarray(src.data, np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)
       return interpreter.TensorHandle(data, dst_t)
     return cast_impl(self, src, dst_type)
 
@@ -705,6 +721,29 @@ def test_interpreter_inner_special_rows_out_of_place_poisoned(mode):
                  "kernel special")
 
 
+@pytest.mark.skipif(not INTERPRET, reason="runs inside test_kernel_under_triton_interpreter")
+@pytest.mark.parametrize("mode", [FP4_32, FP8_32, FP4_16], ids=str)
+@pytest.mark.parametrize("block_r", [None, 1], ids=["default", "r1"])
+def test_interpreter_inner_nonfinite(mode, block_r):
+  x, cache, pos = nonfinite_case(mode)
+  assert_raw_bits(_launch_interpreted(mode, x, cache, pos, block_r=block_r), rope_qdq_oracle(x, cache, pos, *mode),
+                  "kernel non-finite")
+
+
+@pytest.mark.skipif(not INTERPRET, reason="runs inside test_kernel_under_triton_interpreter")
+@pytest.mark.parametrize("mode", [FP4_32, FP8_32, FP4_16], ids=str)
+def test_interpreter_inner_int64_ids_outside_range_clamp(mode):
+  x, cache, ids, clamped = big_ids_case(mode)
+  assert_bitwise(_launch_interpreted(mode, x, cache, ids), rope_qdq_oracle(x, cache, clamped, *mode), "kernel ids")
+
+
+@pytest.mark.skipif(not INTERPRET, reason="runs inside test_kernel_under_triton_interpreter")
+@settings(deadline=None, max_examples=25, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(nonfinite_inputs())
+def test_interpreter_inner_nonfinite_properties(case):
+  _nonfinite_properties(_launch_interpreted, *case)
+
+
 # ----------------------------------------------------------------------------- GPU
 
 
@@ -769,3 +808,31 @@ def test_triton_matches_reference_on_gpu():
     x, cache = make_x(rng, shape, 1.0), make_cache(rng)
     pos = make_positions(rng, mode, shape)
     assert_bitwise(run_jax(mode, x, cache, pos, "triton"), run_jax(mode, x, cache, pos, "xla"), f"{mode} {shape}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", [FP4_32, FP8_32, FP4_16], ids=str)
+@pytest.mark.parametrize("implementation", ["triton", "xla"])
+def test_gpu_nonfinite(mode, implementation):
+  """The same bits as the oracle, NaN payloads included (the kernel stores BF16 by truncating
+  FP32 bits: cvt.rn.bf16.f32 would write its own canonical NaN 0x7FFF)."""
+  x, cache, pos = nonfinite_case(mode)
+  assert_raw_bits(run_jax(mode, x, cache, pos, implementation), rope_qdq_oracle(x, cache, pos, *mode),
+                  f"{implementation} non-finite")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", [FP4_32, FP8_32, FP4_16], ids=str)
+@pytest.mark.parametrize("implementation", ["triton", "xla"])
+def test_gpu_int64_ids_outside_range_clamp(mode, implementation):
+  x, cache, ids, clamped = big_ids_case(mode)
+  with jax.enable_x64(True):
+    assert_bitwise(run_jax(mode, x, cache, ids, implementation), rope_qdq_oracle(x, cache, clamped, *mode),
+                   f"{implementation} int64 ids")
+
+
+@pytest.mark.gpu
+@settings(deadline=None, max_examples=50, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(nonfinite_inputs())
+def test_triton_nonfinite_properties(case):
+  _nonfinite_properties(lambda *a: run_jax(*a, "triton"), *case)

@@ -332,19 +332,24 @@ def rope(a, b, cos, sin):
   down = lambda v: _float(_scale_down_bits(_bits(v), np.int32(_UP)) | _sign_bits(v))
   a_s = jnp.where(tiny, _scale_up(a), jnp.where(huge, down(a), a))
   b_s = jnp.where(tiny, _scale_up(b), jnp.where(huge, down(b), b))
-  real = _fma(a_s, cos, _negate(_round_product(b_s, sin)))
-  imag = _fma(b_s, cos, _round_product(a_s, sin))
+  minus_b_sin, a_sin = _negate(_round_product(b_s, sin)), _round_product(a_s, sin)
+  real = _fma(a_s, cos, minus_b_sin)
+  imag = _fma(b_s, cos, a_sin)
   k = jnp.where(tiny, np.int32(_UP), np.int32(0))
   special_real, special_imag = _special_rope(a, b, cos, sin)
   finite = ((jnp.maximum(big, jnp.maximum(_bits(cos) & _MAGNITUDE, _bits(sin) & _MAGNITUDE))) < _INF)
 
-  def back(v, special):
+  def back(v, term, special):
     # The sign bit of the FMA result (decided on the bits above for zeros) is carried
-    # through unchanged: scaling back and rounding to BF16 act on the magnitude.
+    # through unchanged: scaling back and rounding to BF16 act on the magnitude. A huge
+    # pair's separately rounded product that overflows at full size (a cache value above 1)
+    # is +-Inf there, and so is the FMA it feeds, whose exact product term is finite.
     scaled = jnp.where(huge, _bits(_scale_up(v)), _scale_down_bits(_bits(v), k) | _sign_bits(v))
+    term_overflows = huge & (((_bits(term) >> 23) & 0xFF) + _UP >= 255)
+    scaled = jnp.where(term_overflows, _INF | _sign_bits(term), scaled)
     return _round_bf16_bits(jnp.where(finite, scaled, _bits(special)))
 
-  return back(real, special_real), back(imag, special_imag)
+  return back(real, minus_b_sin, special_real), back(imag, a_sin, special_imag)
 
 
 # ------------------------------------------------------------------------ quantization
