@@ -31,6 +31,16 @@ Numerics, all bit-exact with the spec, without any per-element division:
 - ``q * s`` is exact (few significant bits) and exactly representable in BF16;
   the sign bit of the (rotated) input is OR-ed back so -0 stays -0.
 
+Non-finite values (docs/NUMERICS.md), per group rather than per element: the
+group amax is an integer max of the FP32 magnitude patterns (a float max may drop
+a NaN; every NaN pattern lies above +Inf), a NaN group is written as the canonical
+NaN ``0x7FC0`` and an infinite amax is clamped to the largest finite FP32 value
+(one compare and one min per group). Per element: the E4M3-scale quotient is
+capped at 8 before its FMA correction (``fma(Inf, -s, Inf)`` would be NaN), and
+the NaN select. BF16 is stored by truncating the FP32 bits (exact: the values are
+BF16 values), because ``cvt.rn.bf16.f32`` writes its own canonical NaN ``0x7FFF``.
+The rotation itself is IEEE (``tl.fma``); ids are clamped into ``[0, P)`` in int64.
+
 ``HW`` (constexpr) selects hardware conversions that the Triton interpreter
 does not reproduce (it truncates FP32 -> BF16 and has no FP8 rounding): BF16
 rounding by ``.to(tl.bfloat16)`` and E4M3 by ``.to(tl.float8e4nv)`` (sm_89+).

@@ -485,6 +485,19 @@ def test_reference_int64_ids_outside_range_clamp(mode):
                  "2**32 + 3 clamps, never wraps")
 
 
+@pytest.mark.parametrize("mode", [FP4_32, FP8_32, FP4_16], ids=str)
+def test_torch_cpu_int64_ids_outside_range_clamp(mode):
+  """The torch shim's CPU path hands int64 ids to JAX, which without x64 would wrap them."""
+  torch = pytest.importorskip("torch")
+  import jqat.torch as jt
+
+  x, cache, ids, clamped = big_ids_case(mode)
+  xt = torch.from_numpy(np.ascontiguousarray(x).view(np.int16).copy()).view(torch.bfloat16)
+  jt.rope_qdq_inplace(xt, torch.from_numpy(cache), torch.from_numpy(ids), **_kw(mode))
+  assert_bitwise(xt.view(torch.int16).numpy().view(ml_dtypes.bfloat16), rope_qdq_oracle(x, cache, clamped, *mode),
+                 "torch CPU int64 ids")
+
+
 def _nonfinite_properties(run, mode, x, cache, pos):
   """NaN containment per group, and equality with the oracle, of ``run(mode, x, cache, pos)``.
 

@@ -46,6 +46,22 @@ exact, comparisons, and integer logic on the FP32 bit patterns:
   (exponent field, plus one if the mantissa is non-zero), and scales, their
   multiples and all rounding boundaries are built as bit patterns.
 
+Non-finite values (the rule is in docs/NUMERICS.md): NaN and Inf would break
+the error-free transforms (``Inf - Inf`` inside TwoSum), so a pair with a NaN or
+Inf among ``a, b, cos, sin`` takes a separate path: every term of both FMAs then
+involves a non-finite value, and the IEEE result (NaN or +-Inf) follows from the
+special products decided on the bits. Pairs with a member of ``2**64`` or more
+are rotated at ``2**-64`` their size, so a result past the FP32 range becomes
++-Inf on the way back instead of a NaN out of TwoSum; this is exact for cache
+values below ``2**60`` in magnitude (a separately rounded ``b * sin`` that
+overflows at full size is detected on the exponent bits), except that a partner
+below about ``2**-62`` is rounded onto the subnormal grid at the scaled size.
+The quantizer detects a NaN per group on the integer max of the magnitude
+patterns (NaN patterns lie above +Inf) and writes the canonical BF16 NaN
+``0x7FC0``; an infinite amax is clamped on the bits to the largest finite FP32
+value, and rounding boundaries past the FP32 range become a pattern above every
+finite BF16 value, so only an infinite element reaches the largest code.
+
 Quantization is division-free like :mod:`jqat.nvfp4`: with a power-of-two or
 E4M3 scale ``s`` every ``s * boundary`` is exact, so comparing ``|x|`` with it
 decides the same code as the correctly rounded quotient (XLA rewrites ``x / s``
