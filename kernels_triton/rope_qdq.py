@@ -38,7 +38,7 @@ NaN ``0x7FC0`` and an infinite amax is clamped to the largest finite FP32 value
 (one compare and one min per group). Per element: the E4M3-scale quotient is
 capped at 8 before its FMA correction (``fma(Inf, -s, Inf)`` would be NaN), and
 the NaN select. BF16 is stored by truncating the FP32 bits (exact: the values are
-BF16 values), because ``cvt.rn.bf16.f32`` writes its own canonical NaN ``0x7FFF``.
+BF16 values), because ``cvt.rn.bf16.f32`` writes its own NaN (PTX canonical ``0x7FFF``).
 The rotation itself is IEEE (``tl.fma``); ids are clamped into ``[0, P)`` in int64.
 
 ``HW`` (constexpr) selects hardware conversions that the Triton interpreter
@@ -51,7 +51,7 @@ import triton
 import triton.language as tl
 
 ROPE = 64  # rotated tail channels
-NAN_BITS = tl.constexpr(0x7FC00000)  # FP32 bits of the canonical NaN written for a group holding a NaN (bf16 0x7FC0)
+NAN_BITS = tl.constexpr(0x7FC00000)  # FP32 bits of the NaN written over a group holding a NaN (bf16 0x7FC0)
 
 
 def launch_config(width: int, hw_e4m3: bool) -> dict:
@@ -68,9 +68,9 @@ def _round_bf16(v, HW: tl.constexpr):
   if HW:
     r = v.to(tl.bfloat16).to(tl.float32)  # cvt.rn.bf16.f32
   else:
-    # On the magnitude, so no carry reaches the sign bit. A NaN's carry could (or could
-    # truncate it to Inf), so it becomes a quiet NaN as cvt.rn.bf16.f32 makes it (Ampere and
-    # the interpreter only: the select is per element).
+    # On the magnitude, so no carry reaches the sign bit. A NaN's payload could carry past
+    # bit 30 or round down to Inf, so a NaN becomes a quiet NaN, as cvt.rn.bf16.f32 makes it
+    # (a per-element select, on Ampere and in the interpreter only).
     bits = v.to(tl.int32, bitcast=True)
     mag = bits & 0x7FFFFFFF
     mag = tl.where(mag > 0x7F800000, 0x7FC00000, (mag + 0x7FFF + ((mag >> 16) & 1)) & -65536)
@@ -176,7 +176,7 @@ def _qdq(v, scale, inv, neg_scale, nan, FP8: tl.constexpr, E4M3_SCALE: tl.conste
 @triton.jit
 def _to_bf16(bits):
   """FP32 bits of a BF16 value as bf16, by truncation: exact, and keeps the NaN pattern that a
-  ``cvt.rn.bf16.f32`` would replace by its own canonical NaN (0x7FFF)."""
+  ``cvt.rn.bf16.f32`` would replace by its own NaN (PTX canonical 0x7FFF)."""
   return (bits >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
 
 

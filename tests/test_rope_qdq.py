@@ -125,7 +125,8 @@ def assert_bitwise(actual, expected, name):
   a, e = bits(np.asarray(actual)), bits(np.asarray(expected))
   bad = np.nonzero(a != e)
   assert not bad[0].size, (f"{name}: {bad[0].size} of {a.size} elements differ, first at "
-                           f"{tuple(int(i[0]) for i in bad)}: {np.asarray(actual)[bad][:4]} != {np.asarray(expected)[bad][:4]}")
+                           f"{tuple(int(i[0]) for i in bad)}: {np.asarray(actual)[bad][:4]} != "
+                           f"{np.asarray(expected)[bad][:4]}")
 
 
 def assert_raw_bits(actual, expected, name):
@@ -357,7 +358,7 @@ def test_reference_signed_zero_rotation(mode):
 # +-Inf counts as the largest finite FP32 value for the amax and quantizes to +-limit * scale
 # (+-Inf in the UE8M0 modes, where that product overflows; +-2688 in the e4m3 mode).
 
-_NAN_PATTERNS = (0xFFC1, 0x7F81, 0x7FFF, 0xFF80 | 0x7F)  # negative, signalling-like and all-ones NaN payloads
+_NAN_PATTERNS = (0xFFC1, 0x7F81, 0x7FFF, 0xFFFF)  # negative, signalling-like and all-ones NaN payloads
 
 
 def nonfinite_cache():
@@ -602,7 +603,8 @@ _P6 = jnp.zeros((6,), jnp.int32)
     ((jnp.zeros((2, 3, 64), jnp.bfloat16), _C, _P2), {}, ValueError, ["x", "[N, H, 128]", "(2, 3, 64)"]),
     ((jnp.zeros((6, 128), jnp.bfloat16), _C, _P6), {}, ValueError, ["x", "[N, H, 128]", "(6, 128)"]),
     ((jnp.zeros((512,), jnp.bfloat16), _C, _P2), dict(quantization="fp8"), ValueError, ["x", "rank >= 2", "(512,)"]),
-    ((jnp.zeros((2, 3, 256), jnp.bfloat16), _C, _P6), dict(quantization="fp8"), ValueError, ["x", "512", "(2, 3, 256)"]),
+    ((jnp.zeros((2, 3, 256), jnp.bfloat16), _C, _P6), dict(quantization="fp8"), ValueError,
+     ["x", "512", "(2, 3, 256)"]),
     ((_X4, _C.astype(jnp.bfloat16), _P2), {}, TypeError, ["cache", "float32", "bfloat16"]),
     ((_X4, jnp.zeros((5, 32), jnp.float32), _P2), {}, ValueError, ["cache", "[P, 64]", "(5, 32)"]),
     ((_X4, jnp.zeros((0, 64), jnp.float32), _P2), {}, ValueError, ["cache", "P >= 1", "(0, 64)"]),
