@@ -31,6 +31,16 @@ Numerics, all bit-exact with the spec, without any per-element division:
 - ``q * s`` is exact (few significant bits) and exactly representable in BF16;
   the sign bit of the (rotated) input is OR-ed back so -0 stays -0.
 
+Non-finite values (docs/NUMERICS.md), per group rather than per element: the
+group amax is an integer max of the FP32 magnitude patterns (a float max may drop
+a NaN; every NaN pattern lies above +Inf), a NaN group is written as the canonical
+NaN ``0x7FC0`` and an infinite amax is clamped to the largest finite FP32 value
+(one compare and one min per group). Per element: the E4M3-scale quotient is
+capped at 8 before its FMA correction (``fma(Inf, -s, Inf)`` would be NaN), and
+the NaN select. BF16 is stored by truncating the FP32 bits (exact: the values are
+BF16 values), because ``cvt.rn.bf16.f32`` writes its own NaN (PTX canonical ``0x7FFF``).
+The rotation itself is IEEE (``tl.fma``); ids are clamped into ``[0, P)`` in int64.
+
 ``HW`` (constexpr) selects hardware conversions that the Triton interpreter
 does not reproduce (it truncates FP32 -> BF16 and has no FP8 rounding): BF16
 rounding by ``.to(tl.bfloat16)`` and E4M3 by ``.to(tl.float8e4nv)`` (sm_89+).
@@ -41,6 +51,7 @@ import triton
 import triton.language as tl
 
 ROPE = 64  # rotated tail channels
+NAN_BITS = tl.constexpr(0x7FC00000)  # FP32 bits of the NaN written over a group holding a NaN (bf16 0x7FC0)
 
 
 def launch_config(width: int, hw_e4m3: bool) -> dict:
@@ -53,12 +64,17 @@ def launch_config(width: int, hw_e4m3: bool) -> dict:
 
 @triton.jit
 def _round_bf16(v, HW: tl.constexpr):
-  """FP32 ``v`` (finite) rounded to BF16, ties to even, kept in FP32."""
+  """FP32 ``v`` rounded to BF16, ties to even, kept in FP32 (overflow gives +-Inf, a NaN stays a NaN)."""
   if HW:
     r = v.to(tl.bfloat16).to(tl.float32)  # cvt.rn.bf16.f32
   else:
+    # On the magnitude, so no carry reaches the sign bit. A NaN's payload could carry past
+    # bit 30 or round down to Inf, so a NaN becomes a quiet NaN, as cvt.rn.bf16.f32 makes it
+    # (a per-element select, on Ampere and in the interpreter only).
     bits = v.to(tl.int32, bitcast=True)
-    r = ((bits + 0x7FFF + ((bits >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
+    mag = bits & 0x7FFFFFFF
+    mag = tl.where(mag > 0x7F800000, 0x7FC00000, (mag + 0x7FFF + ((mag >> 16) & 1)) & -65536)
+    r = (mag | (bits & -2147483648)).to(tl.float32, bitcast=True)
   return r
 
 
@@ -118,34 +134,60 @@ def _scales(amax, FP8: tl.constexpr, E4M3_SCALE: tl.constexpr, AMAX_FLOOR: tl.co
     tb = t.to(tl.int32, bitcast=True)
     exp = (tb >> 23) + ((tb & 0x7FFFFF) != 0).to(tl.int32)
     scale = (exp << 23).to(tl.float32, bitcast=True)
-    # The biased exponent stays in [1, 253] (floor below, bf16 range above), so 2**-k is normal.
+    # The biased exponent stays in [1, 253] (floor below, amax <= FP32 max above), so 2**-k is normal.
     inv = ((254 - exp) << 23).to(tl.float32, bitcast=True)
   return scale, inv, 0.0 - scale
 
 
 @triton.jit
-def _qdq(v, scale, inv, neg_scale, FP8: tl.constexpr, E4M3_SCALE: tl.constexpr, HW: tl.constexpr):
-  """``sign(v) * round(min(|v| / scale, limit)) * scale`` in FP32; the scales broadcast to ``v``."""
+def _group_amax(amax_bits):
+  """``(amax, nan)`` of groups from the integer max of their FP32 magnitude patterns.
+
+  Magnitude patterns order like the values and every NaN lies above +Inf, so the
+  integer max sees a NaN that a float max (``max.f32`` drops NaN operands) would
+  lose. An infinite amax counts as the largest finite FP32 value. Per group, not
+  per element: one compare and one min.
+  """
+  nan = amax_bits > 0x7F800000
+  amax = tl.minimum(amax_bits, 0x7F7FFFFF).to(tl.float32, bitcast=True)
+  return amax, nan
+
+
+@triton.jit
+def _qdq(v, scale, inv, neg_scale, nan, FP8: tl.constexpr, E4M3_SCALE: tl.constexpr, HW: tl.constexpr):
+  """``sign(v) * round(min(|v| / scale, limit)) * scale`` as FP32 bits (int32), the canonical NaN
+  where the group's ``nan`` is set; the per-group operands broadcast to ``v``."""
   av = tl.abs(v)
-  y = av * inv  # exact for a power-of-two scale
+  y = av * inv  # exact for a power-of-two scale; +Inf for an infinite v, clamped to the limit below
   if E4M3_SCALE:
-    y = tl.fma(tl.fma(y, neg_scale, av), inv, y)  # the quotient, exact when representable
+    # The quotient, exact when representable. y is capped first (8 > 6 keeps every clamped
+    # result at 6) so an infinite v gives fma(Inf, -s, Inf) = NaN nowhere.
+    y = tl.minimum(y, 8.0)
+    y = tl.fma(tl.fma(y, neg_scale, av), inv, y)
   if FP8:
     q = _round_e4m3(tl.minimum(y, 448.0), HW)
   else:
     q = _round_e2m1(tl.minimum(y, 6.0))
-  mag = (q * scale).to(tl.int32, bitcast=True)
+  mag = (q * scale).to(tl.int32, bitcast=True)  # 6 * 2**126 and 448 * 2**120 overflow to +Inf
   sign = v.to(tl.int32, bitcast=True) & -2147483648
-  return (mag | sign).to(tl.float32, bitcast=True)
+  return tl.where(nan, NAN_BITS, mag | sign)
+
+
+@triton.jit
+def _to_bf16(bits):
+  """FP32 bits of a BF16 value as bf16, by truncation: exact, and keeps the NaN pattern that a
+  ``cvt.rn.bf16.f32`` would replace by its own NaN (PTX canonical 0x7FFF)."""
+  return (bits >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
 
 
 @triton.jit
 def _qdq_tile(v, R: tl.constexpr, C: tl.constexpr, GROUP: tl.constexpr, FP8: tl.constexpr,
               E4M3_SCALE: tl.constexpr, AMAX_FLOOR: tl.constexpr, HW: tl.constexpr):
-  """QDQ of ``v: [R, C]`` FP32 in groups of GROUP along axis 1."""
+  """QDQ of ``v: [R, C]`` FP32 in groups of GROUP along axis 1; returns FP32 bits (int32)."""
   v3 = tl.reshape(v, (R, C // GROUP, GROUP))
-  scale, inv, neg = _scales(tl.max(tl.abs(v3), axis=2), FP8, E4M3_SCALE, AMAX_FLOOR, HW)
-  out = _qdq(v3, scale[:, :, None], inv[:, :, None], neg[:, :, None], FP8, E4M3_SCALE, HW)
+  amax, nan = _group_amax(tl.max(v3.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=2))
+  scale, inv, neg = _scales(amax, FP8, E4M3_SCALE, AMAX_FLOOR, HW)
+  out = _qdq(v3, scale[:, :, None], inv[:, :, None], neg[:, :, None], nan[:, :, None], FP8, E4M3_SCALE, HW)
   return tl.reshape(out, (R, C))
 
 
@@ -174,7 +216,7 @@ def rope_qdq_kernel(x_ptr, cache_ptr, pos_ptr, n_rows, n_pos, heads, out_ptr,
     hmask = row_ok[:, None] & (hc < HEAD)
   h = tl.load(x_ptr + base + hc, mask=hmask, other=0.0).to(tl.float32)
   h = _qdq_tile(h, BLOCK_R, HEAD_BLOCK, GROUP, FP8, E4M3_SCALE, AMAX_FLOOR, HW)
-  tl.store(out_ptr + base + hc, h.to(tl.bfloat16), mask=hmask)  # exact: h holds BF16 values
+  tl.store(out_ptr + base + hc, _to_bf16(h), mask=hmask)
 
   # ---- tail: the 32 adjacent pairs of channels [D - 64, D).
   tc = HEAD + tl.arange(0, 64)[None, :]
@@ -194,10 +236,12 @@ def rope_qdq_kernel(x_ptr, cache_ptr, pos_ptr, n_rows, n_pos, heads, out_ptr,
   NG: tl.constexpr = 64 // GROUP
   re3 = tl.reshape(real, (BLOCK_R, NG, GROUP // 2))
   im3 = tl.reshape(imag, (BLOCK_R, NG, GROUP // 2))
-  amax = tl.maximum(tl.max(tl.abs(re3), axis=2), tl.max(tl.abs(im3), axis=2))
+  amax_bits = tl.maximum(tl.max(re3.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=2),
+                         tl.max(im3.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=2))
+  amax, nan = _group_amax(amax_bits)
   scale, inv, neg = _scales(amax, FP8, E4M3_SCALE, AMAX_FLOOR, HW)
-  scale, inv, neg = scale[:, :, None], inv[:, :, None], neg[:, :, None]
-  re3 = _qdq(re3, scale, inv, neg, FP8, E4M3_SCALE, HW)
-  im3 = _qdq(im3, scale, inv, neg, FP8, E4M3_SCALE, HW)
+  scale, inv, neg, nan = scale[:, :, None], inv[:, :, None], neg[:, :, None], nan[:, :, None]
+  re3 = _qdq(re3, scale, inv, neg, nan, FP8, E4M3_SCALE, HW)
+  im3 = _qdq(im3, scale, inv, neg, nan, FP8, E4M3_SCALE, HW)
   y = tl.reshape(tl.join(tl.reshape(re3, (BLOCK_R, 32)), tl.reshape(im3, (BLOCK_R, 32))), (BLOCK_R, 64))
-  tl.store(out_ptr + base + tc, y.to(tl.bfloat16), mask=row_ok[:, None])
+  tl.store(out_ptr + base + tc, _to_bf16(y), mask=row_ok[:, None])

@@ -16,9 +16,11 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from oracle import bits
-from oracle_rope import MODES, fma32, fma32_fraction, rope_qdq_oracle
+from oracle_rope import MODES, NAN_BF16, fma32, fma32_fraction, rope_qdq_oracle
 
 import jqat._src.rope_qdq_reference as reference
 from jqat._src.rope_qdq import rope_qdq
@@ -123,7 +125,17 @@ def assert_bitwise(actual, expected, name):
   a, e = bits(np.asarray(actual)), bits(np.asarray(expected))
   bad = np.nonzero(a != e)
   assert not bad[0].size, (f"{name}: {bad[0].size} of {a.size} elements differ, first at "
-                           f"{tuple(int(i[0]) for i in bad)}: {np.asarray(actual)[bad][:4]} != {np.asarray(expected)[bad][:4]}")
+                           f"{tuple(int(i[0]) for i in bad)}: {np.asarray(actual)[bad][:4]} != "
+                           f"{np.asarray(expected)[bad][:4]}")
+
+
+def assert_raw_bits(actual, expected, name):
+  """Bitwise with NaN payloads and signs included: the op writes one NaN pattern on every path."""
+  a, e = np.asarray(actual).view(np.uint16), np.asarray(expected).view(np.uint16)
+  bad = np.nonzero(a != e)
+  assert not bad[0].size, (f"{name}: {bad[0].size} of {a.size} elements differ, first at "
+                           f"{tuple(int(i[0]) for i in bad)}: {[hex(v) for v in a[bad][:4]]} != "
+                           f"{[hex(v) for v in e[bad][:4]]}")
 
 
 def run_jax(mode, x, cache, positions, implementation):
@@ -153,6 +165,20 @@ def test_oracle_fma_matches_rational_definition():
   a, c, d = _fma_triples(np.random.default_rng(1), 3000)
   want = np.array([fma32_fraction(float(x), float(y), float(z)) for x, y, z in zip(a, c, d)], np.float32)
   assert_bitwise(fma32(a, c, d), want, "fma32")
+
+
+def test_oracle_fma_nonfinite_and_overflow_match_rational_definition():
+  """NaN, +-Inf, Inf * 0, Inf - Inf, and overflow at the FP32 rounding threshold 2**128 - 2**103
+  (31 * 2**100 times 1082401 * 2**3 is exactly that threshold: a tie that goes to Inf, and a
+  2**-100 on either side decides between Inf and the largest finite value)."""
+  rng = np.random.default_rng(15)
+  vals = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.5, 3.0e38, -3.4e38, 2.0**-140], np.float32)
+  a, c, d = (vals[rng.integers(0, len(vals), 2000)] for _ in range(3))
+  edge_a, edge_c = np.float32(31 * 2.0**100), np.float32(1082401 * 2.0**3)
+  a[:4], c[:4], d[:4] = edge_a, edge_c, [0.0, 2.0**-100, -2.0**-100, -2.0**103]
+  want = np.array([fma32_fraction(float(x), float(y), float(z)) for x, y, z in zip(a, c, d)], np.float32)
+  assert [float(v) for v in want[:4]] == [np.inf, np.inf, float(np.finfo(np.float32).max), 2.0**128 - 2.0**104]
+  assert_bitwise(fma32(a, c, d), want, "fma32 non-finite")
 
 
 def test_reference_fma_matches_oracle():
@@ -204,8 +230,8 @@ def test_reference_scale_up_on_bits_is_exact():
   """``v * 2**64`` on the bits for every BF16 value below 2**-40, the subnormal ones included."""
   v = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(ml_dtypes.bfloat16).astype(np.float32)
   v = v[np.abs(v) < 2.0**-40]
-  got = np.asarray(jax.jit(reference._scale_up_bf16)(jnp.asarray(v)))
-  assert_bitwise(got, (v.astype(np.float64) * 2.0**64).astype(np.float32), "_scale_up_bf16")
+  got = np.asarray(jax.jit(reference._scale_up)(jnp.asarray(v)))
+  assert_bitwise(got, (v.astype(np.float64) * 2.0**64).astype(np.float32), "_scale_up")
 
 
 def _primitives(jaxpr, found):
@@ -326,6 +352,214 @@ def test_reference_signed_zero_rotation(mode):
   assert_bitwise(run_jax(mode, x, cache, pos, "xla"), rope_qdq_oracle(x, cache, pos, *mode), "xla signed zeros")
 
 
+# ------------------------------------------------------------------ non-finite inputs
+# The rule (docs/NUMERICS.md, "Tail RoPE + QDQ: non-finite inputs"): a NaN in a group (from x,
+# from the cache row, or made by the rotation) makes the whole group the canonical NaN 0x7FC0;
+# +-Inf counts as the largest finite FP32 value for the amax and quantizes to +-limit * scale
+# (+-Inf in the UE8M0 modes, where that product overflows; +-2688 in the e4m3 mode).
+
+_NAN_PATTERNS = (0xFFC1, 0x7F81, 0x7FFF, 0xFFFF)  # negative, signalling-like and all-ones NaN payloads
+
+
+def nonfinite_cache():
+  """[8, 64] fp32. 0: identity (sin = +0); 1: cos = sin = sqrt(1/2); 2, 3, 4: a real row with NaN
+  cos[5], +Inf sin[9], -Inf cos[2]; 5: identity with NaN sin[30]; 6: a scaled cache (x1.5, pair 0
+  at 45 degrees); 7: real."""
+  c = make_cache(None, 8)
+  c[0, :32], c[0, 32:] = 1.0, 0.0
+  c[1] = np.sqrt(np.float32(0.5))
+  c[2, 5] = np.nan
+  c[3, 32 + 9] = np.inf
+  c[4, 2] = -np.inf
+  c[5, :32], c[5, 32:] = 1.0, 0.0
+  c[5, 32 + 30] = np.nan
+  c[6] *= 1.5
+  c[6, [0, 32]] = 1.5 * np.sqrt(np.float32(0.5))  # pair 0 at 45 degrees, scaled: cos = sin > 1
+  return c
+
+
+def nonfinite_case(mode):
+  """Rows with NaN/+-Inf in the head, in rotated pairs and in the used cache row, rotations that
+  make NaN (Inf * 0, Inf - Inf) or overflow to Inf, and huge finite values beside Inf."""
+  width, group = (128, 32) if mode == FP4_32 else (512, mode[1])
+  t = width - 64  # first rotated channel; pair p is channels t + 2p, t + 2p + 1
+  inf, nan, big = np.inf, np.nan, 3.0e38
+  scenarios = [
+      (7, {3: nan}),                                   # NaN in the head: its group only
+      (7, {3: inf, group + 5: -inf}),                  # +-Inf in two head groups
+      (7, {0: 3.38e38, 1: inf, 2: -3.38e38, 3: -inf, 4: 1.0, 5: -0.0}),  # huge finite beside +-Inf
+      (7, {t: nan}),                                   # NaN in a rotated a
+      (7, {t + 3: inf}),                               # Inf in a rotated b
+      (7, {t + 12: 1e-30, t + 13: -inf}),              # tiny partner of an Inf
+      (0, {t + 2: inf}),                               # Inf * (sin = +0) is NaN: its pair's group
+      (1, {t + 4: inf, t + 5: inf}),                   # real: Inf - Inf = NaN
+      (1, {t + 6: -inf, t + 7: inf}),                  # imag: -Inf + Inf = NaN
+      (1, {t + 8: big, t + 9: big}),                   # finite rotation overflowing to +Inf
+      (1, {t + 10: big, t + 11: -big}),                # ... and to -Inf
+      (6, {t + 12: 2.5e38, t + 13: -2.5e38}),          # products near the FP32 range with a scaled cache
+      (6, {t + 2: 3.38e38, t + 3: 3.38e38}),           # b * sin (-1.47 here) overflows: real = +Inf
+      (6, {t: 3.3e38, t + 1: 3.3e38}),                 # b * sin overflows though a*cos - b*sin is 0: -Inf
+      (2, {}),                                         # NaN cos[5] in the used row
+      (3, {}),                                         # +Inf sin[9]
+      (4, {t + 4: 0.0, t + 5: -0.0}),                  # -Inf cos[2] times zeros: NaN
+      (5, {}),                                         # NaN sin[30] on an identity row
+      (7, {c: inf for c in range(width)}),             # a row of +Inf
+  ]
+  rng = np.random.default_rng(13)
+  x = rng.standard_normal((len(scenarios) + len(_NAN_PATTERNS), width))
+  for r, (_, values) in enumerate(scenarios):
+    for c, v in values.items():
+      x[r, c] = v
+  x = x.astype(ml_dtypes.bfloat16)
+  u = x.view(np.uint16)
+  for i, pattern in enumerate(_NAN_PATTERNS):  # NaN bit patterns other than the canonical one
+    r = len(scenarios) + i
+    u[r, (i * 37) % width] = pattern
+    u[r, t + (i * 11) % 64] = pattern
+  pos = np.array([p for p, _ in scenarios] + [7] * len(_NAN_PATTERNS), np.int32)
+  x = x[:, None, :] if mode == FP4_32 else x
+  return x, nonfinite_cache(), pos
+
+
+def _group_view(out, mode):
+  """Output bits [rows, groups, group] (uint16)."""
+  group = mode[1]
+  return np.asarray(out).view(np.uint16).reshape(-1, (128 if mode == FP4_32 else 512) // group, group)
+
+
+@pytest.mark.parametrize("mode", [FP4_32, FP8_32, FP4_16], ids=str)
+def test_nonfinite_rule_explicit_values(mode):
+  """The rule on a row whose values are worked out by hand (not by the oracle).
+
+  Group 0 holds +Inf, -Inf, 1.0, -0.0 and 2**-20; group 1 holds a NaN; the rest are zeros.
+  The Inf group's scale is the one of the largest finite amax: 2**126 (fp4/UE8M0), 2**120
+  (fp8/UE8M0) or 448 (E4M3), so 1.0 and 2**-20 quantize to +0, -0.0 stays -0, and +-Inf gives
+  +-limit * scale: +-Inf when that overflows FP32 (UE8M0), +-6 * 448 = +-2688 (E4M3).
+  """
+  width, group = (128, 32) if mode == FP4_32 else (512, mode[1])
+  row = np.zeros(width)
+  row[:5] = [np.inf, -np.inf, 1.0, -0.0, 2.0**-20]
+  row[group + 3] = np.nan
+  x = row[None].astype(ml_dtypes.bfloat16)
+  x = x[:, None, :] if mode == FP4_32 else x
+  cache, pos = make_cache(None, 3), np.zeros(1, np.int32)
+  out = _group_view(run_jax(mode, x, cache, pos, "xla"), mode)[0]
+  inf_out = 0x7F80 if mode[2] == "ue8m0" else int(np.array(2688.0, ml_dtypes.bfloat16).view(np.uint16))
+  assert [hex(v) for v in out[0, :5]] == [hex(v) for v in (inf_out, inf_out | 0x8000, 0, 0x8000, 0)]
+  assert (out[1] == NAN_BF16).all(), "a NaN must make its whole group the canonical NaN"
+  assert not np.isnan(np.asarray(out[[0] + list(range(2, len(out)))]).view(ml_dtypes.bfloat16).astype(
+      np.float32)).any(), "a NaN must not spread to other groups"
+
+
+@pytest.mark.parametrize("mode", [FP4_32, FP8_32, FP4_16], ids=str)
+def test_reference_nonfinite(mode):
+  x, cache, pos = nonfinite_case(mode)
+  want = rope_qdq_oracle(x, cache, pos, *mode)
+  w = want.astype(np.float32)
+  assert np.isnan(w).any() and (np.isinf(w).any() if mode[2] == "ue8m0" else (np.abs(w) == 2688).any())
+  assert_raw_bits(run_jax(mode, x, cache, pos, "xla"), want, "xla non-finite")
+
+
+_BIG_IDS = np.array([2**31, 2**40, -1, -2**40, 2**31 - 1, -2**31, 3, 0], np.int64)
+
+
+def big_ids_case(mode):
+  """Ids far outside [0, P), as int64 (2**31 and 2**40 must clamp to P - 1, negative ones to 0)
+  with the ids they must act as; cache rows all differ, so a wrong row shows."""
+  rng = np.random.default_rng(14)
+  x = make_x(rng, (len(_BIG_IDS), 2, 128) if mode == FP4_32 else (len(_BIG_IDS), 512), 1.0)
+  return x, make_cache(rng), _BIG_IDS, np.clip(_BIG_IDS, 0, P - 1).astype(np.int32)
+
+
+@pytest.mark.parametrize("mode", [FP4_32, FP8_32, FP4_16], ids=str)
+def test_reference_int64_ids_outside_range_clamp(mode):
+  x, cache, ids, clamped = big_ids_case(mode)
+  want = rope_qdq_oracle(x, cache, clamped, *mode)
+  with jax.enable_x64(True):  # int64 on device: clamped before any narrowing
+    assert_bitwise(run_jax(mode, x, cache, ids, "xla"), want, "int64 ids, x64")
+  # Without x64, JAX would narrow an int64 NumPy array to int32 (wrapping 2**32 + 3 to 3): the
+  # op clamps NumPy ids on the host first.
+  host = lambda ids: np.asarray(rope_qdq(jnp.asarray(x), jnp.asarray(cache), ids, **_kw(mode), implementation="xla"))
+  assert_bitwise(host(ids), want, "int64 NumPy ids")
+  wrapping = np.full(len(ids), 2**32 + 3, np.int64)
+  assert_bitwise(host(wrapping), rope_qdq_oracle(x, cache, np.full(len(ids), P - 1), *mode),
+                 "2**32 + 3 clamps, never wraps")
+
+
+@pytest.mark.parametrize("mode", [FP4_32, FP8_32, FP4_16], ids=str)
+def test_torch_cpu_int64_ids_outside_range_clamp(mode):
+  """The torch shim's CPU path hands int64 ids to JAX, which without x64 would wrap them."""
+  torch = pytest.importorskip("torch")
+  import jqat.torch as jt
+
+  x, cache, ids, clamped = big_ids_case(mode)
+  xt = torch.from_numpy(np.ascontiguousarray(x).view(np.int16).copy()).view(torch.bfloat16)
+  jt.rope_qdq_inplace(xt, torch.from_numpy(cache), torch.from_numpy(ids), **_kw(mode))
+  assert_bitwise(xt.view(torch.int16).numpy().view(ml_dtypes.bfloat16), rope_qdq_oracle(x, cache, clamped, *mode),
+                 "torch CPU int64 ids")
+
+
+def _nonfinite_properties(run, mode, x, cache, pos):
+  """NaN containment per group, and equality with the oracle, of ``run(mode, x, cache, pos)``.
+
+  Independent of the oracle: a group whose inputs (its channels of x, and for a rotated group
+  the cache entries of its pairs in the row its id selects) hold a NaN is NaN throughout;
+  a group whose inputs are all finite holds no NaN (the cache is at most 1 in magnitude, so
+  nothing but an input can make Inf * 0 or Inf - Inf); every group is all-NaN or NaN-free.
+  """
+  out = run(mode, x, cache, pos)
+  width, group = (128, 32) if mode == FP4_32 else (512, mode[1])
+  xf = np.asarray(x).reshape(-1, width).astype(np.float32)
+  ids = np.asarray(pos).reshape(-1).astype(np.int64)
+  if mode == FP4_32:
+    ids = np.repeat(ids, x.shape[1])
+  rows = np.clip(ids, 0, cache.shape[0] - 1)
+  used = np.zeros_like(xf)  # the cache entry each rotated channel reads (cos and sin both matter)
+  cos, sin = cache[rows, :32], cache[rows, 32:]
+  pair_nan = np.isnan(cos) | np.isnan(sin)
+  pair_bad = ~(np.isfinite(cos) & np.isfinite(sin))
+  used[:, width - 64:] = np.repeat(np.where(pair_nan, np.nan, np.where(pair_bad, np.inf, 0.0)), 2, axis=1)
+  g_in = (xf + used).reshape(len(xf), -1, group)  # NaN + anything is NaN; Inf + finite is Inf
+  must_nan = np.isnan(g_in).any(-1)
+  finite_in = np.isfinite(g_in).all(-1)
+  got = _group_view(out, mode)
+  nan_out = np.isnan(got.view(ml_dtypes.bfloat16).astype(np.float32))
+  assert (nan_out.all(-1) | ~nan_out.any(-1)).all(), "a group is partly NaN"
+  assert (got[nan_out] == NAN_BF16).all(), "a NaN other than the canonical 0x7FC0"
+  assert nan_out.all(-1)[must_nan].all(), "a group with a NaN input is not NaN"
+  assert not nan_out.any(-1)[finite_in].any(), "a NaN in a group whose inputs are finite"
+  assert_raw_bits(out, rope_qdq_oracle(x, cache, pos, *mode), "vs oracle")
+
+
+_PROPERTY_SHAPES = {FP4_32: (3, 3, 128), FP8_32: (2, 2, 512), FP4_16: (3, 512)}  # one compile per mode
+_SPECIALS = (np.nan, np.inf, -np.inf)
+
+
+@st.composite
+def nonfinite_inputs(draw):
+  """A mode, and x, cache (|values| <= 1) and ids with NaN/+-Inf dropped into random elements,
+  ids outside [0, P) included. The values come from a NumPy generator seeded by hypothesis."""
+  mode = draw(st.sampled_from([FP4_32, FP8_32, FP4_16]))
+  shape = _PROPERTY_SHAPES[mode]
+  rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+  magnitude = draw(st.sampled_from([1e-38, 1e-3, 1.0, 1e37]))
+  x = make_x(rng, shape, magnitude).astype(np.float32)
+  flat = x.reshape(-1)
+  hits = rng.integers(0, flat.size, draw(st.integers(0, 6)))
+  flat[hits] = rng.choice(_SPECIALS, hits.size)
+  cache = rng.uniform(-1, 1, (5, 64)).astype(np.float32)
+  hits = rng.integers(0, cache.size, draw(st.integers(0, 3)))
+  cache.reshape(-1)[hits] = rng.choice(_SPECIALS, hits.size)
+  ids = rng.integers(-3, 5 + 3 if draw(st.booleans()) else 5, n_positions(mode, shape)).astype(np.int32)
+  return mode, x.astype(ml_dtypes.bfloat16), cache, ids
+
+
+@settings(deadline=None, max_examples=50, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(nonfinite_inputs())
+def test_reference_nonfinite_properties(case):
+  _nonfinite_properties(lambda *a: run_jax(*a, "xla"), *case)
+
+
 def test_reference_under_jit_and_default_dispatch():
   rng = np.random.default_rng(5)
   x, cache = make_x(rng, (9, 2, 128), 1.0), make_cache(rng)
@@ -354,13 +588,23 @@ _P6 = jnp.zeros((6,), jnp.int32)
     ((_X4, _C, _P2), dict(quantization="int4"), ValueError, ["quantization", "int4"]),
     ((_X4, _C, _P2), dict(scale_format="e8m0"), ValueError, ["scale_format", "e8m0"]),
     ((_X4, _C, _P2), dict(group_size=64), ValueError, ["group_size", "64"]),
+    ((_X4, _C, _P2), dict(group_size="32"), TypeError, ["group_size", "int", "str", "'32'"]),
+    ((_X4, _C, _P2), dict(group_size=True), TypeError, ["group_size", "int", "bool", "True"]),
+    ((_X4, _C, _P2), dict(group_size=32.0), TypeError, ["group_size", "int", "float", "32.0"]),
+    ((_X4, _C, _P2), dict(quantization=4), TypeError, ["quantization", "str", "int", "4"]),
+    ((_X4, _C, _P2), dict(quantization=b"fp4"), TypeError, ["quantization", "str", "bytes"]),
+    ((_X4, _C, _P2), dict(scale_format=None), TypeError, ["scale_format", "str", "NoneType"]),
+    ((_X4, _C, _P2), dict(scale_format=np.array("ue8m0")), TypeError, ["scale_format", "str", "ndarray"]),
+    ((_X4, _C, _P2), dict(implementation=1), TypeError, ["implementation", "int", "1"]),
+    ((_X4, _C, _P2), dict(implementation=["xla"]), TypeError, ["implementation", "list"]),
     ((_X8, _C, _P6), dict(quantization="fp8", group_size=16, scale_format="ue8m0"), ValueError,
      ["quantization, group_size and scale_format", "group_size=16"]),
     ((_X4.astype(jnp.float16), _C, _P2), {}, TypeError, ["x", "bfloat16", "float16"]),
     ((jnp.zeros((2, 3, 64), jnp.bfloat16), _C, _P2), {}, ValueError, ["x", "[N, H, 128]", "(2, 3, 64)"]),
     ((jnp.zeros((6, 128), jnp.bfloat16), _C, _P6), {}, ValueError, ["x", "[N, H, 128]", "(6, 128)"]),
     ((jnp.zeros((512,), jnp.bfloat16), _C, _P2), dict(quantization="fp8"), ValueError, ["x", "rank >= 2", "(512,)"]),
-    ((jnp.zeros((2, 3, 256), jnp.bfloat16), _C, _P6), dict(quantization="fp8"), ValueError, ["x", "512", "(2, 3, 256)"]),
+    ((jnp.zeros((2, 3, 256), jnp.bfloat16), _C, _P6), dict(quantization="fp8"), ValueError,
+     ["x", "512", "(2, 3, 256)"]),
     ((_X4, _C.astype(jnp.bfloat16), _P2), {}, TypeError, ["cache", "float32", "bfloat16"]),
     ((_X4, jnp.zeros((5, 32), jnp.float32), _P2), {}, ValueError, ["cache", "[P, 64]", "(5, 32)"]),
     ((_X4, jnp.zeros((0, 64), jnp.float32), _P2), {}, ValueError, ["cache", "P >= 1", "(0, 64)"]),
@@ -399,13 +643,14 @@ def test_kernel_under_triton_interpreter():
 
 
 def _interpreter_kernel():
-  """The kernel module imported in interpreter mode, with the interpreter's FMA and BF16 casts made the GPU's.
+  """The kernel module imported in interpreter mode, with the interpreter's FMA and BF16 load made the GPU's.
 
   The interpreter evaluates ``tl.fma`` as ``x * y + z`` in NumPy FP32 (two roundings);
   the GPU instruction rounds once, so the builder gets the oracle's exact FMA. Its
-  BF16 <-> FP32 casts flush subnormals to zero (a BF16 ``2**-130`` loads as 0), while
-  ``cvt.f32.bf16`` is exact and ``cvt.rn.bf16.f32`` rounds to nearest even with
-  subnormals; both are given the GPU semantics on the bits.
+  BF16 -> FP32 cast flushes subnormals to zero (a BF16 ``2**-130`` loads as 0), while
+  ``cvt.f32.bf16`` is exact: it is given the GPU semantics on the bits. (The kernel
+  rounds to BF16 on the bits without ``HW`` and stores by truncating bits, so no
+  FP32 -> BF16 cast runs here.)
   """
   import triton.language as tl
   from triton.runtime import interpreter
@@ -422,9 +667,6 @@ def _interpreter_kernel():
     src_t, dst_t = src.dtype.scalar, dst_type.scalar
     if src_t == tl.bfloat16 and dst_t == tl.float32:
       data = (np.asarray(src.data).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-      return interpreter.TensorHandle(data, dst_t)
-    if src_t == tl.float32 and dst_t == tl.bfloat16:  # finite values in this kernel
-      data = np.asarray(src.data, np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)
       return interpreter.TensorHandle(data, dst_t)
     return cast_impl(self, src, dst_type)
 
@@ -494,6 +736,29 @@ def test_interpreter_inner_special_rows_out_of_place_poisoned(mode):
                  "kernel special")
 
 
+@pytest.mark.skipif(not INTERPRET, reason="runs inside test_kernel_under_triton_interpreter")
+@pytest.mark.parametrize("mode", [FP4_32, FP8_32, FP4_16], ids=str)
+@pytest.mark.parametrize("block_r", [None, 1], ids=["default", "r1"])
+def test_interpreter_inner_nonfinite(mode, block_r):
+  x, cache, pos = nonfinite_case(mode)
+  assert_raw_bits(_launch_interpreted(mode, x, cache, pos, block_r=block_r), rope_qdq_oracle(x, cache, pos, *mode),
+                  "kernel non-finite")
+
+
+@pytest.mark.skipif(not INTERPRET, reason="runs inside test_kernel_under_triton_interpreter")
+@pytest.mark.parametrize("mode", [FP4_32, FP8_32, FP4_16], ids=str)
+def test_interpreter_inner_int64_ids_outside_range_clamp(mode):
+  x, cache, ids, clamped = big_ids_case(mode)
+  assert_bitwise(_launch_interpreted(mode, x, cache, ids), rope_qdq_oracle(x, cache, clamped, *mode), "kernel ids")
+
+
+@pytest.mark.skipif(not INTERPRET, reason="runs inside test_kernel_under_triton_interpreter")
+@settings(deadline=None, max_examples=25, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(nonfinite_inputs())
+def test_interpreter_inner_nonfinite_properties(case):
+  _nonfinite_properties(_launch_interpreted, *case)
+
+
 # ----------------------------------------------------------------------------- GPU
 
 
@@ -558,3 +823,31 @@ def test_triton_matches_reference_on_gpu():
     x, cache = make_x(rng, shape, 1.0), make_cache(rng)
     pos = make_positions(rng, mode, shape)
     assert_bitwise(run_jax(mode, x, cache, pos, "triton"), run_jax(mode, x, cache, pos, "xla"), f"{mode} {shape}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", [FP4_32, FP8_32, FP4_16], ids=str)
+@pytest.mark.parametrize("implementation", ["triton", "xla"])
+def test_gpu_nonfinite(mode, implementation):
+  """The same bits as the oracle, NaN payloads included (the kernel stores BF16 by truncating
+  FP32 bits: cvt.rn.bf16.f32 would write its own canonical NaN 0x7FFF)."""
+  x, cache, pos = nonfinite_case(mode)
+  assert_raw_bits(run_jax(mode, x, cache, pos, implementation), rope_qdq_oracle(x, cache, pos, *mode),
+                  f"{implementation} non-finite")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", [FP4_32, FP8_32, FP4_16], ids=str)
+@pytest.mark.parametrize("implementation", ["triton", "xla"])
+def test_gpu_int64_ids_outside_range_clamp(mode, implementation):
+  x, cache, ids, clamped = big_ids_case(mode)
+  with jax.enable_x64(True):
+    assert_bitwise(run_jax(mode, x, cache, ids, implementation), rope_qdq_oracle(x, cache, clamped, *mode),
+                   f"{implementation} int64 ids")
+
+
+@pytest.mark.gpu
+@settings(deadline=None, max_examples=50, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(nonfinite_inputs())
+def test_triton_nonfinite_properties(case):
+  _nonfinite_properties(lambda *a: run_jax(*a, "triton"), *case)

@@ -1,4 +1,8 @@
-"""Public tail RoPE + microscaled QDQ (SPEC section 4): validation and implementation dispatch."""
+"""Public tail RoPE + microscaled QDQ (SPEC section 4): validation and implementation dispatch.
+
+Numerics, non-finite inputs included, are in docs/NUMERICS.md ("Tail RoPE + QDQ:
+non-finite inputs"); the reference and the kernel follow them bit for bit.
+"""
 
 from __future__ import annotations
 
@@ -14,11 +18,19 @@ _CHOICES = ", ".join(f"(quantization={q!r}, group_size={g}, scale_format={s!r})"
 
 
 def _mode(quantization, group_size, scale_format) -> reference.Mode:
+  """The SPEC section 4 mode of the keywords; a wrong type is a TypeError, a wrong value a ValueError."""
+  for name, value, choices in (("quantization", quantization, "'fp4' or 'fp8'"),
+                               ("scale_format", scale_format, "'ue8m0' or 'e4m3'")):
+    if not isinstance(value, str):
+      raise TypeError(f"{name} must be a str ({choices}), got {type(value).__name__} {value!r}")
+  # bool is an int subclass and 32.0 == 32: both are refused rather than read as a size.
+  if isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer)):
+    raise TypeError(f"group_size must be an int (16 or 32), got {type(group_size).__name__} {group_size!r}")
   if quantization not in ("fp4", "fp8"):
     raise ValueError(f"quantization must be 'fp4' or 'fp8', got {quantization!r}")
   if scale_format not in ("ue8m0", "e4m3"):
     raise ValueError(f"scale_format must be 'ue8m0' or 'e4m3', got {scale_format!r}")
-  if isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer)) or group_size not in (16, 32):
+  if group_size not in (16, 32):
     raise ValueError(f"group_size must be 16 or 32, got {group_size!r}")
   key = (quantization, int(group_size), scale_format)
   if key not in reference.MODES:
@@ -68,16 +80,33 @@ def rope_qdq(x, cache, positions, *, quantization="fp4", group_size=32, scale_fo
   cache: [P, 64] float32, 32 cosines then 32 sines per position.
   positions: int32/int64; [N] (one per token, shared by its H heads) for the
     [N, H, 128] mode, else x.shape[:-1] or flat [prod(x.shape[:-1])] (one per row).
-    Ids must lie in [0, P); out-of-range ids are clamped (never read out of bounds).
+    Ids should lie in [0, P); others read the nearest row (negative ids row 0, ids >= P
+    row P - 1, int64 ids of 2**31 and more included: clamped, never wrapped).
+  quantization, group_size, scale_format: one row of the table above ("fp4"/"fp8" str,
+    16/32 int, "ue8m0"/"e4m3" str); a wrong type raises TypeError, a wrong value ValueError.
   implementation: None (Triton on a supported GPU, else XLA), "triton" or "xla".
 
   Returns a new bf16 array shaped like x. Functional; under
   ``jax.jit(..., donate_argnums=0)`` the Triton path writes into x's buffer.
-  Inputs are assumed finite (as in the vendor contract).
+
+  Non-finite inputs (docs/NUMERICS.md), the same bits on every path: the rotation
+  follows IEEE (``Inf * 0`` and ``Inf - Inf`` give NaN, overflow gives +-Inf). A group
+  holding a NaN (from x, the cache row or the rotation) is NaN throughout, written as
+  the canonical BF16 NaN 0x7FC0; no NaN reaches another group. +-Inf counts as the
+  largest finite FP32 value for the group amax (scale 2**126 for fp4/UE8M0, 2**120 for
+  fp8/UE8M0, 448 for E4M3) and quantizes to +-limit * scale: +-Inf in the UE8M0 modes
+  (the product overflows), +-2688 in the E4M3 mode.
   """
   mode = _mode(quantization, group_size, scale_format)
   check_arrays(x, cache, positions, mode)
+  if implementation is not None and not isinstance(implementation, str):
+    raise TypeError(f"implementation must be None, 'triton' or 'xla', got {type(implementation).__name__} "
+                    f"{implementation!r}")
   dispatch.check_implementation(implementation)
+  if isinstance(positions, np.ndarray) and positions.dtype == np.int64:
+    # Without jax_enable_x64, jnp.asarray narrows int64 to int32 by wrapping (2**32 + 3 -> 3):
+    # host ids are clamped into [0, P) first, as the device paths clamp theirs.
+    positions = np.clip(positions, 0, cache.shape[0] - 1).astype(np.int32)
   x, cache, positions = jnp.asarray(x), jnp.asarray(cache), jnp.asarray(positions)
   impl = dispatch.resolve(implementation)
   if x.size == 0:

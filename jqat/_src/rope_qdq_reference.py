@@ -46,6 +46,22 @@ exact, comparisons, and integer logic on the FP32 bit patterns:
   (exponent field, plus one if the mantissa is non-zero), and scales, their
   multiples and all rounding boundaries are built as bit patterns.
 
+Non-finite values (the rule is in docs/NUMERICS.md): NaN and Inf would break
+the error-free transforms (``Inf - Inf`` inside TwoSum), so a pair with a NaN or
+Inf among ``a, b, cos, sin`` takes a separate path: every term of both FMAs then
+involves a non-finite value, and the IEEE result (NaN or +-Inf) follows from the
+special products decided on the bits. Pairs with a member of ``2**64`` or more
+are rotated at ``2**-64`` their size, so a result past the FP32 range becomes
++-Inf on the way back instead of a NaN out of TwoSum; this is exact for cache
+values below ``2**60`` in magnitude (a separately rounded ``b * sin`` that
+overflows at full size is detected on the exponent bits), except that a partner
+below about ``2**-62`` is rounded onto the subnormal grid at the scaled size.
+The quantizer detects a NaN per group on the integer max of the magnitude
+patterns (NaN patterns lie above +Inf) and writes the canonical BF16 NaN
+``0x7FC0``; an infinite amax is clamped on the bits to the largest finite FP32
+value, and rounding boundaries past the FP32 range become a pattern above every
+finite BF16 value, so only an infinite element reaches the largest code.
+
 Quantization is division-free like :mod:`jqat.nvfp4`: with a power-of-two or
 E4M3 scale ``s`` every ``s * boundary`` is exact, so comparing ``|x|`` with it
 decides the same code as the correctly rounded quotient (XLA rewrites ``x / s``
@@ -95,6 +111,10 @@ _E4M3_MIDS = ((_E4M3_VALUES[:-1].astype(np.float64) + _E4M3_VALUES[1:]) / 2).ast
 
 _SIGN = np.int32(-2**31)
 _MAGNITUDE = np.int32(2**31 - 1)
+_INF = np.int32(0x7F800000)
+_FLT_MAX = np.int32(0x7F7FFFFF)  # largest finite FP32; no BF16 value equals it
+_ABOVE_BF16 = _FLT_MAX
+NAN_BF16 = 0x7FC0  # the one NaN pattern of the outputs: canonical positive quiet NaN
 
 
 def _bits(x):
@@ -124,17 +144,21 @@ def _const_bits(values):
   return np.asarray(values, np.float32).view(np.int32)
 
 
-def _times_pow2_bits(value_bits, k):
+def _times_pow2_bits(value_bits, k, overflow):
   """FP32 bits of ``value * 2**k`` for positive normal ``value`` (given by its bits) and int32 ``k``.
 
   Built from the exponent field, so a subnormal result is produced exactly
   (rather than flushed) as long as the shift drops no set bit, which holds for
-  the few-bit E2M1/E4M3 values and boundaries used here.
+  the few-bit E2M1/E4M3 values and boundaries used here. A result past the FP32
+  range gives the bits ``overflow``: ``_INF`` for a value (IEEE overflow of
+  ``q * s``), ``_ABOVE_BF16`` for a rounding boundary (above every finite BF16
+  value, below +Inf, so only an infinite element passes it).
   """
   biased = (value_bits >> 23) + k
   frac = value_bits & 0x7FFFFF
   subnormal = (frac | 0x800000) >> jnp.clip(1 - biased, 0, 31)
-  return jnp.where(biased >= 1, (biased << 23) | frac, subnormal)
+  normal = jnp.where(biased >= 1, (biased << 23) | frac, subnormal)
+  return jnp.where(biased >= 255, overflow, normal)
 
 
 # ----------------------------------------------------------------------------- RoPE
@@ -253,11 +277,12 @@ def _scale_down_bits(bits, k):
 
 
 _TINY = 2.0**-40
+_HUGE = 2.0**64
 _UP = 64
 
 
-def _scale_up_bf16(v):
-  """``v * 2**64`` exactly for BF16-valued FP32 ``v`` with ``|v| < 2**-40``, subnormal ``v`` included.
+def _scale_up(v):
+  """``v * 2**64`` for FP32 ``v``, subnormal ``v`` included; +-Inf past the FP32 range.
 
   On the bits: a normal ``v`` gets 64 added to its exponent field; a subnormal
   one (``frac * 2**-149``) is normalized with a count of leading zeros. No float
@@ -268,30 +293,79 @@ def _scale_up_bf16(v):
   top = 31 - lax.clz(frac)  # position of the leading 1 of frac (frac > 0 when used)
   # v = 2**(top - 149) * (frac / 2**top): biased exponent top - 149 + 64 + 127.
   subnormal = ((top + (_UP - 22)) << 23) | ((frac << (23 - jnp.maximum(top, 0))) & 0x7FFFFF)
-  normal = bits + (_UP << 23)
-  exp_zero = (bits & 0x7F800000) == 0
-  scaled = jnp.where(exp_zero, jnp.where(frac == 0, np.int32(0), subnormal) | (bits & _SIGN), normal)
+  exponent = (bits & 0x7F800000) >> 23
+  normal = jnp.where(exponent + _UP >= 255, _INF | (bits & _SIGN), bits + (_UP << 23))
+  scaled = jnp.where(exponent == 0, jnp.where(frac == 0, np.int32(0), subnormal) | (bits & _SIGN), normal)
   return _float(scaled)
+
+
+def _special_product(x, y):
+  """IEEE ``x * y`` when ``x`` or ``y`` is NaN or +-Inf (NaN, or +-Inf; ``Inf * 0`` is NaN), else +0.
+
+  Decided on the bits: a float multiply on a CPU that treats subnormal inputs as
+  zero would turn ``Inf * subnormal`` into NaN.
+  """
+  mx, my = _bits(x) & _MAGNITUDE, _bits(y) & _MAGNITUDE
+  nan = (mx > _INF) | (my > _INF) | ((mx == _INF) & (my == 0)) | ((my == _INF) & (mx == 0))
+  inf = jnp.where((mx == _INF) | (my == _INF), _INF | ((_bits(x) ^ _bits(y)) & _SIGN), np.int32(0))
+  return _float(jnp.where(nan, np.int32(NAN_BF16 << 16), inf))
+
+
+def _special_rope(a, b, cos, sin):
+  """The IEEE rotation of a pair with a NaN or +-Inf among ``a, b, cos, sin``: both results are NaN or +-Inf.
+
+  Every term involves all four inputs, so a non-finite one makes both FMAs
+  non-finite, and their values follow from the special products alone: a finite
+  exact product ``a * cos`` does not change an infinite sum, so it enters as 0.
+  The separately rounded ``b * sin`` is an IEEE multiply where both are finite
+  (it may overflow to Inf, as specified).
+  """
+  def rounded_product(x, y):
+    finite = ((_bits(x) & _MAGNITUDE) < _INF) & ((_bits(y) & _MAGNITUDE) < _INF)
+    return jnp.where(finite, x * y, _special_product(x, y))
+
+  real = _special_product(a, cos) + _negate(rounded_product(b, sin))
+  imag = _special_product(b, cos) + rounded_product(a, sin)
+  return real, imag
 
 
 def rope(a, b, cos, sin):
   """The rotated pair ``(bf16(fma(a, cos, -(b*sin))), bf16(fma(b, cos, a*sin)))`` as FP32 bit patterns (int32).
 
-  a, b: [...] FP32 holding BF16 values; cos, sin: [...] FP32.
+  a, b: [...] FP32 holding BF16 values; cos, sin: [...] FP32. IEEE semantics for
+  NaN and +-Inf inputs and for results that overflow (to +-Inf).
   """
   # Pairs that are both tiny are rotated at 2**64 their size, so that products and
-  # error terms stay normal; the results are scaled back on the bits. The test is an
-  # integer compare of the magnitudes (subnormal a or b count as tiny, as they are).
+  # error terms stay normal; pairs with a huge member at 2**-64 their size, so that
+  # nothing overflows before the one rounding. The results are scaled back on the bits.
+  # The tests are integer compares of the magnitudes (subnormal a or b count as tiny, as
+  # they are; NaN and Inf take the special path below).
   tiny_bits = np.int32(np.float32(_TINY).view(np.int32))
-  tiny = jnp.maximum(_bits(a) & _MAGNITUDE, _bits(b) & _MAGNITUDE) < tiny_bits
-  a = jnp.where(tiny, _scale_up_bf16(a), a)
-  b = jnp.where(tiny, _scale_up_bf16(b), b)
-  real = _fma(a, cos, _negate(_round_product(b, sin)))
-  imag = _fma(b, cos, _round_product(a, sin))
+  huge_bits = np.int32(np.float32(_HUGE).view(np.int32))
+  big = jnp.maximum(_bits(a) & _MAGNITUDE, _bits(b) & _MAGNITUDE)
+  tiny = big < tiny_bits
+  huge = big >= huge_bits
+  down = lambda v: _float(_scale_down_bits(_bits(v), np.int32(_UP)) | _sign_bits(v))
+  a_s = jnp.where(tiny, _scale_up(a), jnp.where(huge, down(a), a))
+  b_s = jnp.where(tiny, _scale_up(b), jnp.where(huge, down(b), b))
+  minus_b_sin, a_sin = _negate(_round_product(b_s, sin)), _round_product(a_s, sin)
+  real = _fma(a_s, cos, minus_b_sin)
+  imag = _fma(b_s, cos, a_sin)
   k = jnp.where(tiny, np.int32(_UP), np.int32(0))
-  # The sign bit of the FMA result (decided on the bits above for zeros) is carried
-  # through unchanged: scaling back and rounding to BF16 act on the magnitude.
-  return tuple(_round_bf16_bits(_scale_down_bits(_bits(v), k) | _sign_bits(v)) for v in (real, imag))
+  special_real, special_imag = _special_rope(a, b, cos, sin)
+  finite = ((jnp.maximum(big, jnp.maximum(_bits(cos) & _MAGNITUDE, _bits(sin) & _MAGNITUDE))) < _INF)
+
+  def back(v, term, special):
+    # The sign bit of the FMA result (decided on the bits above for zeros) is carried
+    # through unchanged: scaling back and rounding to BF16 act on the magnitude. A huge
+    # pair's separately rounded product that overflows at full size (a cache value above 1)
+    # is +-Inf there, and so is the FMA it feeds, whose exact product term is finite.
+    scaled = jnp.where(huge, _bits(_scale_up(v)), _scale_down_bits(_bits(v), k) | _sign_bits(v))
+    term_overflows = huge & (((_bits(term) >> 23) & 0xFF) + _UP >= 255)
+    scaled = jnp.where(term_overflows, _INF | _sign_bits(term), scaled)
+    return _round_bf16_bits(jnp.where(finite, scaled, _bits(special)))
+
+  return back(real, minus_b_sin, special_real), back(imag, a_sin, special_imag)
 
 
 # ------------------------------------------------------------------------ quantization
@@ -321,9 +395,9 @@ def _e2m1_pow2(ax_bits, k):
   """
   code = jnp.zeros(ax_bits.shape, jnp.int32)
   for i, bound in enumerate(_const_bits(_E2M1_BOUNDS)):
-    edge = _times_pow2_bits(jnp.int32(bound), k)
+    edge = _times_pow2_bits(jnp.int32(bound), k, _ABOVE_BF16)
     code = code + ((ax_bits > edge) | ((ax_bits == edge) & (i % 2 == 1))).astype(jnp.int32)
-  out = _times_pow2_bits(jnp.asarray(_const_bits(_E2M1_VALUES))[code], k)
+  out = _times_pow2_bits(jnp.asarray(_const_bits(_E2M1_VALUES))[code], k, _INF)
   return jnp.where(code == 0, 0, out)
 
 
@@ -334,10 +408,10 @@ def _e4m3_pow2(ax_bits, k):
   for step in (64, 32, 16, 8, 4, 2, 1):
     cand = count + step
     j = jnp.minimum(cand, len(_E4M3_MIDS)) - 1  # midpoint between codes j and j + 1
-    edge = _times_pow2_bits(mids[j], k)
+    edge = _times_pow2_bits(mids[j], k, _ABOVE_BF16)
     past = (ax_bits > edge) | ((ax_bits == edge) & ((j & 1) == 1))  # a tie goes to the even code
     count = jnp.where((cand <= len(_E4M3_MIDS)) & past, cand, count)
-  out = _times_pow2_bits(jnp.asarray(_const_bits(_E4M3_VALUES))[count], k)
+  out = _times_pow2_bits(jnp.asarray(_const_bits(_E4M3_VALUES))[count], k, _INF)
   return jnp.where(count == 0, 0, out)
 
 
@@ -346,10 +420,14 @@ def qdq(bits, mode: Mode):
   bits = bits.reshape(bits.shape[:-1] + (-1, mode.group))
   ax_bits = bits & _MAGNITUDE
   sign = bits & _SIGN
-  # amax as an integer max of the magnitude patterns (they order like the values), the
-  # floor applied on the bits: exact, and blind to a flush of subnormals.
+  # amax as an integer max of the magnitude patterns (they order like the values, and every
+  # NaN pattern lies above +Inf): exact, blind to a flush of subnormals, and it cannot drop a
+  # NaN the way a float max may. An infinite amax counts as the largest finite FP32 value
+  # (the scale of any huge group); the floor is applied on the bits too.
   floor_bits = np.int32(np.float32(mode.floor).view(np.int32))
-  amax = _float(jnp.maximum(jnp.max(ax_bits, axis=-1, keepdims=True), floor_bits))
+  amax_bits = jnp.max(ax_bits, axis=-1, keepdims=True)
+  has_nan = amax_bits > _INF
+  amax = _float(jnp.clip(amax_bits, floor_bits, _FLT_MAX))
   if mode.e4m3_scale:
     # nvfp4's E4M3 scale is e4m3(max(amax / 6, 2**-9)): the same value as with the floor
     # 6 * 2**-9 applied first, since fl(amax / 6) >= 2**-9 iff amax >= 6 * 2**-9. It is a
@@ -364,7 +442,9 @@ def qdq(bits, mode: Mode):
     out = (_e4m3_pow2 if mode.fp8 else _e2m1_pow2)(ax_bits, k)
   # The values have at most 6 significant bits, so the top half of the FP32 pattern is
   # the exact BF16 pattern, subnormals included; the input's sign (zeros too) is set back.
-  out = lax.shift_right_logical(out | sign, np.int32(16)).astype(jnp.uint16)
+  # A group holding a NaN is NaN throughout, with the one canonical pattern.
+  out = jnp.where(has_nan, np.int32(NAN_BF16 << 16), out | sign)
+  out = lax.shift_right_logical(out, np.int32(16)).astype(jnp.uint16)
   return lax.bitcast_convert_type(out, jnp.bfloat16).reshape(bits.shape[:-2] + (-1,))
 
 
@@ -372,13 +452,14 @@ def qdq(bits, mode: Mode):
 def rope_qdq(x, cache, row_positions, mode: Mode):
   """Reference of the fused op on validated inputs.
 
-  x: [R, width] bf16; cache: [P, 64] fp32; row_positions: [R] int (one per row,
-  clamped into [0, P) like the kernel's reads). Returns [R, width] bf16.
+  x: [R, width] bf16; cache: [P, 64] fp32; row_positions: [R] int32/int64 (one per row,
+  clamped into [0, P) like the kernel's reads, in their own dtype: an int64 id of 2**31 or
+  more reads row P - 1, never a wrapped one). Returns [R, width] bf16.
   """
   # BF16 -> FP32 on the bits (the BF16 pattern is the top half of the FP32 one): no
   # float convert in the graph for an excess-precision rule to touch.
   x_bits = lax.bitcast_convert_type(x, jnp.uint16).astype(jnp.int32) << 16
-  pos = jnp.clip(row_positions.astype(jnp.int32), 0, cache.shape[0] - 1)
+  pos = jnp.clip(row_positions, 0, cache.shape[0] - 1).astype(jnp.int32)
   rows = cache[pos]  # [R, 64]
   tail = _float(x_bits[:, -ROPE_CHANNELS:]).reshape(-1, ROPE_CHANNELS // 2, 2)
   real, imag = rope(tail[..., 0], tail[..., 1], rows[:, :32], rows[:, 32:])

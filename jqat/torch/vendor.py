@@ -307,6 +307,8 @@ class RopeQDQInplace:
     if x.numel() == 0:
       return
     if x.device.type == "cpu":
+      # JAX without x64 narrows int64 by wrapping: clamp into [0, P) first, as the kernel does.
+      positions = positions.clamp(0, cache.shape[0] - 1).to(torch.int32)
       out = jqat.rope_qdq(tt.to_jax(x), tt.to_jax(cache), tt.to_jax(positions), quantization=self.quantization,
                           group_size=self.group_size, scale_format=self.scale_format, implementation="xla")
       x.copy_(tt.from_jax(out))
