@@ -9,8 +9,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-LOG2E = 1.4426950408889634  # the softmax runs on exp2 with log2(e) folded into the scale
-LN2 = 0.6931471805599453
+LOG2E = tl.constexpr(1.4426950408889634)  # the softmax runs on exp2 with log2(e) folded into the scale
+LN2 = tl.constexpr(0.6931471805599453)
 
 
 def dot_flags(dtype_name: str, interpret: bool = False) -> dict:

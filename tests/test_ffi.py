@@ -490,7 +490,8 @@ def test_disk_cache_serves_a_new_gpu_process(tmp_path):
 
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   env = {k: v for k, v in os.environ.items() if k != "TRITON_CACHE_DIR"}
-  env.update(JQAT_CACHE_DIR=str(tmp_path), PYTHONPATH=repo, TRITON_INTERPRET="0")
+  path = os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))  # keep where jax-triton lives
+  env.update(JQAT_CACHE_DIR=str(tmp_path), PYTHONPATH=path, TRITON_INTERPRET="0")
 
   def child(name):
     out = subprocess.run([sys.executable, "-c", _GPU_CHILD, str(tmp_path / name)], env=env, capture_output=True,

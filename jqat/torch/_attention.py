@@ -207,10 +207,10 @@ def attention(q, k, v, is_causal=False, scale=None, enable_gqa=False, *, block_n
   (a ``torch.library`` custom op with a registered backward), so ``torch.compile`` traces
   through it without a graph break.
   """
+  # Plain values only on this path: torch.compile traces it, and dynamo does not build dataclasses.
   check_inputs(q, k, v, enable_gqa=validate.flag("enable_gqa", enable_gqa))
-  config = validate.qat_config(quantize_qkv, quantize_p, high_precision_delta, quantize_p_backward)
-  opts = validate.attention_options(scale_value=scale, is_causal=is_causal, block_n_value=block_n,
-                                    head_dim=q.shape[-1], config=config)
-  c = opts.config
-  return attention_fwd_op(q, k, v, opts.scale, opts.is_causal, opts.block_n, c.quantize_qkv, c.quantize_p,
-                          c.high_precision_delta, c.quantize_p_backward)[0]
+  switches = [validate.flag(name, value) for name, value in (
+      ("quantize_qkv", quantize_qkv), ("quantize_p", quantize_p), ("high_precision_delta", high_precision_delta),
+      ("quantize_p_backward", quantize_p_backward))]
+  return attention_fwd_op(q, k, v, validate.scale(scale, q.shape[-1]), validate.flag("is_causal", is_causal),
+                          validate.block_n(block_n), *switches)[0]
