@@ -51,8 +51,9 @@ def _fill(value, shape, *like):
 
   Inside ``shard_map`` a scan carry must have one type at input and output; the body's
   output varies with the inputs, so a constant initial carry (device-invariant) is rejected.
-  ``zeros_like`` inherits the varying axes on every jax version that checks them, and adding
-  zero keeps the fill value (even -inf) while taking the union of the axes.
+  ``zeros_like`` gives its result the varying axes of its argument (no version-specific
+  ``pvary``/``pcast`` call needed), and adding zero keeps the fill value (even -inf) while
+  taking the union of the axes.
   """
   out = jnp.full(shape, value, jnp.float32)
   for x in like:
