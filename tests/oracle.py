@@ -146,7 +146,9 @@ def attention_grad_oracle(do, q, k, v, o_for_delta, lse, *, scale, is_causal, qu
     vis = _visible(tq, tk, is_causal)
     s = scale * np.einsum("bqnd,bknd->bnqk", q, kr)
     with np.errstate(invalid="ignore"):
-        p = np.where(vis & np.isfinite(lse)[..., None], np.exp(s - np.where(np.isfinite(lse), lse, 0)[..., None]), 0.0)
+        # Only lse = -inf means "the row sees no key"; a NaN lse must reach P.
+        sees = (lse != -np.inf)[..., None]
+        p = np.where(vis & sees, np.exp(s - np.where(sees, lse[..., None], 0)), 0.0)
     delta = np.einsum("bqnd,bqnd->bnq", o, do)[..., None]
     dp = np.einsum("bqnd,bknd->bnqk", do, vr)
     ds = _bf16_round(p * (dp - delta))
@@ -156,3 +158,74 @@ def attention_grad_oracle(do, q, k, v, o_for_delta, lse, *, scale, is_causal, qu
     dv = np.einsum("bnqk,bqnd->bknd", pq, do)
     fold = lambda x: x.reshape(b, tk, kh, g, d).sum(axis=3)
     return dq, fold(dk), fold(dv)
+
+
+# NaN positions, derived from the dependency structure of SPEC section 3 with booleans only
+# (no arithmetic): an output is NaN iff some term of its formula over visible (query, key)
+# pairs is NaN (IEEE: NaN * 0 is NaN). Masked pairs contribute no term at all.
+
+
+def _nan_blocks(x, axis=-1, mask=None):
+    """fq's NaN rule on a bool array: a NaN among a block's valid elements makes its valid elements NaN."""
+    x = np.moveaxis(np.asarray(x, bool), axis, -1)
+    valid = np.ones(x.shape, bool) if mask is None else np.moveaxis(np.broadcast_to(mask, x.shape), axis, -1)
+    n = x.shape[-1]
+    pad = [(0, 0)] * (x.ndim - 1) + [(0, -n % 16)]
+    xb, vb = np.pad(x & valid, pad), np.pad(valid, pad)
+    blocks = xb.reshape(xb.shape[:-1] + (-1, 16)).any(-1, keepdims=True)
+    out = np.broadcast_to(blocks, blocks.shape[:-1] + (16,)).reshape(xb.shape) & vb
+    return np.moveaxis(out[..., :n], -1, axis)
+
+
+def _hits(spec, a, b):
+    """Boolean einsum: True where some product term pairs two Trues."""
+    return np.einsum(spec, np.asarray(a, np.int64), np.asarray(b, np.int64)) > 0
+
+
+def _nan_scores(q_nan, k_nan, is_causal, quantize_qkv):
+    """NaN masks of fq(Q), fq(K) [B, T, heads, D], K per query head, and of the scores [B, N, Tq, Tk]."""
+    if quantize_qkv:
+        q_nan, k_nan = _nan_blocks(q_nan), _nan_blocks(k_nan)
+    g = q_nan.shape[2] // k_nan.shape[2]
+    kr = np.repeat(k_nan, g, axis=2)
+    vis = _visible(q_nan.shape[1], k_nan.shape[1], is_causal)
+    s = vis & (q_nan.any(-1).transpose(0, 2, 1)[..., :, None] | kr.any(-1).transpose(0, 2, 1)[..., None, :])
+    return q_nan, kr, vis, s
+
+
+def attention_nan_oracle(q_nan, k_nan, v_nan, *, is_causal, quantize_qkv=True):
+    """Where the forward's O and O' ([B, Tq, N, D]) and lse ([B, N, Tq]) are NaN, given input NaN masks.
+
+    A NaN score of a visible key poisons its row's running max, hence the whole row of O,
+    O' and lse; a NaN in fq(V) reaches the channels it sits in, for every row that sees its key.
+    """
+    _, _, vis, s = _nan_scores(q_nan, k_nan, is_causal, quantize_qkv)
+    v_nan = _nan_blocks(v_nan) if quantize_qkv else np.asarray(v_nan, bool)
+    vr = np.repeat(v_nan, q_nan.shape[2] // v_nan.shape[2], axis=2)
+    row = s.any(-1)  # [B, N, Tq]
+    o = row.transpose(0, 2, 1)[..., None] | _hits("qk,bknd->bqnd", vis, vr)
+    return o, row
+
+
+def attention_grad_nan_oracle(do_nan, q_nan, k_nan, v_nan, o_nan, lse_nan, *, is_causal, quantize_qkv=True,
+                              quantize_p_backward=True):
+    """Where the backward's dQ [B, Tq, N, D], dK and dV [B, Tk, K, D] are NaN, given input NaN masks.
+
+    o_nan: NaN mask of the output used for delta; lse_nan: [B, N, Tq].
+    """
+    qh, kr, vis, s = _nan_scores(q_nan, k_nan, is_causal, quantize_qkv)
+    v_nan = _nan_blocks(v_nan) if quantize_qkv else np.asarray(v_nan, bool)
+    b, tq, n, d = qh.shape
+    tk, kh = v_nan.shape[1], v_nan.shape[2]
+    vr = np.repeat(v_nan, n // kh, axis=2)
+    rows = lambda x: x.any(-1).transpose(0, 2, 1)  # [B, T, N, D] -> [B, N, T]
+    p = vis & (s | np.asarray(lse_nan, bool)[..., None])
+    delta = rows(np.asarray(o_nan, bool) | do_nan)
+    dp = rows(do_nan)[..., :, None] | rows(vr)[..., None, :]
+    ds = vis & (p | dp | delta[..., None])
+    dq = ds.any(-1).transpose(0, 2, 1)[..., None] | _hits("qk,bknd->bqnd", vis, kr)
+    dk = ds.any(-2).transpose(0, 2, 1)[..., None] | _hits("qk,bqnd->bknd", vis, qh)
+    pq = _nan_blocks(p, mask=np.broadcast_to(vis, p.shape)) if quantize_p_backward else p
+    dv = pq.any(-2).transpose(0, 2, 1)[..., None] | _hits("qk,bqnd->bknd", vis, do_nan)
+    fold = lambda x: np.broadcast_to(x, (b, tk, n, d)).reshape(b, tk, kh, n // kh, d).any(3)
+    return np.broadcast_to(dq, (b, tq, n, d)), fold(dk), fold(dv)

@@ -1,5 +1,6 @@
 """The pure-JAX QAT attention (the "xla" implementation) against a float64 NumPy re-derivation of SPEC section 3."""
 
+import functools
 import math
 
 import jax
@@ -202,3 +203,56 @@ def test_dtype_validation_and_triton_request_without_gpu():
   if jax.default_backend() == "cpu":
     with pytest.raises(RuntimeError, match="implementation='triton' cannot run here"):
       jqat.attention(x, x, x, implementation="triton")
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_backward_tiling_only_reorders_dq_sums(is_causal):
+  """block_k = 16 (five tiles, the last one partial) against one tile holding every key: dK and dV
+  of a key come from its own tile either way, dQ differs by FP32 summation order only."""
+  from jqat._src import attention_reference as reference
+
+  q, k, v, do = _inputs((1, 40, 70, 4, 2, 32), seed=13)
+  _, out_hp, lse = jqat.attention_forward(q, k, v, is_causal=is_causal, implementation="xla")
+  run = lambda block_k: jax.jit(functools.partial(reference.backward, scale=0.2, is_causal=is_causal,
+                                                  cfg=jqat.QATConfig(), block_k=block_k))(do, q, k, v, out_hp, lse)
+  tiled, untiled = run(16), run(80)
+  for name, a, b in zip(("dQ", "dK", "dV"), tiled, untiled):
+    assert_reordered_equal(a, b, name=f"{name} tiled vs untiled")
+  with pytest.raises(ValueError, match="block_k must be a positive multiple of 16, got 24"):
+    run(24)
+
+
+def test_backward_memory_is_linear_in_sequence_length():
+  """The compiled grad holds O(T) temporaries: far below one FP32 [Tq, Tk] array at T = 4096, and
+  doubling T doubles them (a [Tq, Tk] intermediate would quadruple)."""
+  loss = lambda q, k, v: jqat.attention(q, k, v, is_causal=True, implementation="xla").astype(jnp.float32).sum()
+
+  def temp_bytes(t):
+    x = jax.ShapeDtypeStruct((1, t, 1, 64), jnp.bfloat16)
+    analysis = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(x, x, x).compile().memory_analysis()
+    return analysis.temp_size_in_bytes
+
+  t = 4096
+  small, large = temp_bytes(t), temp_bytes(2 * t)
+  assert small < t * t * 4 / 2, f"{small} temp bytes at T={t}"
+  assert large < 2.2 * small, f"temp bytes {small} at T={t} but {large} at T={2 * t}"
+
+
+@pytest.mark.parametrize("shape", [  # (B, Tq, Tk, N, K, D)
+    (0, 5, 7, 2, 1, 16), (1, 0, 7, 2, 1, 16), (1, 5, 0, 2, 1, 16), (2, 5, 7, 0, 1, 16), (0, 0, 0, 0, 1, 16)])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_zero_sizes(shape, is_causal):
+  """Empty in, empty out; with no keys (Tk = 0) every row sees nothing: O = O' = 0, lse = -inf, dQ = 0."""
+  b, tq, tk, n, _, _ = shape
+  q, k, v, do = _inputs(shape, seed=2)
+  out, out_hp, lse = jqat.attention_forward(q, k, v, is_causal=is_causal, implementation="xla")
+  assert (out.shape, out_hp.shape, lse.shape) == (q.shape, q.shape, (b, n, tq))
+  loss = lambda q, k, v: jnp.sum(jqat.attention(q, k, v, is_causal=is_causal, implementation="xla").astype(
+      jnp.float32) * do.astype(jnp.float32))
+  dq, dk, dv = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+  assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
+  if tk == 0:
+    assert (np.asarray(out, np.float32) == 0).all() and (np.asarray(out_hp, np.float32) == 0).all()
+    assert (np.asarray(lse) == -np.inf).all() and (np.asarray(dq, np.float32) == 0).all()
+  if n == 0:  # K/V heads that no query head reads get zero gradients
+    assert (np.asarray(dk, np.float32) == 0).all() and (np.asarray(dv, np.float32) == 0).all()

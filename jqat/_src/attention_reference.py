@@ -3,11 +3,17 @@
 Layout BTNH: query [B, Tq, N, D], key/value [B, Tk, K, D], N % K == 0.
 The forward walks KV tiles of ``block_n`` keys exactly as the kernel does,
 because the quantized probabilities depend on the running max at each tile.
+The backward walks KV tiles too (of ``block_k`` keys), so both directions
+hold O(Tq * tile) intermediates instead of [B, N, Tq, Tk] arrays.
+
+NaN is never hidden: a NaN in any input reaches every output that depends on
+it, and no other. Masked (query, key) pairs contribute exactly nothing, not
+``0 * NaN``; only ``lse == -inf`` means "this row sees no key".
+Zero-size B, Tq, Tk or N give empty results (Tk = 0: O = O' = 0, lse = -inf).
 """
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -15,6 +21,7 @@ from ffi.options import QATConfig
 from jqat import nvfp4
 
 _HI = lax.Precision.HIGHEST
+BACKWARD_BLOCK_K = 128  # keys per backward tile: bounds its [B, K, G, Tq, block] intermediates
 
 
 def _bf16(x):
@@ -23,9 +30,30 @@ def _bf16(x):
   return lax.reduce_precision(x, exponent_bits=8, mantissa_bits=7)
 
 
+def _fq(x, axis=-1, mask=None):
+  # A zero-size array has no block to quantize (and nvfp4's blocking reshape cannot infer
+  # a dimension of an empty array).
+  return x if x.size == 0 else nvfp4.fake_quantize(x, axis=axis, mask=mask)
+
+
+def _fill(value, shape, *like):
+  """FP32 constant of ``shape`` typed as varying over every manual mesh axis ``like`` varies over.
+
+  Inside ``shard_map`` a scan carry must have one type at input and output; the body's
+  output varies with the inputs, so a constant initial carry (device-invariant) is rejected.
+  ``zeros_like`` gives its result the varying axes of its argument (no version-specific
+  ``pvary``/``pcast`` call needed), and adding zero keeps the fill value (even -inf) while
+  taking the union of the axes.
+  """
+  out = jnp.full(shape, value, jnp.float32)
+  for x in like:
+    out = out + jnp.zeros_like(x, jnp.float32, shape=())
+  return out
+
+
 def _inputs(q, k, v, cfg):
   """FP32 copies of Q, K, V (fake-quantized when enabled), Q grouped as [B, K, G, Tq, D]."""
-  fq = (lambda t: nvfp4.fake_quantize(t, axis=-1)) if cfg.quantize_qkv else (lambda t: t)
+  fq = _fq if cfg.quantize_qkv else (lambda t: t)
   b, tq, n, d = q.shape
   kh = k.shape[2]
   qh = fq(q).astype(jnp.float32).reshape(b, tq, kh, n // kh, d).transpose(0, 2, 3, 1, 4)
@@ -34,48 +62,79 @@ def _inputs(q, k, v, cfg):
   return qh, kt, vt
 
 
-def _visible(tq, key_idx, is_causal):
-  """[Tq, len(key_idx)] mask of keys a query row may see (top-left aligned causal)."""
-  rows = jnp.arange(tq)[:, None]
-  ok = key_idx[None, :] >= 0
-  return ok & (key_idx[None, :] <= rows) if is_causal else jnp.broadcast_to(ok, (tq, key_idx.shape[0]))
+def _tiles(x, block):
+  """[B, K, Tk, D] -> [n_tiles, B, K, block, D], keys padded with zeros to a whole tile."""
+  b, kh, tk, d = x.shape
+  n_tiles = -(-tk // block)
+  x = jnp.pad(x, ((0, 0), (0, 0), (0, n_tiles * block - tk), (0, 0)))
+  return x.reshape(b, kh, n_tiles, block, d).transpose(2, 0, 1, 3, 4)
+
+
+def _untile(y, tk):
+  """Inverse of :func:`_tiles` for per-key results: [n_tiles, B, K, block, D] -> [B, Tk, K, D]."""
+  n_tiles, b, kh, block, d = y.shape
+  return y.transpose(1, 0, 3, 2, 4).reshape(b, n_tiles * block, kh, d)[:, :tk]
+
+
+def _visible(tq, start, block, tk, is_causal):
+  """[Tq, block] mask of the tile's keys ``start + arange(block)`` that a query row may see.
+
+  Keys past Tk (padding) are never visible; causal masking is top-left aligned.
+  """
+  key_idx = start + jnp.arange(block)
+  ok = jnp.broadcast_to(key_idx[None, :] < tk, (tq, block))
+  return ok & (key_idx[None, :] <= jnp.arange(tq)[:, None]) if is_causal else ok
+
+
+def _dot(spec, a, b, visible):
+  """``einsum(spec, a, b)`` contracting a (query, key) axis along which ``a`` is exactly 0 where masked.
+
+  IEEE gives ``0 * NaN = NaN``, so a NaN in ``b`` at a masked pair would reach outputs that
+  do not depend on it. With ``visible`` ([Tq, block], broadcastable to ``a``), NaN in ``b``
+  counts only through visible pairs. None means no real pair is masked (padding keys are
+  zeros in every operand): the plain product is then already exact.
+  """
+  if visible is None:
+    return jnp.einsum(spec, a, b, precision=_HI)
+  nan = jnp.isnan(b)
+  out = jnp.einsum(spec, a, jnp.where(nan, 0.0, b), precision=_HI)
+  # 0/1 operands: exact at any matmul precision.
+  hits = jnp.einsum(spec, jnp.broadcast_to(visible, a.shape).astype(jnp.float32), nan.astype(jnp.float32))
+  return jnp.where(hits > 0, jnp.nan, out)
 
 
 def forward(q, k, v, *, scale, is_causal, block_n, cfg: QATConfig):
-  """Returns ``O [B,Tq,N,D]``, ``O' [B,Tq,N,D]`` (query dtype) and ``lse [B,N,Tq]`` FP32."""
+  """Returns ``O [B,Tq,N,D]``, ``O' [B,Tq,N,D]`` (query dtype) and ``lse [B,N,Tq]`` FP32.
+
+  Intermediates are O(Tq * block_n) per (batch, head): one KV tile at a time.
+  """
   b, tq, n, d = q.shape
   tk = k.shape[1]
   qh, kt, vt = _inputs(q, k, v, cfg)
-  n_tiles = -(-tk // block_n)
-  pad = n_tiles * block_n - tk
-  kt = jnp.pad(kt, ((0, 0), (0, 0), (0, pad), (0, 0)))
-  vt = jnp.pad(vt, ((0, 0), (0, 0), (0, pad), (0, 0)))
-  tiles_k = kt.reshape(b, kt.shape[1], n_tiles, block_n, d).transpose(2, 0, 1, 3, 4)
-  tiles_v = vt.reshape(b, vt.shape[1], n_tiles, block_n, d).transpose(2, 0, 1, 3, 4)
-  starts = jnp.arange(n_tiles) * block_n
 
   def step(carry, tile):
     m, l, acc, acc_hp = carry
     kb, vb, start = tile
-    key_idx = start + jnp.arange(block_n)
-    valid = _visible(tq, jnp.where(key_idx < tk, key_idx, -1), is_causal)
+    valid = _visible(tq, start, block_n, tk, is_causal)
     s = scale * jnp.einsum("bkgqd,bknd->bkgqn", qh, kb, precision=_HI)
     s = jnp.where(valid, s, -jnp.inf)
-    m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+    m_new = jnp.maximum(m, jnp.max(s, axis=-1))  # NaN in a visible score poisons the row
     m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # rows with nothing visible yet
     p_tilde = jnp.where(valid, jnp.exp(s - m_safe[..., None]), 0.0)
-    p_out = nvfp4.fake_quantize(p_tilde, axis=-1, mask=valid) if cfg.quantize_p else _bf16(p_tilde)
+    p_out = _fq(p_tilde, mask=valid) if cfg.quantize_p else _bf16(p_tilde)
     alpha = jnp.exp(m - m_safe)
     l = alpha * l + jnp.sum(p_tilde, axis=-1)
-    acc = alpha[..., None] * acc + jnp.einsum("bkgqn,bknd->bkgqd", p_out, vb, precision=_HI)
-    acc_hp = alpha[..., None] * acc_hp + jnp.einsum("bkgqn,bknd->bkgqd", _bf16(p_tilde), vb, precision=_HI)
+    guard = valid if is_causal else None
+    acc = alpha[..., None] * acc + _dot("bkgqn,bknd->bkgqd", p_out, vb, guard)
+    acc_hp = alpha[..., None] * acc_hp + _dot("bkgqn,bknd->bkgqd", _bf16(p_tilde), vb, guard)
     return (m_new, l, acc, acc_hp), None
 
   stats = qh.shape[:-1]
-  init = (jnp.full(stats, -jnp.inf, jnp.float32), jnp.zeros(stats, jnp.float32),
-          jnp.zeros(qh.shape, jnp.float32), jnp.zeros(qh.shape, jnp.float32))
-  (m, l, acc, acc_hp), _ = lax.scan(step, init, (tiles_k, tiles_v, starts))
-  empty = l == 0.0  # no visible key: O = O' = 0, lse = -inf
+  init = (_fill(-jnp.inf, stats, q, k, v), _fill(0.0, stats, q, k, v),
+          _fill(0.0, qh.shape, q, k, v), _fill(0.0, qh.shape, q, k, v))
+  starts = jnp.arange(-(-tk // block_n)) * block_n
+  (m, l, acc, acc_hp), _ = lax.scan(step, init, (_tiles(kt, block_n), _tiles(vt, block_n), starts))
+  empty = l == 0.0  # no visible key: O = O' = 0, lse = -inf (a NaN l is not empty)
   inv = jnp.where(empty, 0.0, 1.0 / jnp.where(empty, 1.0, l))[..., None]
   lse = jnp.where(empty, -jnp.inf, m + jnp.log(jnp.where(empty, 1.0, l)))
 
@@ -89,29 +148,47 @@ def forward(q, k, v, *, scale, is_causal, block_n, cfg: QATConfig):
   return to_btnh(acc * inv), to_btnh(acc_hp * inv), lse.reshape(b, n, tq)
 
 
-def backward(do, q, k, v, o_for_delta, lse, *, scale, is_causal, cfg: QATConfig):
+def backward(do, q, k, v, o_for_delta, lse, *, scale, is_causal, cfg: QATConfig, block_k=BACKWARD_BLOCK_K):
   """Gradients of SPEC section 3 given ``dO, Q, K, V``, the output used for delta and ``lse``.
 
+  do, o_for_delta: [B, Tq, N, D]; q: [B, Tq, N, D]; k, v: [B, Tk, K, D]; lse: [B, N, Tq] fp32.
   o_for_delta: O' (Attn-QAT) or O (the ``high_precision_delta=False`` ablation).
+  block_k: keys per tile (a multiple of 16), so fq(P)'s blocks of 16 keys stay at absolute
+    key indices. dK and dV of a key come from its own tile alone, so they do not depend on
+    block_k; dQ is accumulated tile by tile in FP32, so block_k changes its summation order
+    (reordering noise only).
   Returns dQ, dK, dV in the dtypes of q, k, v.
   """
+  if block_k <= 0 or block_k % 16:
+    raise ValueError(f"block_k must be a positive multiple of 16, got {block_k}")
   b, tq, n, d = q.shape
   tk, kh = k.shape[1], k.shape[2]
   g = n // kh
   qh, kt, vt = _inputs(q, k, v, cfg)
-  grp = lambda x: x.astype(jnp.float32).reshape(b, tq, kh, g, -1).transpose(0, 2, 3, 1, 4)
-  do_g, o_g = grp(do), grp(o_for_delta)
-  lse_g = lse.reshape(b, kh, g, tq)
-  valid = _visible(tq, jnp.arange(tk), is_causal)
-  s = scale * jnp.einsum("bkgqd,bknd->bkgqn", qh, kt, precision=_HI)
-  lse_safe = jnp.where(lse_g == -jnp.inf, 0.0, lse_g)[..., None]
-  p = jnp.where(valid & (lse_g[..., None] > -jnp.inf), jnp.exp(s - lse_safe), 0.0)
-  delta = jnp.sum(o_g * do_g, axis=-1, keepdims=True)
-  dp = jnp.einsum("bkgqd,bknd->bkgqn", do_g, vt, precision=_HI)
-  ds = _bf16(p * (dp - delta))
-  dq = scale * jnp.einsum("bkgqn,bknd->bkgqd", ds, kt, precision=_HI)
-  dk = scale * jnp.einsum("bkgqn,bkgqd->bknd", ds, qh, precision=_HI)
-  p_dv = nvfp4.fake_quantize(p, axis=-1, mask=valid) if cfg.quantize_p_backward else _bf16(p)
-  dv = jnp.einsum("bkgqn,bkgqd->bknd", p_dv, do_g, precision=_HI)
-  dq = dq.transpose(0, 3, 1, 2, 4).reshape(b, tq, n, d)
-  return dq.astype(q.dtype), dk.transpose(0, 2, 1, 3).astype(k.dtype), dv.transpose(0, 2, 1, 3).astype(v.dtype)
+  grp = lambda x: x.astype(jnp.float32).reshape(b, tq, kh, g, d).transpose(0, 2, 3, 1, 4)
+  do_g = grp(do)
+  delta = jnp.sum(grp(o_for_delta) * do_g, axis=-1, keepdims=True)
+  lse_g = lse.reshape(b, kh, g, tq)[..., None]
+  sees = lse_g != -jnp.inf  # only -inf means "sees no key"; a NaN lse must reach P
+  lse_safe = jnp.where(sees, lse_g, 0.0)
+  block = min(block_k, max(16, -(-tk // 16) * 16))  # no tile wider than the padded keys
+
+  def step(dq, tile):
+    kb, vb, start = tile
+    valid = _visible(tq, start, block, tk, is_causal)
+    guard = valid if is_causal else None
+    s = scale * jnp.einsum("bkgqd,bknd->bkgqn", qh, kb, precision=_HI)
+    p = jnp.where(valid & sees, jnp.exp(s - lse_safe), 0.0)
+    dp = jnp.einsum("bkgqd,bknd->bkgqn", do_g, vb, precision=_HI)
+    ds = _bf16(jnp.where(valid, p * (dp - delta), 0.0))
+    dq = dq + _dot("bkgqn,bknd->bkgqd", ds, kb, guard)
+    dk = scale * _dot("bkgqn,bkgqd->bknd", ds, qh, guard)
+    p_dv = _fq(p, mask=valid) if cfg.quantize_p_backward else _bf16(p)
+    dv = _dot("bkgqn,bkgqd->bknd", p_dv, do_g, guard)
+    return dq, (dk, dv)
+
+  starts = jnp.arange(-(-tk // block)) * block
+  dq, (dk, dv) = lax.scan(step, _fill(0.0, qh.shape, do, q, k, v, o_for_delta, lse),
+                          (_tiles(kt, block), _tiles(vt, block), starts))
+  dq = (scale * dq).transpose(0, 3, 1, 2, 4).reshape(b, tq, n, d)
+  return dq.astype(q.dtype), _untile(dk, tk).astype(k.dtype), _untile(dv, tk).astype(v.dtype)
