@@ -80,7 +80,9 @@ def scale(value, head_dim: int) -> float:
   """The softmax scale: ``None`` gives ``1/sqrt(head_dim)``; else a finite real number."""
   if value is None:
     return 1.0 / math.sqrt(head_dim) if head_dim else 1.0
-  if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+  if isinstance(value, (bool, np.bool_, str, bytes)):
+    raise TypeError(f"scale must be None or a real number, got {value!r} ({type(value).__name__})")
+  if not isinstance(value, numbers.Real):
     try:
       value = float(value)  # a concrete 0-d array
     except (TypeError, ValueError):
