@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-__all__ = ["BLOCK", "dequantize", "e2m1_code", "e4m3_block_scale", "fake_quantize", "quantize"]
+__all__ = ["BLOCK", "dequantize", "e2m1_code", "e4m3_block_scale", "fake_quantize", "qat_matmul", "quantize"]
 
 BLOCK = 16
 E2M1_MAX = 6.0
@@ -237,7 +237,9 @@ def dequantize(codes: jax.Array, scales: jax.Array, axis: int = -1, dtype=jnp.bf
   half = codes.shape[axis]
   expect = codes.shape[:axis] + (half * 2 // BLOCK,) + codes.shape[axis + 1 :]
   if half % (BLOCK // 2) or scales.shape != expect:
-    raise ValueError(f"dequantize: scales must have shape {expect} for codes of shape {codes.shape}, got {scales.shape}")
+    raise ValueError(
+        f"dequantize: scales must have shape {expect} for codes of shape {codes.shape}, got {scales.shape}"
+    )
   out_shape = codes.shape[:axis] + (half * 2,) + codes.shape[axis + 1 :]
   # Each byte repeated for its two elements (broadcast + reshape, no gather), then the
   # element's nibble selected by its parity.
@@ -262,3 +264,7 @@ def _normalize_axis(axis: int, ndim: int, fn: str) -> int:
   if not -ndim <= axis < ndim:
     raise ValueError(f"{fn}: axis must be in [-{ndim}, {ndim}), got {axis}")
   return axis % ndim
+
+
+# Re-exported here, at the end: qat_matmul's module uses this one's quantizer.
+from jqat._src.qat_matmul import qat_matmul

@@ -109,10 +109,13 @@ def test_interpret_mode(dtype, axis):
   check_all_three(dtype, axis, interpret=True)
 
 
-def _triton_modules(call, *args):
-  """The Triton IR modules Pallas builds for ``call`` lowered for CUDA: needs no GPU (the
-  lowering falls back to sm_90). Captured at jax's private lowering hook."""
+def compile_for_sm90(call, *args, tmp_path, **options):
+  """Lowers ``call`` for CUDA on any host (Pallas' Triton lowering falls back to sm_90 without a
+  GPU), captures the Triton IR at jax's private lowering hook and compiles it with Triton to an
+  sm_90 cubin. Returns the compiled kernel of each pallas_call."""
+  triton = pytest.importorskip("triton")
   from jax._src.pallas.triton import pallas_call_registration as registration
+  from triton.backends.compiler import GPUTarget
 
   captured = []
   lower = registration.lowering.lower_jaxpr_to_triton_module
@@ -127,7 +130,12 @@ def _triton_modules(call, *args):
     jax.jit(call).trace(*args).lower(lowering_platforms=("cuda",))
   finally:
     registration.lowering.lower_jaxpr_to_triton_module = lower
-  return captured
+  kernels = []
+  for i, module in enumerate(captured):
+    path = tmp_path / f"kernel{i}.ttir"
+    path.write_text(module)
+    kernels.append(triton.compile(str(path), target=GPUTarget("cuda", 90, 32), options=options))
+  return kernels
 
 
 @pytest.mark.parametrize("axis", [1, 0])
@@ -136,29 +144,30 @@ def test_triton_lowering_compiles_for_sm90(dtype, axis, tmp_path):
   """Pallas' Triton lowering accepts every primitive (it once failed on reduce_or) and Triton
   compiles the module to an sm_90 cubin. The Triton inside XLA on the GPU is a different build:
   this is evidence, the GPU tests are the proof."""
-  triton = pytest.importorskip("triton")
-  from triton.backends.compiler import GPUTarget
-
   params = {"compiler_params": plt.CompilerParams()}
   x = jax.ShapeDtypeStruct(SHAPE, dtype)
   calls = [(fq_call(dtype, axis, **params), (x,)), (quantize_call(dtype, axis, **params), (x,)),
            (dequantize_call(dtype, axis, **params), _packed_shapes(axis))]
-  for i, (call, args) in enumerate(calls):
-    [module] = _triton_modules(call, *args)
-    path = tmp_path / f"kernel{i}.ttir"
-    path.write_text(module)
-    compiled = triton.compile(str(path), target=GPUTarget("cuda", 90, 32))
-    assert compiled.asm["cubin"]
+  for call, args in calls:
+    [kernel] = compile_for_sm90(call, *args, tmp_path=tmp_path)
+    assert kernel.asm["cubin"]
 
 
 def test_mosaic_gpu_lowering_is_a_documented_error():
   """Mosaic GPU (jax 0.10) cannot express the per-block reduction (it reduces a strided register
   array only over all axes) nor estimate resources for a custom_jvp: lowering raises
-  NotImplementedError, as README and the nvfp4 docstring say."""
+  NotImplementedError, as the nvfp4 docstring says. A later jax may lower it; then the GPU test
+  below decides whether the result is right."""
   x = jax.ShapeDtypeStruct(SHAPE, jnp.float32)
   call = fq_call(jnp.float32, 1, compiler_params=plgpu.CompilerParams())
-  with pytest.raises(NotImplementedError):
-    jax.jit(call).trace(x).lower(lowering_platforms=("cuda",))
+  if jax.__version_info__ < (0, 11):
+    with pytest.raises(NotImplementedError):
+      jax.jit(call).trace(x).lower(lowering_platforms=("cuda",))
+  else:
+    try:
+      jax.jit(call).trace(x).lower(lowering_platforms=("cuda",))
+    except NotImplementedError:
+      pass
 
 
 @pytest.mark.gpu
