@@ -178,3 +178,15 @@ def test_gradients_on_gpu():
   d64 = dy.astype(np.float64)
   assert_within_accumulation(dx, d64 @ wq.T, np.abs(d64) @ np.abs(wq.T), n, sides=1, name="dx")
   assert_within_accumulation(dw, xq.T @ d64, np.abs(xq.T) @ np.abs(d64), m, sides=1, name="dw")
+
+
+def test_example_runs(capsys):
+  """examples/pallas_qat_linear.py: the in-kernel quantize matches, and QAT training lowers the loss."""
+  import runpy
+
+  path = __file__.replace("tests/test_qat_matmul.py", "examples/pallas_qat_linear.py")
+  runpy.run_path(path, run_name="__main__")
+  out = capsys.readouterr().out
+  assert "kernel quantize == nvfp4.quantize: True" in out
+  first, last = (float(v) for v in out.split("QAT MLP loss: ")[1].split(" after")[0].split(" -> "))
+  assert last < 0.5 * first
