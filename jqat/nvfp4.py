@@ -169,7 +169,7 @@ def fake_quantize(x: jax.Array, axis: int = -1, mask: jax.Array | None = None) -
 
   Gradient: the straight-through estimator, ``d out / d x`` is the identity at
   valid positions and 0 at masked-out ones (a ``jax.custom_jvp``, so it composes
-  with jit, vmap, grad and tracing inside a Pallas kernel body).
+  with jit, vmap, grad and tracing inside a Triton-lowered Pallas kernel body).
 
   Inside a ``pl.pallas_call`` body (Triton lowering) ``x.shape[axis]`` must be a
   multiple of 16: the partial-block path pads, which that lowering cannot express.
