@@ -117,8 +117,10 @@ def compile_for_sm90(call, *args, tmp_path, **options):
   from jax._src.pallas.triton import pallas_call_registration as registration
   from triton.backends.compiler import GPUTarget
 
+  lower = getattr(getattr(registration, "lowering", None), "lower_jaxpr_to_triton_module", None)
+  if lower is None:
+    pytest.skip("this jax has no lowering.lower_jaxpr_to_triton_module hook to capture the Triton IR")
   captured = []
-  lower = registration.lowering.lower_jaxpr_to_triton_module
 
   def capture(*a, **kw):
     result = lower(*a, **kw)
