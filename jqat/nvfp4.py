@@ -10,18 +10,25 @@ an E4M3 value, ``s * b`` is exact in FP32 for every E2M1 rounding boundary
 rounded quotient lands on such a boundary only when the input equals the
 product, so the comparisons decide the same codes as IEEE division would.
 
-Only elementwise ops, integer bit manipulation and reductions are used, with
-Python scalars as constants, so the functions also trace inside a user's
-``pl.pallas_call`` kernel body.
+Only elementwise ops, integer bit manipulation, reshapes that split or merge
+an axis and max/sum reductions are used, with Python scalars as constants, so
+the functions also work inside a user's ``pl.pallas_call`` kernel body: in
+interpret mode, and compiled with the Pallas Triton backend on NVIDIA GPUs
+(``compiler_params=plt.CompilerParams()``; ``x.shape[axis]`` a multiple of 16
+there). The Mosaic GPU backend cannot express them (jax 0.10: its reductions
+over one axis of a register array and its resource estimation of a
+``custom_jvp`` raise ``NotImplementedError`` when the kernel is lowered).
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-__all__ = ["BLOCK", "fake_quantize", "quantize", "dequantize", "e2m1_code", "e4m3_block_scale"]
+__all__ = ["BLOCK", "dequantize", "e2m1_code", "e4m3_block_scale", "fake_quantize", "qat_matmul", "quantize"]
 
 BLOCK = 16
 E2M1_MAX = 6.0
@@ -35,12 +42,25 @@ _E4M3_FINITE_CODES = 126  # positive finite codes 1..126 (2**-9 .. 448)
 
 
 def _e4m3_value(code):
-  """FP32 value of positive E4M3 code(s) in [1, 127) (int32 array)."""
+  """FP32 value of non-negative E4M3 code(s) in [0, 127] (int32 array; 127, the NaN code, gives 480)."""
   exp = code >> 3
   man = code & 7
   normal = lax.bitcast_convert_type(((exp + 120) << 23) | (man << 20), jnp.float32)
   subnormal = man.astype(jnp.float32) * 2.0**-9
   return jnp.where(exp == 0, subnormal, normal)
+
+
+def _e4m3_code(amax):
+  """E4M3 code (int32, 1..126) of ``e4m3(max(amax / 6, 2**-9))``; see :func:`e4m3_block_scale`."""
+  amax = amax.astype(jnp.float32)
+  count = jnp.zeros(amax.shape, jnp.int32)  # how many midpoints amax/6 is past
+  for step in (64, 32, 16, 8, 4, 2, 1):
+    cand = count + step
+    c = jnp.minimum(cand, _E4M3_FINITE_CODES - 1)
+    threshold = (_e4m3_value(c) + _e4m3_value(c + 1)) * 0.5 * 6.0  # exact
+    past = (amax > threshold) | ((amax == threshold) & ((c & 1) == 1))
+    count = jnp.where((cand < _E4M3_FINITE_CODES) & past, cand, count)
+  return count + 1
 
 
 def e4m3_block_scale(amax):
@@ -51,15 +71,7 @@ def e4m3_block_scale(amax):
   ``amax > 6 * m`` (or equal, when ``c + 1`` has an even mantissa). Below the
   first midpoint the scale is the floor 2**-9; +Inf saturates to 448.
   """
-  amax = amax.astype(jnp.float32)
-  count = jnp.zeros(amax.shape, jnp.int32)  # how many midpoints amax/6 is past
-  for step in (64, 32, 16, 8, 4, 2, 1):
-    cand = count + step
-    c = jnp.minimum(cand, _E4M3_FINITE_CODES - 1)
-    threshold = (_e4m3_value(c) + _e4m3_value(c + 1)) * 0.5 * 6.0  # exact
-    past = (amax > threshold) | ((amax == threshold) & ((c & 1) == 1))
-    count = jnp.where((cand < _E4M3_FINITE_CODES) & past, cand, count)
-  return _e4m3_value(count + 1)
+  return _e4m3_value(_e4m3_code(amax))
 
 
 def e2m1_code(x, scale):
@@ -78,58 +90,104 @@ def e2m1_code(x, scale):
   return code, mag
 
 
-def _blocked(x, axis, mask):
-  """Moves ``axis`` last, pads it to a multiple of 16 and splits it into blocks."""
-  valid = jnp.ones(x.shape, bool) if mask is None else jnp.broadcast_to(mask, x.shape)
-  x = jnp.moveaxis(x, axis, -1)
-  valid = jnp.moveaxis(valid, axis, -1)
-  n = x.shape[-1]
-  pad = -n % BLOCK
-  if pad:
-    widths = [(0, 0)] * (x.ndim - 1) + [(0, pad)]
-    x = jnp.pad(x, widths)
-    valid = jnp.pad(valid, widths)
-  shape = x.shape[:-1] + (x.shape[-1] // BLOCK, BLOCK)
-  return x.reshape(shape), valid.reshape(shape), n
+# The blocks are split in place, [..., n, ...] -> [..., n // 16, 16, ...] with the
+# reductions over the new axis ``axis + 1``: no transpose and no reshape that moves
+# data across the fast axis, so a [BK, BN] tile quantized along its first axis stays
+# a plain 3-D Triton tensor inside a Pallas kernel.
+def _split(x, axis):
+  return x.reshape(x.shape[:axis] + (x.shape[axis] // BLOCK, BLOCK) + x.shape[axis + 1 :])
 
 
-def _unblocked(y, axis, n):
-  y = y.reshape(y.shape[:-2] + (-1,))[..., :n]
-  return jnp.moveaxis(y, -1, axis)
+def _merge(x, axis):
+  return x.reshape(x.shape[:axis] + (x.shape[axis] * x.shape[axis + 1],) + x.shape[axis + 2 :])
 
 
-def _scale_and_code(xb, valid):
-  """Per-block scale and signed E2M1 magnitudes for blocked FP32 ``xb [..., nb, 16]``."""
+def _scale_and_code(xb, valid, axis):
+  """Per-block E4M3 code and NaN flag ``[..., nb, 1, ...]`` and the E2M1 code, magnitude and sign bit
+  ``[..., nb, 16, ...]`` of blocked ``xb`` (blocks along ``axis + 1``); ``valid`` is None or bool like ``xb``."""
   x32 = xb.astype(jnp.float32)
-  # Masked elements are ignored (not counted as 0): they must not lower the
-  # NaN check or set the amax of a block whose valid part is all smaller.
-  amax = jnp.max(jnp.where(valid, jnp.abs(x32), 0.0), axis=-1, keepdims=True)
-  has_nan = jnp.any(valid & jnp.isnan(x32), axis=-1, keepdims=True)
-  scale = e4m3_block_scale(jnp.where(has_nan, 0.0, amax))
-  code, mag = e2m1_code(x32, scale)
+  ax = jnp.abs(x32)
+  nan = jnp.isnan(x32)
+  if valid is not None:
+    # Masked elements are ignored (not counted as 0): they must not raise the
+    # NaN flag or set the amax of a block whose valid part is all smaller.
+    ax = jnp.where(valid, ax, 0.0)
+    nan = valid & nan
+  amax = jnp.max(ax, axis=axis + 1, keepdims=True)
+  # max over an int32 indicator, not jnp.any: Pallas' Triton lowering has no reduce_or.
+  has_nan = jnp.max(nan.astype(jnp.int32), axis=axis + 1, keepdims=True) > 0
+  scale_code = _e4m3_code(jnp.where(has_nan, 0.0, amax))
+  code, mag = e2m1_code(x32, _e4m3_value(scale_code))
   negative = lax.bitcast_convert_type(x32, jnp.int32) < 0  # keeps -0 and negative NaN
-  return scale, has_nan, code, mag, negative
+  return scale_code, has_nan, code, mag, negative
+
+
+def _fake_quantize(x, valid, axis):
+  """The non-differentiable quantize-dequantize of already validated input (``valid``: None or bool like x)."""
+  n = x.shape[axis]
+  pad = -n % BLOCK
+  if pad:  # a trailing partial block: padded here, excluded by the mask below
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, pad)
+    valid = jnp.pad(jnp.ones(x.shape, bool) if valid is None else valid, widths)
+    x = jnp.pad(x, widths)
+  xb = _split(x, axis)
+  vb = None if valid is None else _split(valid, axis)
+  scale_code, has_nan, _, mag, negative = _scale_and_code(xb, vb, axis)
+  out = jnp.where(negative, -mag, mag) * _e4m3_value(scale_code)  # exact: both factors have few bits
+  out = jnp.where(has_nan, jnp.nan, out)
+  if vb is not None:
+    out = jnp.where(vb, out, 0.0)
+  out = _merge(out, axis)
+  if pad:
+    out = lax.slice_in_dim(out, 0, n, axis=axis)
+  return out.astype(x.dtype)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
+def _fake_quantize_ste(x, valid, axis):
+  return _fake_quantize(x, valid, axis)
+
+
+@_fake_quantize_ste.defjvp
+def _fake_quantize_ste_jvp(axis, primals, tangents):
+  x, valid = primals
+  dx, _ = tangents
+  dx = dx if valid is None else jnp.where(valid, dx, jnp.zeros_like(dx))
+  return _fake_quantize(x, valid, axis), dx
 
 
 def fake_quantize(x: jax.Array, axis: int = -1, mask: jax.Array | None = None) -> jax.Array:
   """NVFP4 quantize-dequantize ``x`` in blocks of 16 along ``axis`` (SPEC section 2).
 
-  x: [...] float (bf16, fp16 or fp32); the result has the same shape and dtype.
+  x: [...] float (bf16, fp16 or fp32); the result has the same shape and dtype
+    (an empty ``x`` gives an empty result).
   mask: optional bool, broadcastable to ``x``; False positions are excluded from
     their block's amax and NaN check and come out as +0.
   A trailing partial block is quantized on its valid elements alone. A NaN in a
   block makes the whole block NaN; +-Inf saturates (scale 448, code +-6).
+
+  Gradient: the straight-through estimator, ``d out / d x`` is the identity at
+  valid positions and 0 at masked-out ones (a ``jax.custom_jvp``, so it composes
+  with jit, vmap, grad and tracing inside a Triton-lowered Pallas kernel body).
+
+  Inside a ``pl.pallas_call`` body (Triton lowering) ``x.shape[axis]`` must be a
+  multiple of 16: the partial-block path pads, which that lowering cannot express.
   """
   x = jnp.asarray(x)
   if not jnp.issubdtype(x.dtype, jnp.floating):
     raise TypeError(f"fake_quantize: x must be a floating array, got dtype {x.dtype}")
   axis = _normalize_axis(axis, x.ndim, "fake_quantize")
-  xb, valid, n = _blocked(x, axis, mask)
-  scale, has_nan, _, mag, negative = _scale_and_code(xb, valid)
-  out = jnp.where(negative, -mag, mag) * scale  # exact: both factors have few bits
-  out = jnp.where(has_nan, jnp.nan, out)
-  out = jnp.where(valid, out, 0.0)
-  return _unblocked(out, axis, n).astype(x.dtype)
+  valid = None
+  if mask is not None:
+    mask = jnp.asarray(mask)
+    if mask.dtype != jnp.bool_:
+      raise TypeError(f"fake_quantize: mask must be a bool array, got dtype {mask.dtype}")
+    try:
+      valid = jnp.broadcast_to(mask, x.shape)
+    except ValueError:
+      raise ValueError(f"fake_quantize: mask must broadcast to x.shape {x.shape}, got shape {mask.shape}") from None
+  return _fake_quantize_ste(x, valid, axis)
 
 
 def quantize(x: jax.Array, axis: int = -1) -> tuple[jax.Array, jax.Array]:
@@ -139,27 +197,33 @@ def quantize(x: jax.Array, axis: int = -1) -> tuple[jax.Array, jax.Array]:
   Returns ``codes: [..., n // 2, ...] uint8`` (element 2i in the low nibble,
   2i+1 in the high one; bit 3 sign, bits 2..1 exponent, bit 0 mantissa) and
   ``scales: [..., n // 16, ...] float8_e4m3fn`` (NaN for a block holding a NaN).
+  Not differentiable (integer outputs). Also traces inside a Pallas kernel body.
   """
   x = jnp.asarray(x)
   if not jnp.issubdtype(x.dtype, jnp.floating):
     raise TypeError(f"quantize: x must be a floating array, got dtype {x.dtype}")
   axis = _normalize_axis(axis, x.ndim, "quantize")
-  if x.shape[axis] % BLOCK:
-    raise ValueError(f"quantize: x.shape[{axis}] must be a multiple of {BLOCK}, got {x.shape[axis]}")
-  xb, valid, n = _blocked(x, axis, None)
-  scale, has_nan, code, _, negative = _scale_and_code(xb, valid)
-  nibble = (code | jnp.where(negative, 8, 0)).astype(jnp.uint8)
-  nibble = nibble.reshape(nibble.shape[:-2] + (n // 2, 2))
-  packed = nibble[..., 0] | (nibble[..., 1] << 4)
-  scale = jnp.where(has_nan, jnp.nan, scale)[..., 0].astype(jnp.float8_e4m3fn)
-  return jnp.moveaxis(packed, -1, axis), jnp.moveaxis(scale, -1, axis)
+  n = x.shape[axis]
+  if n % BLOCK:
+    raise ValueError(f"quantize: x.shape[{axis}] must be a multiple of {BLOCK}, got {n}")
+  scale_code, has_nan, code, _, negative = _scale_and_code(_split(x, axis), None, axis)
+  nibble = _merge(code | jnp.where(negative, 8, 0), axis)
+  pairs = x.shape[:axis] + (n // 2, 2) + x.shape[axis + 1 :]
+  # Element 2i goes to the low nibble, 2i+1 to the high one: shift by 4 * parity and add.
+  # A sum over the pair axis, not x[..., 0] | x[..., 1]: strided slices do not lower to Triton.
+  shift = lax.broadcasted_iota(jnp.int32, pairs, axis + 1) * 4
+  packed = jnp.sum(nibble.reshape(pairs) << shift, axis=axis + 1).astype(jnp.uint8)
+  # The scale as its E4M3 bit pattern (0x7F is NaN): exact, with no float-to-fp8 conversion.
+  scale_bits = jnp.where(has_nan, 0x7F, scale_code)
+  scale_bits = scale_bits.reshape(scale_bits.shape[: axis + 1] + scale_bits.shape[axis + 2 :]).astype(jnp.uint8)
+  return packed, lax.bitcast_convert_type(scale_bits, jnp.float8_e4m3fn)
 
 
 def dequantize(codes: jax.Array, scales: jax.Array, axis: int = -1, dtype=jnp.bfloat16) -> jax.Array:
   """Inverse of :func:`quantize`: ``dequantize(*quantize(x)) == fake_quantize(x)`` bit for bit.
 
   codes: [..., n // 2, ...] uint8; scales: [..., n // 16, ...] float8_e4m3fn.
-  Returns [..., n, ...] of ``dtype``.
+  Returns [..., n, ...] of ``dtype`` (a float dtype). Also traces inside a Pallas kernel body.
   """
   codes = jnp.asarray(codes)
   scales = jnp.asarray(scales)
@@ -167,23 +231,40 @@ def dequantize(codes: jax.Array, scales: jax.Array, axis: int = -1, dtype=jnp.bf
     raise TypeError(f"dequantize: codes must be uint8, got {codes.dtype}")
   if scales.dtype != jnp.float8_e4m3fn:
     raise TypeError(f"dequantize: scales must be float8_e4m3fn, got {scales.dtype}")
+  if not jnp.issubdtype(dtype, jnp.floating):
+    raise TypeError(f"dequantize: dtype must be a floating dtype, got {dtype}")
   axis = _normalize_axis(axis, codes.ndim, "dequantize")
-  expect = codes.shape[:axis] + (codes.shape[axis] * 2 // BLOCK,) + codes.shape[axis + 1 :]
-  if codes.shape[axis] % (BLOCK // 2) or scales.shape != expect:
-    raise ValueError(f"dequantize: scales must have shape {expect} for codes of shape {codes.shape}, got {scales.shape}")
-  c = jnp.moveaxis(codes, axis, -1)
-  nib = jnp.stack([c & 15, c >> 4], axis=-1).reshape(c.shape[:-1] + (-1,)).astype(jnp.int32)
-  mag_code = nib & 7
+  half = codes.shape[axis]
+  expect = codes.shape[:axis] + (half * 2 // BLOCK,) + codes.shape[axis + 1 :]
+  if half % (BLOCK // 2) or scales.shape != expect:
+    raise ValueError(
+        f"dequantize: scales must have shape {expect} for codes of shape {codes.shape}, got {scales.shape}"
+    )
+  out_shape = codes.shape[:axis] + (half * 2,) + codes.shape[axis + 1 :]
+  # Each byte repeated for its two elements (broadcast + reshape, no gather), then the
+  # element's nibble selected by its parity.
+  pairs = codes.shape[:axis] + (half, 2) + codes.shape[axis + 1 :]
+  byte = jnp.broadcast_to(jnp.expand_dims(codes.astype(jnp.int32), axis + 1), pairs).reshape(out_shape)
+  nib = (byte >> ((lax.broadcasted_iota(jnp.int32, out_shape, axis) & 1) * 4)) & 15
   # E2M1 magnitude from its 3 bits: exponent e = code >> 1, mantissa m = code & 1.
-  e = mag_code >> 1
-  m = (mag_code & 1).astype(jnp.float32)
+  e = (nib & 7) >> 1
+  m = (nib & 1).astype(jnp.float32)
   mag = jnp.where(e == 0, 0.5 * m, lax.bitcast_convert_type((e + 126) << 23, jnp.float32) * (1.0 + 0.5 * m))
   val = jnp.where((nib & 8) != 0, -mag, mag)
-  s = jnp.repeat(jnp.moveaxis(scales, axis, -1).astype(jnp.float32), BLOCK, axis=-1)
-  return jnp.moveaxis(val * s, -1, axis).astype(dtype)
+  # The scale decoded from its bits (the same integer path as quantize; 0x7F is NaN).
+  sbits = lax.bitcast_convert_type(scales, jnp.uint8).astype(jnp.int32)
+  s = jnp.where((sbits & 127) == 127, jnp.nan, _e4m3_value(sbits & 127))
+  s = jnp.where((sbits & 128) != 0, -s, s)
+  blocks = codes.shape[:axis] + (expect[axis], BLOCK) + codes.shape[axis + 1 :]
+  s = jnp.broadcast_to(jnp.expand_dims(s, axis + 1), blocks).reshape(out_shape)
+  return (val * s).astype(dtype)
 
 
 def _normalize_axis(axis: int, ndim: int, fn: str) -> int:
   if not -ndim <= axis < ndim:
     raise ValueError(f"{fn}: axis must be in [-{ndim}, {ndim}), got {axis}")
   return axis % ndim
+
+
+# Re-exported here, at the end: qat_matmul's module uses this one's quantizer.
+from jqat._src.qat_matmul import qat_matmul

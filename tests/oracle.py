@@ -229,3 +229,28 @@ def attention_grad_nan_oracle(do_nan, q_nan, k_nan, v_nan, o_nan, lse_nan, *, is
     dv = pq.any(-2).transpose(0, 2, 1)[..., None] | _hits("qk,bqnd->bknd", vis, do_nan)
     fold = lambda x: np.broadcast_to(x, (b, tk, n, d)).reshape(b, tk, kh, n // kh, d).any(3)
     return np.broadcast_to(dq, (b, tq, n, d)), fold(dk), fold(dv)
+
+
+def pack_oracle(x, axis=-1):
+    """Packed NVFP4 of ``x`` (SPEC section 2), by the same table rounding as :func:`fq_oracle`.
+
+    Returns ``codes`` uint8 (element 2i in the low nibble; bit 3 sign, bits 2..0 the index
+    into ``E2M1_VALUES``), ``scales`` float8_e4m3fn (NaN for a block holding a NaN) and the
+    bool per-block NaN flag. Codes of a NaN block are left to the implementation (set to 0 here).
+    """
+    import ml_dtypes
+
+    x = np.moveaxis(np.asarray(x, np.float32), axis, -1)
+    blocks = x.reshape(x.shape[:-1] + (-1, 16))
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        nan = np.isnan(blocks).any(-1)
+        amax = np.where(nan, np.float32(0), np.abs(np.where(np.isnan(blocks), 0, blocks)).max(-1)).astype(np.float32)
+        t = np.maximum(amax / np.float32(6), np.float32(2.0**-9)).astype(np.float32)
+        s = round_to_table(np.minimum(t.astype(np.float64), 1e30), E4M3_VALUES).astype(np.float32)
+        y = (np.abs(blocks) / s[..., None]).astype(np.float32)
+        q = round_to_table(np.where(np.isnan(y), 0, y), E2M1_VALUES)
+    nib = np.searchsorted(E2M1_VALUES, q).astype(np.uint8) | (np.signbit(blocks).astype(np.uint8) << 3)
+    nib = np.where(nan[..., None], np.uint8(0), nib).reshape(x.shape)
+    codes = nib[..., 0::2] | (nib[..., 1::2] << 4)
+    scales = np.where(nan, np.float32(np.nan), s).astype(ml_dtypes.float8_e4m3fn)
+    return np.moveaxis(codes, -1, axis), np.moveaxis(scales, -1, axis), np.moveaxis(nan, -1, axis)

@@ -6,9 +6,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 from jax.experimental import pallas as pl
+from oracle import E2M1_VALUES, E4M3_VALUES, bits, fq_oracle
 
 from jqat import nvfp4
-from oracle import E2M1_VALUES, E4M3_VALUES, bits, fq_oracle
 
 fq = jax.jit(nvfp4.fake_quantize, static_argnames="axis")
 SCALES = E4M3_VALUES[1:].astype(np.float32)  # the 126 positive finite E4M3 values
@@ -166,3 +166,57 @@ def test_inside_a_pallas_kernel_body():
 
   out = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), interpret=True)(x)
   assert_bitwise(out, fq_oracle(x))
+
+
+@pytest.mark.parametrize("shape, axis", [((0,), -1), ((3, 0), -1), ((0, 32), -1), ((0, 32), 0), ((4, 0, 16), 2)])
+def test_empty_arrays(shape, axis):
+  x = jnp.zeros(shape, jnp.bfloat16)
+  y = nvfp4.fake_quantize(x, axis=axis)
+  assert y.shape == shape and y.dtype == x.dtype
+  assert nvfp4.fake_quantize(x, axis=axis, mask=jnp.zeros(shape, bool)).shape == shape
+  codes, scales = nvfp4.quantize(x, axis=axis)
+  n = shape[axis]
+  assert codes.shape == shape[: axis % len(shape)] + (n // 2,) + shape[axis % len(shape) + 1 :]
+  assert scales.shape == shape[: axis % len(shape)] + (n // 16,) + shape[axis % len(shape) + 1 :]
+  assert codes.dtype == jnp.uint8 and scales.dtype == jnp.float8_e4m3fn
+  back = nvfp4.dequantize(codes, scales, axis=axis, dtype=jnp.float16)
+  assert back.shape == shape and back.dtype == jnp.float16
+
+
+def test_gradient_is_the_straight_through_estimator():
+  """d fq(x) / dx is the identity at valid positions and 0 at masked ones (the old code gave 0)."""
+  rng = np.random.default_rng(6)
+  x = rng.standard_normal((4, 40)).astype(np.float32)
+  w = rng.standard_normal((4, 40)).astype(np.float32)
+  mask = rng.random((4, 40)) < 0.7
+  g = jax.jit(jax.grad(lambda x: jnp.sum(w * nvfp4.fake_quantize(x))))(x)
+  np.testing.assert_array_equal(g, w)
+  g = jax.jit(jax.grad(lambda x: jnp.sum(w * nvfp4.fake_quantize(x, mask=mask))))(x)
+  np.testing.assert_array_equal(g, np.where(mask, w, 0))
+  # A broadcast mask, bf16, another axis, and under vmap.
+  xb = x.astype(ml_dtypes.bfloat16)
+  col = mask[:, :1]
+  g = jax.grad(lambda x: jnp.sum(nvfp4.fake_quantize(x, axis=0, mask=col).astype(jnp.float32)))(xb)
+  assert g.dtype == jnp.bfloat16
+  np.testing.assert_array_equal(np.asarray(g, np.float32), np.broadcast_to(col, x.shape).astype(np.float32))
+  g = jax.vmap(jax.grad(lambda r: jnp.sum(nvfp4.fake_quantize(r) * 3.0)))(x)
+  np.testing.assert_array_equal(g, np.full(x.shape, 3.0, np.float32))
+
+
+def test_forward_values_unchanged_under_differentiation():
+  rng = np.random.default_rng(8)
+  x = (rng.standard_normal((8, 48)) * 5).astype(np.float32)
+  y, _ = jax.vjp(nvfp4.fake_quantize, x)
+  assert_bitwise(y, fq_oracle(x))
+  y, dy = jax.jvp(nvfp4.fake_quantize, (x,), (np.ones_like(x),))
+  assert_bitwise(y, fq_oracle(x))
+  np.testing.assert_array_equal(dy, np.ones_like(x))
+
+
+def test_mask_validation():
+  with pytest.raises(TypeError, match="mask must be a bool"):
+    nvfp4.fake_quantize(jnp.ones((16,)), mask=jnp.ones((16,)))
+  with pytest.raises(ValueError, match="mask must broadcast"):
+    nvfp4.fake_quantize(jnp.ones((2, 16)), mask=jnp.ones((3, 16), bool))
+  with pytest.raises(TypeError, match="dtype must be a floating"):
+    nvfp4.dequantize(jnp.zeros((4, 8), jnp.uint8), jnp.zeros((4, 1), jnp.float8_e4m3fn), dtype=jnp.int32)
