@@ -102,6 +102,16 @@ def _merge(x, axis):
   return x.reshape(x.shape[:axis] + (x.shape[axis] * x.shape[axis + 1],) + x.shape[axis + 2 :])
 
 
+def _signed(magnitude, negative):
+  """``magnitude`` (FP32, >= 0) with the sign bit set where ``negative``: -0 stays -0.
+
+  Not ``where(negative, -m, m)``: the Pallas Triton lowering turns ``-m`` into ``0 - m``,
+  which is +0 for m = 0 (seen on the H200: every negative value that quantizes to 0 came out +0).
+  """
+  sign = jnp.where(negative, jnp.int32(-(2**31)), jnp.int32(0))
+  return lax.bitcast_convert_type(lax.bitcast_convert_type(magnitude, jnp.int32) | sign, jnp.float32)
+
+
 def _scale_and_code(xb, valid, axis):
   """Per-block E4M3 code and NaN flag ``[..., nb, 1, ...]`` and the E2M1 code, magnitude and sign bit
   ``[..., nb, 16, ...]`` of blocked ``xb`` (blocks along ``axis + 1``); ``valid`` is None or bool like ``xb``."""
@@ -134,7 +144,7 @@ def _fake_quantize(x, valid, axis):
   xb = _split(x, axis)
   vb = None if valid is None else _split(valid, axis)
   scale_code, has_nan, _, mag, negative = _scale_and_code(xb, vb, axis)
-  out = jnp.where(negative, -mag, mag) * _e4m3_value(scale_code)  # exact: both factors have few bits
+  out = _signed(mag * _e4m3_value(scale_code), negative)  # exact: both factors have few bits
   out = jnp.where(has_nan, jnp.nan, out)
   if vb is not None:
     out = jnp.where(vb, out, 0.0)
@@ -250,11 +260,11 @@ def dequantize(codes: jax.Array, scales: jax.Array, axis: int = -1, dtype=jnp.bf
   e = (nib & 7) >> 1
   m = (nib & 1).astype(jnp.float32)
   mag = jnp.where(e == 0, 0.5 * m, lax.bitcast_convert_type((e + 126) << 23, jnp.float32) * (1.0 + 0.5 * m))
-  val = jnp.where((nib & 8) != 0, -mag, mag)
+  val = _signed(mag, (nib & 8) != 0)
   # The scale decoded from its bits (the same integer path as quantize; 0x7F is NaN).
   sbits = lax.bitcast_convert_type(scales, jnp.uint8).astype(jnp.int32)
   s = jnp.where((sbits & 127) == 127, jnp.nan, _e4m3_value(sbits & 127))
-  s = jnp.where((sbits & 128) != 0, -s, s)
+  s = _signed(s, (sbits & 128) != 0)
   blocks = codes.shape[:axis] + (expect[axis], BLOCK) + codes.shape[axis + 1 :]
   s = jnp.broadcast_to(jnp.expand_dims(s, axis + 1), blocks).reshape(out_shape)
   return (val * s).astype(dtype)

