@@ -180,24 +180,28 @@ def _prob_block_scales(p3, AXIS: tl.constexpr, HW_E4M3: tl.constexpr):
 
 @triton.jit
 def fq_probs(p, ROWS: tl.constexpr, COLS: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr):
-  """``fq_tile`` for softmax probabilities ``p: [ROWS, COLS] fp32`` (blocks along axis 1).
+  """``fq_tile`` for the forward's probabilities ``p: [ROWS, COLS] fp32`` (blocks along axis 1).
 
-  Precondition: ``p >= 0`` or NaN, and exactly +0 at masked positions. Then a masked
-  zero never raises a block's amax and quantizes to +0 by itself, so the mask and sign
-  handling of ``fq_tile`` can be skipped on this hot path; a NaN makes its block NaN.
+  Precondition: ``p >= 0`` and exactly +0 at masked positions. Then a masked zero never
+  raises a block's amax and quantizes to +0 by itself, so the mask and sign handling of
+  ``fq_tile`` can be skipped on this hot path. A NaN probability is not carried by the
+  quantized values here (plain ``max``, the cheaper reduction): the forward's row sum
+  already makes its whole row of O, O' and lse NaN.
   """
   NB: tl.constexpr = COLS // 16
   p3 = tl.reshape(p, [ROWS, NB, 16])
-  out = e2m1_dequant(p3, _prob_block_scales(p3, 2, HW_E4M3), 2, HW_E2M1)
+  s = e4m3_block_scale(tl.max(p3, axis=2), HW_E4M3)
+  out = e2m1_dequant(p3, s, 2, HW_E2M1)
   return tl.reshape(out, [ROWS, COLS])
 
 
 @triton.jit
 def fq_probs_t(pt, ROWS: tl.constexpr, COLS: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr):
-  """``fq_probs`` with the blocks along axis 0: ``pt: [ROWS, COLS]``, ROWS % 16 == 0.
+  """``fq_probs`` with the blocks along axis 0: ``pt: [ROWS, COLS]``, ROWS % 16 == 0, and NaN kept.
 
-  For the dK/dV kernel, which holds P transposed (keys on axis 0) and must
-  quantize along keys.
+  For the dK/dV kernel, which holds P transposed (keys on axis 0) and must quantize
+  along keys. Here nothing else carries a NaN probability into dV, so a block holding
+  one is NaN throughout (SPEC section 2).
   """
   NB: tl.constexpr = ROWS // 16
   p3 = tl.reshape(pt, [NB, 16, COLS])
