@@ -548,3 +548,18 @@ def test_torch_launcher_rope_interpreted(mode):
   op._launch(x, cache, pos)
   assert x.data_ptr() == ptr
   _same(x, want, "rope (interpreted launcher)")
+
+
+def test_rope_refuses_an_inference_tensor_outside_inference_mode():
+  """x made under torch.inference_mode() cannot be written in place outside it: refused before anything runs
+  (it was overwritten and then raised)."""
+  mode = MODES[0]
+  x, cache, pos = _rope_inputs(mode)
+  with torch.inference_mode():
+    xi = x.clone()
+  before = xi.clone()
+  with pytest.raises(ValueError, match="x is an inference tensor"):
+    jt.rope_qdq_inplace(xi, cache, pos)
+  _same(xi, before, "inference x after the refusal")
+  with torch.inference_mode():  # inside inference mode the in-place write is allowed
+    assert jt.rope_qdq_inplace(xi, cache, pos)["out"] is xi
