@@ -80,19 +80,19 @@ def fold_batch(fun, num_args: int):
 
 
 @functools.cache
-def _forward_fn(opts: AttentionOptions, config, group: int):
+def _forward_fn(opts: AttentionOptions, config):
   def run(q, k, v):  # on the local shard: the plan is built from the shapes it sees
     plan = plans.attention_forward(dense(q), dense(k), dense(v), opts, target(), config=config)
     return execute(plan, q, k, v)
-  return fold_batch(partitioning.partitioned(run, partitioning.attention_forward_spec(group)), 3)
+  return fold_batch(partitioning.partitioned(run, partitioning.attention_forward_spec()), 3)
 
 
 @functools.cache
-def _backward_fn(opts: AttentionOptions, config, group: int):
+def _backward_fn(opts: AttentionOptions, config):
   def run(do, q, k, v, o_for_delta, lse):
     plan = plans.attention_backward(*map(dense, (do, q, k, v, o_for_delta, lse)), opts, target(), config=config)
     return execute(plan, do, q, k, v, o_for_delta, lse)
-  return fold_batch(partitioning.partitioned(run, partitioning.attention_backward_spec(group)), 6)
+  return fold_batch(partitioning.partitioned(run, partitioning.attention_backward_spec()), 6)
 
 
 def attention_forward(query, key, value, opts: AttentionOptions):
@@ -101,8 +101,7 @@ def attention_forward(query, key, value, opts: AttentionOptions):
   query: [B, Tq, N, D]; key, value: [B, Tk, K, D] (N % K == 0, D % 16 == 0), one float dtype.
   Returns O, O' [B, Tq, N, D] in the query dtype and lse [B, N, Tq] fp32.
   """
-  group = query.shape[2] // key.shape[2]
-  return _forward_fn(opts, plans.forward_config(query.shape[-1]), group)(query, key, value)
+  return _forward_fn(opts, plans.forward_config(query.shape[-1]))(query, key, value)
 
 
 def attention_backward(d_out, query, key, value, out_for_delta, lse, opts: AttentionOptions):
@@ -111,7 +110,7 @@ def attention_backward(d_out, query, key, value, out_for_delta, lse, opts: Atten
   d_out, out_for_delta: [B, Tq, N, D]; query [B, Tq, N, D]; key, value [B, Tk, K, D];
   lse: [B, N, Tq] fp32 from :func:`attention_forward`.
   """
-  fn = _backward_fn(opts, plans.backward_config(query.shape[-1]), query.shape[2] // key.shape[2])
+  fn = _backward_fn(opts, plans.backward_config(query.shape[-1]))
   return fn(d_out, query, key, value, out_for_delta, lse)
 
 

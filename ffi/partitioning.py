@@ -18,13 +18,14 @@ are launched only inside the attention plans, so the op-level rule covers them.
 Factors (one letter per axis, as in an einsum):
   b batch; t query sequence; s key sequence; n query heads; k KV heads; d head dim;
   r (r1, r2, ...) rows and h heads of rope_qdq; w its channels; p, c its cache.
-Query heads are sharded exactly like KV heads: with N = K * G, Shardy sees ``n`` as the
-compound ``(k g)`` and a device holding KV heads ``[i*K/P, (i+1)*K/P)`` holds query heads
-``[i*N/P, (i+1)*N/P)``; query head ``n`` reads KV head ``n // G``, which for those heads
-is the same block. When K is not divisible by the head sharding (MQA, say), the heads
-are gathered instead (correct, not collective-free). Sequence sharding raises: a query
-shard needs every key it may see and its global offset for the causal mask, which is
-what :func:`jqat.parallel.ulysses_attention` provides.
+Query heads are sharded exactly like KV heads (the partition step enforces it; the Shardy
+rule keeps ``n`` and ``k`` as separate factors, because a compound ``(k g)`` lets Shardy
+split one mesh axis over both, which no NamedSharding describes). A device holding KV
+heads ``[i*K/P, (i+1)*K/P)`` then holds query heads ``[i*N/P, (i+1)*N/P)``, and query head
+``n`` reads KV head ``n // (N/K)``, which for those heads is the same block. When K is not
+divisible by the head sharding (MQA, say), heads are gathered instead (correct, not
+collective-free). Sequence sharding raises: a query shard needs every key it may see and
+its global offset for the causal mask, which is what :func:`jqat.parallel.ulysses_attention` provides.
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ class OpSpec:
   """The axes of one op: ``(name, factors)`` per operand and per result, in call order.
 
   replicated: factors every device needs whole (the head dim, rope channels, the cache).
-  group: N // K, the query heads per KV head (attention only).
   An extra operand that leads with B (a mask, say) is one more ``("lengths", ("b",))``.
   """
 
@@ -53,30 +53,28 @@ class OpSpec:
   operands: tuple[tuple[str, tuple[str, ...]], ...]
   results: tuple[tuple[str, tuple[str, ...]], ...]
   replicated: frozenset = frozenset()
-  group: int = 1
 
   def rule(self) -> str:
-    """The Shardy rule, e.g. ``"b t (k g) d, b s k d, b s k d -> b t (k g) d, b t (k g) d, b (k g) t"``."""
-    heads = "(k g)" if self.group > 1 else KV_HEADS
-    term = lambda factors: " ".join(heads if f == QUERY_HEADS else f for f in factors)
-    return (", ".join(term(f) for _, f in self.operands) + " -> " + ", ".join(term(f) for _, f in self.results))
+    """The Shardy rule, e.g. ``"b t n d, b s k d, b s k d -> b t n d, b t n d, b n t"``."""
+    term = lambda factors: " ".join(factors)
+    return ", ".join(term(f) for _, f in self.operands) + " -> " + ", ".join(term(f) for _, f in self.results)
 
 
-def attention_forward_spec(group: int) -> OpSpec:
+def attention_forward_spec() -> OpSpec:
   """q, k, v -> O, O', lse."""
   return OpSpec("attention forward",
                 (("query", "btnd"), ("key", "bskd"), ("value", "bskd")),
                 (("out", "btnd"), ("out_high_precision", "btnd"), ("lse", "bnt")),
-                frozenset("d"), group)
+                frozenset("d"))
 
 
-def attention_backward_spec(group: int) -> OpSpec:
+def attention_backward_spec() -> OpSpec:
   """dO, q, k, v, O', lse -> dq, dk, dv."""
   return OpSpec("attention backward",
                 (("d_out", "btnd"), ("query", "btnd"), ("key", "bskd"), ("value", "bskd"),
                  ("out_for_delta", "btnd"), ("lse", "bnt")),
                 (("d_query", "btnd"), ("d_key", "bskd"), ("d_value", "bskd")),
-                frozenset("d"), group)
+                frozenset("d"))
 
 
 def rope_qdq_spec(x_rank: int, positions_rank: int) -> OpSpec:
@@ -96,7 +94,8 @@ def _axes(entry) -> tuple[str, ...]:
 def _spec_of(sharding, ndim: int, name: str, op: str) -> tuple[tuple[str, ...], ...]:
   if not isinstance(sharding, NamedSharding):
     raise TypeError(f"jqat {op}: {name} must be sharded with a jax.sharding.NamedSharding over a Mesh, got "
-                    f"{type(sharding).__name__}")
+                    f"{type(sharding).__name__} (inside a jax.shard_map that leaves mesh axes automatic, make it "
+                    f"manual over every axis: axis_names=set(mesh.axis_names))")
   spec = tuple(sharding.spec) + (None,) * (ndim - len(sharding.spec))
   return tuple(_axes(e) for e in spec)
 
@@ -165,9 +164,11 @@ def partitioned(fun, spec: OpSpec):
     del result_shape
     return shardings(spec, mesh, assign(spec, mesh, arg_shapes, check_sequence=False), "results")
 
-  extra = {"g": spec.group} if spec.group > 1 else {}
+  # Shardy wants the special factors in the order they first appear in the rule.
+  order = [f for _, factors in spec.operands + spec.results for f in factors]
+  replicated = tuple(sorted(spec.replicated, key=order.index))
   wrapped.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=spec.rule(),
-                        need_replication_factors=tuple(sorted(spec.replicated)), **extra)
+                        need_replication_factors=replicated)
   return wrapped
 
 
