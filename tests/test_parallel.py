@@ -16,6 +16,9 @@ GPU (2+ devices): the same on the Triton kernels, bitwise against the unsharded 
 from __future__ import annotations
 
 import functools
+import os
+import subprocess
+import sys
 import traceback
 
 import numpy as np
@@ -343,8 +346,6 @@ def case_ulysses_errors():
 def case_train_lm_mesh():
   """The demo's --mesh data=2,seq=2 model: the loss of the one-device model; three sharded QAT training steps."""
   import dataclasses
-  import os
-  import sys
 
   import jax
   import jax.numpy as jnp
@@ -405,6 +406,22 @@ def child_results():
 @pytest.mark.parametrize("case", CASES)
 def test_on_8_cpu_devices(child_results, case):
   assert child_results[case] == "ok", child_results[case]
+
+
+def test_torch_ulysses_two_gloo_processes(tmp_path):
+  """examples/torch_ulysses.py: 2 CPU ranks (gloo), all-to-all around jqat.torch.attention, vs the unsharded call."""
+  import multidevice
+
+  out = tmp_path / "ulysses"
+  proc = subprocess.run([sys.executable, "examples/torch_ulysses.py", "--out", str(out)], cwd=multidevice.ROOT,
+                        env={**os.environ, "PYTHONPATH": multidevice.ROOT}, capture_output=True,
+                        text=True, timeout=300, check=False)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  for rank in range(2):
+    saved = np.load(f"{out}.rank{rank}.npz")
+    for name in ("out", "dq", "dk", "dv"):  # the local call sees whole sequences of its heads: same rows
+      assert_reordered_equal(saved[f"{name}_got"], saved[f"{name}_want"], name=f"rank {rank} {name}",
+                             dtype=np.dtype("bfloat16"))
 
 
 # ----------------------------------------------------------------------------- GPU (2+ devices, Triton kernels)
