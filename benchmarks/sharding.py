@@ -87,12 +87,14 @@ def main():
       tuple(int(x) for x in s.split(",")[:4]) + (s.split(",")[4] == "1",) for s in args.shapes.split(";")]
   result = {"device": str(jax.devices()[0].device_kind), "jax": jax.__version__, "implementation": args.implementation,
             "rows": []}
-  print(f"{'shape (B, T, N, D, causal)':<28} {'config':<14} {'fwd+bwd ms':>10} {'x vs 1':>7} {'target':>6}  collectives")
+  print(f"{'shape (B, T, N, D, causal)':<28} {'config':<14} {'fwd+bwd ms':>10} {'x vs 1':>7} {'target':>6}  "
+        "collectives")
   for shape in shapes:
     for r in bench_shape(mesh, *shape, args.implementation, args.iters, args.repeats):
       result["rows"].append(r)
       kind = r["config"].split()[-1]
-      target = TARGETS.get(kind) if r["config"].startswith("jqat") and (kind != "ulysses" or shape[1] >= 16384) else None
+      targeted = r["config"].startswith("jqat") and (kind != "ulysses" or shape[1] >= 16384)
+      target = TARGETS.get(kind) if targeted else None
       r["target"] = target
       coll = ", ".join(f"{k} {v}" for k, v in r.get("collectives", {}).items() if v) or "none"
       met = "" if target is None else ("  ok" if r.get("speedup_vs_1", 0) >= target else "  MISSED")

@@ -306,7 +306,8 @@ def case_ulysses():
   q, k, v, w = _inputs(**SHAPE)
   mesh = _mesh()
   want = jax_jit(_attention_and_grads(_xla()))(q, k, v, w)
-  for m, axes in ((_mesh((4,), ("model",)), {"seq_axis": "model"}), (mesh, {"batch_axis": "data", "seq_axis": "model"})):
+  meshes = ((_mesh((4,), ("model",)), {"seq_axis": "model"}), (mesh, {"batch_axis": "data", "seq_axis": "model"}))
+  for m, axes in meshes:
     par = functools.partial(jqat.parallel.attention, mesh=m, is_causal=True, block_n=BLOCK_N, implementation="xla",
                             **axes)
     f = _attention_and_grads(par)
@@ -363,7 +364,8 @@ def case_train_lm_mesh():
   loss = nnx.jit(train_lm.loss_fn)
   loss0, loss1 = (loss(train_lm.make_model(cfg, train_lm.BF16_OFF, mesh=m), batch) for m in (None, mesh))
   assert_reordered_equal(np.float32(loss1), np.float32(loss0), name="loss")
-  # Three training steps (past the warmup of 2) on batches sharded over data (the whole --tiny demo takes a minute here).
+  # Three training steps (past the warmup of 2) on batches sharded over data
+  # (the whole --tiny demo takes a minute here).
   train_data, val_data, _ = train_lm.load_corpus(cfg)
   place = lambda x: jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data")))
   val = jax.device_put(jnp.asarray(train_lm.val_batches(val_data, cfg)),
