@@ -15,6 +15,11 @@ before clipping) and writes ``results.json`` and ``curves.png`` to ``--out``.
     python examples/train_lm.py              # CPU default, < 15 min on 2 cores
     python examples/train_lm.py --gpu        # long config (auto when JAX's backend is a GPU)
     python examples/train_lm.py --tiny       # seconds; the smoke test
+    python examples/train_lm.py --gpu --mesh data=1,seq=2   # attention sequence-parallel (Ulysses) on 2 GPUs
+
+``--mesh data=N,seq=M`` (default: one device) shards each batch over ``data`` and runs
+attention through ``jqat.parallel.attention`` (batch over ``data``, Ulysses over ``seq``:
+``num_heads`` must be divisible by M); the rest of the model is data-parallel.
 """
 
 from __future__ import annotations
@@ -164,9 +169,40 @@ class ByteLM(nnx.Module):
     return self.embed.attend(self.norm(x))  # tied input/output embedding
 
 
-def make_model(cfg: Config, switches: dict, state=None) -> ByteLM:
+def parse_mesh(text: str) -> dict:
+  """``"data=N,seq=M"`` -> ``{"data": N, "seq": M}`` (either may be left out: size 1)."""
+  sizes = {"data": 1, "seq": 1}
+  for part in filter(None, text.split(",")):
+    name, _, value = part.partition("=")
+    if name not in sizes or not value.isdigit() or int(value) < 1:
+      raise ValueError(f"--mesh must look like data=N,seq=M with positive sizes, got {text!r}")
+    sizes[name] = int(value)
+  return sizes
+
+
+def make_mesh(sizes: dict):
+  n = sizes["data"] * sizes["seq"]
+  if n > jax.device_count():
+    raise ValueError(f"--mesh data={sizes['data']},seq={sizes['seq']} needs {n} devices, JAX sees {jax.device_count()}")
+  return jax.make_mesh((sizes["data"], sizes["seq"]), ("data", "seq"), devices=jax.devices()[:n],
+                       axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+
+def sharded_attention_fn(mesh, cfg: Config, switches: dict):
+  """An nnx ``attention_fn``: causal jqat attention, batch over ``data`` and Ulysses over ``seq``."""
+  def attention_fn(query, key, value, mask=None, **_):  # [B, T, N, D]; flax's dropout/dtype keywords unused
+    del mask  # the model always passes none: causal
+    return jqat.parallel.attention(query, key, value, mesh=mesh, batch_axis="data", seq_axis="seq", is_causal=True,
+                                   implementation=cfg.implementation, **switches)
+  return attention_fn
+
+
+def make_model(cfg: Config, switches: dict, state=None, mesh=None) -> ByteLM:
   """A model whose attention runs jqat with ``switches``; weights from ``state`` when given."""
-  attention_fn = jqat.flax.make_attention_fn(is_causal=True, implementation=cfg.implementation, **switches)
+  if mesh is None:
+    attention_fn = jqat.flax.make_attention_fn(is_causal=True, implementation=cfg.implementation, **switches)
+  else:
+    attention_fn = sharded_attention_fn(mesh, cfg, switches)
   model = ByteLM(cfg, attention_fn, nnx.Rngs(cfg.seed))
   if state is not None:
     nnx.update(model, state)
@@ -219,8 +255,11 @@ class Progress:
     sys.stderr.flush()
 
 
-def train(model, cfg: Config, data, val, *, steps: int, lr: float, seed: int, label: str):
-  """adamw + global-norm clipping, warmup then cosine decay. Returns the run's curves."""
+def train(model, cfg: Config, data, val, *, steps: int, lr: float, seed: int, label: str, place=jnp.asarray):
+  """adamw + global-norm clipping, warmup then cosine decay. Returns the run's curves.
+
+  place: puts a host batch on the device(s) (sharded over ``data`` with ``--mesh``).
+  """
   schedule = optax.warmup_cosine_decay_schedule(0.0, lr, min(cfg.warmup, steps), max(steps, 1), lr * 0.1)
   tx = optax.chain(optax.clip_by_global_norm(cfg.clip_norm), optax.adamw(schedule, weight_decay=cfg.weight_decay))
   optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
@@ -229,7 +268,7 @@ def train(model, cfg: Config, data, val, *, steps: int, lr: float, seed: int, la
   batches = train_batches(data, cfg, seed)
   bar = Progress(steps, label)
   for step in range(1, steps + 1):
-    loss, grad_norm = train_step(model, optimizer, jnp.asarray(next(batches)))
+    loss, grad_norm = train_step(model, optimizer, place(next(batches)))
     curves["step"].append(step)
     curves["loss"].append(float(loss))
     curves["grad_norm"].append(float(grad_norm))
@@ -240,12 +279,21 @@ def train(model, cfg: Config, data, val, *, steps: int, lr: float, seed: int, la
   return curves
 
 
-def run_all(cfg: Config, out_dir: str, *, profile: str = "custom") -> dict:
-  """Runs (a)-(e), writes ``results.json`` and ``curves.png`` to ``out_dir``, returns the results."""
+def run_all(cfg: Config, out_dir: str, *, profile: str = "custom", mesh_sizes: dict | None = None) -> dict:
+  """Runs (a)-(e), writes ``results.json`` and ``curves.png`` to ``out_dir``, returns the results.
+
+  mesh_sizes: ``{"data": N, "seq": M}`` (``--mesh``), or None for one device.
+  """
   t_start = time.perf_counter()
   os.makedirs(out_dir, exist_ok=True)
   train_data, val_data, split = load_corpus(cfg)
+  mesh, place = None, jnp.asarray
+  if mesh_sizes is not None:
+    mesh = make_mesh(mesh_sizes)
+    place = lambda batch: jax.device_put(batch, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data")))
   val = jnp.asarray(val_batches(val_data, cfg))
+  if mesh is not None:  # [eval_batches, B, T + 1]: B over data
+    val = jax.device_put(val, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, "data")))
   print(f"corpus: {split['train']['files']} train files ({split['train']['bytes']:,} bytes), "
         f"{split['val']['files']} validation files ({split['val']['bytes']:,} bytes) from {split['stdlib']}")
   print(f"backend {jax.default_backend()}, profile {profile}: {cfg}")
@@ -253,14 +301,14 @@ def run_all(cfg: Config, out_dir: str, *, profile: str = "custom") -> dict:
   for name, (description, switches, parent, trains) in RUNS.items():
     t0 = time.perf_counter()
     model = make_model(cfg, {**BF16_OFF, **switches} if parent is None else switches,
-                       None if parent is None else nnx.state(models[parent]))
+                       None if parent is None else nnx.state(models[parent]), mesh)
     curves = {}
     if trains:
       pretrain = parent is None
       # The three continued runs share one data order, so they differ only in their switches.
       curves = train(model, cfg, train_data, val, steps=cfg.steps_pretrain if pretrain else cfg.steps_qat,
                      lr=cfg.lr_pretrain if pretrain else cfg.lr_qat, seed=cfg.seed + (0 if pretrain else 1),
-                     label=f"({name})")
+                     label=f"({name})", place=place)
     val_loss = curves["val_loss"][-1] if trains else float(eval_loss(model, val))
     norms = curves.get("grad_norm", [])
     results[name] = {
@@ -272,6 +320,8 @@ def run_all(cfg: Config, out_dir: str, *, profile: str = "custom") -> dict:
   print(table)
   summary = {"profile": profile, "config": dataclasses.asdict(cfg), "backend": jax.default_backend(),
              "split": split, "runs": results, "wall_seconds": time.perf_counter() - t_start}
+  if mesh_sizes is not None:
+    summary["mesh"] = mesh_sizes
   with open(os.path.join(out_dir, "results.json"), "w") as f:
     json.dump(summary, f, indent=1)
   plot_curves(results, cfg, os.path.join(out_dir, "curves.png"))
@@ -313,10 +363,12 @@ def main(argv=None) -> dict:
   size.add_argument("--gpu", action="store_true", help="the long configuration (default when JAX runs on a GPU)")
   size.add_argument("--cpu", action="store_true", help="the short CPU configuration even on a GPU")
   size.add_argument("--tiny", action="store_true", help="a seconds-long smoke configuration")
+  parser.add_argument("--mesh", type=parse_mesh, default=None,
+                      help="data=N,seq=M: batch over N devices, attention sequence-parallel (Ulysses) over M")
   args = parser.parse_args(argv)
   profile = ("tiny" if args.tiny else "gpu" if args.gpu else "cpu" if args.cpu
              else "gpu" if jax.default_backend() == "gpu" else "cpu")
-  return run_all(CONFIGS[profile], args.out, profile=profile)
+  return run_all(CONFIGS[profile], args.out, profile=profile, mesh_sizes=args.mesh)
 
 
 if __name__ == "__main__":

@@ -5,22 +5,26 @@ so plans are built from dense :class:`~ffi.plan.Tensor` descriptions. jax-triton
 primitive has no batching rule, so the attention entry points are
 ``jax.custom_batching.custom_vmap`` functions whose rule folds the vmapped axis into the
 batch axis B (every operand leads with B, lse included): exactly a larger batch for the
-kernels.
+kernels. Nor has it a partitioning rule: inside the vmap rule, each op's per-shard
+function is wrapped by ``ffi.partitioning`` (batch- and head-sharded inputs run the plan
+on the local shard, no collectives).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
 
+from ffi import partitioning
 from ffi import plan as plans
 from ffi.options import AttentionOptions
 from ffi.triton_call import triton_call
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def target() -> plans.Target:
   """The default JAX device as a plan target."""
   cc = getattr(jax.devices()[0], "compute_capability", None)
@@ -75,20 +79,20 @@ def fold_batch(fun, num_args: int):
   return folded
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _forward_fn(opts: AttentionOptions, config):
-  def run(q, k, v):
+  def run(q, k, v):  # on the local shard: the plan is built from the shapes it sees
     plan = plans.attention_forward(dense(q), dense(k), dense(v), opts, target(), config=config)
     return execute(plan, q, k, v)
-  return fold_batch(run, 3)
+  return fold_batch(partitioning.partitioned(run, partitioning.attention_forward_spec()), 3)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _backward_fn(opts: AttentionOptions, config):
   def run(do, q, k, v, o_for_delta, lse):
     plan = plans.attention_backward(*map(dense, (do, q, k, v, o_for_delta, lse)), opts, target(), config=config)
     return execute(plan, do, q, k, v, o_for_delta, lse)
-  return fold_batch(run, 6)
+  return fold_batch(partitioning.partitioned(run, partitioning.attention_backward_spec()), 6)
 
 
 def attention_forward(query, key, value, opts: AttentionOptions):
@@ -110,12 +114,26 @@ def attention_backward(d_out, query, key, value, out_for_delta, lse, opts: Atten
   return fn(d_out, query, key, value, out_for_delta, lse)
 
 
+@functools.cache
+def _rope_qdq_fn(x_rank: int, positions_rank: int, group: int, fp8: bool, e4m3_scale: bool, amax_floor: float):
+  def run(x, cache, positions):  # on the local shard: heads are x's axes past positions' (1 or the local H)
+    heads = math.prod(x.shape[positions_rank:-1])
+    plan = plans.rope_qdq(dense(x), dense(cache), dense(positions.reshape(-1)), target(), heads=heads, group=group,
+                          fp8=fp8, e4m3_scale=e4m3_scale, amax_floor=amax_floor)
+    return execute(plan, x, cache, positions.reshape(-1))
+  return partitioning.partitioned(run, partitioning.rope_qdq_spec(x_rank, positions_rank))
+
+
 def rope_qdq(x, cache, positions, *, heads: int, group: int, fp8: bool, e4m3_scale: bool, amax_floor: float):
   """x: [..., width] bf16 (rows flattened, at least one); cache: [P, 64] fp32; positions: [rows // heads] int32/int64.
 
+  heads: 1 (one position per row) or x.shape[1] of an [N, H, width] x (one per token).
   Returns the QDQ result in x's buffer: output 0 aliases input 0, so under
-  ``jax.jit(..., donate_argnums=...)`` no new buffer is allocated.
+  ``jax.jit(..., donate_argnums=...)`` on one device no new buffer is allocated.
   """
-  plan = plans.rope_qdq(dense(x), dense(cache), dense(positions), target(), heads=heads, group=group, fp8=fp8,
-                        e4m3_scale=e4m3_scale, amax_floor=amax_floor)
-  return execute(plan, x, cache, positions)[0]
+  # Positions shaped like x's token axes, so that a row-sharded x takes its positions' shard.
+  positions_rank = 1 if heads > 1 else x.ndim - 1
+  if heads > 1 and (x.ndim != 3 or x.shape[1] != heads):
+    raise ValueError(f"rope_qdq: x must be [N, H={heads}, width] when heads > 1, got {tuple(x.shape)}")
+  fn = _rope_qdq_fn(x.ndim, positions_rank, group, bool(fp8), bool(e4m3_scale), float(amax_floor))
+  return fn(x, cache, positions.reshape(x.shape[:positions_rank]))[0]
