@@ -34,15 +34,45 @@ def _inputs(q, k, v, cfg):
   return qh, kt, vt
 
 
-def _visible(tq, key_idx, is_causal):
-  """[Tq, len(key_idx)] mask of keys a query row may see (top-left aligned causal)."""
-  rows = jnp.arange(tq)[:, None]
-  ok = key_idx[None, :] >= 0
-  return ok & (key_idx[None, :] <= rows) if is_causal else jnp.broadcast_to(ok, (tq, key_idx.shape[0]))
+NO_MASKS = (None, None, None, None)  # query_seq_lengths, key_value_seq_lengths, q_segment_ids, kv_segment_ids
 
 
-def forward(q, k, v, *, scale, is_causal, block_n, cfg: QATConfig):
-  """Returns ``O [B,Tq,N,D]``, ``O' [B,Tq,N,D]`` (query dtype) and ``lse [B,N,Tq]`` FP32."""
+def visible(tq, tk, key_idx, masks=NO_MASKS, *, is_causal=False, local_window_size=None,
+            causal_alignment="top_left"):
+  """[B or 1, Tq, len(key_idx)] bool: keys ``key_idx`` (int32, -1 for a padded slot) each query row may see.
+
+  masks: ``(q_len [B], kv_len [B], q_seg [B, Tq], kv_seg [B, Tk])`` int32, each optional (None).
+  Key j is visible to query i iff j is a real key (0 <= j < Tk), i < q_len[b], j < kv_len[b],
+  q_seg[b, i] == kv_seg[b, j], j <= i + offset when causal, and
+  i + offset - left <= j <= i + offset + right with a window ``(left, right)``;
+  offset = 0 ("top_left") or Tk - Tq ("bottom_right").
+  """
+  q_len, kv_len, q_seg, kv_seg = masks
+  rows = jnp.arange(tq)[None, :, None]
+  keys = key_idx[None, None, :]
+  diag = rows + (tk - tq if causal_alignment == "bottom_right" else 0)
+  ok = keys >= 0
+  if is_causal:
+    ok = ok & (keys <= diag)
+  if local_window_size is not None:
+    left, right = local_window_size
+    ok = ok & (keys >= diag - left) & (keys <= diag + right)
+  if q_len is not None:
+    ok = ok & (rows < q_len[:, None, None])
+  if kv_len is not None:
+    ok = ok & (keys < kv_len[:, None, None])
+  if q_seg is not None:
+    seg_k = jnp.take(kv_seg, jnp.maximum(key_idx, 0), axis=1)  # padded slots are already hidden by keys >= 0
+    ok = ok & (q_seg[:, :, None] == seg_k[:, None, :])
+  return jnp.broadcast_to(ok, (ok.shape[0], tq, key_idx.shape[0]))
+
+
+def forward(q, k, v, *, scale, is_causal, block_n, cfg: QATConfig, masks=NO_MASKS, local_window_size=None,
+            causal_alignment="top_left"):
+  """Returns ``O [B,Tq,N,D]``, ``O' [B,Tq,N,D]`` (query dtype) and ``lse [B,N,Tq]`` FP32.
+
+  masks, local_window_size, causal_alignment: as in :func:`visible`.
+  """
   b, tq, n, d = q.shape
   tk = k.shape[1]
   qh, kt, vt = _inputs(q, k, v, cfg)
@@ -58,7 +88,8 @@ def forward(q, k, v, *, scale, is_causal, block_n, cfg: QATConfig):
     m, l, acc, acc_hp = carry
     kb, vb, start = tile
     key_idx = start + jnp.arange(block_n)
-    valid = _visible(tq, jnp.where(key_idx < tk, key_idx, -1), is_causal)
+    valid = visible(tq, tk, jnp.where(key_idx < tk, key_idx, -1), masks, is_causal=is_causal,
+                    local_window_size=local_window_size, causal_alignment=causal_alignment)[:, None, None]
     s = scale * jnp.einsum("bkgqd,bknd->bkgqn", qh, kb, precision=_HI)
     s = jnp.where(valid, s, -jnp.inf)
     m_new = jnp.maximum(m, jnp.max(s, axis=-1))
@@ -89,10 +120,12 @@ def forward(q, k, v, *, scale, is_causal, block_n, cfg: QATConfig):
   return to_btnh(acc * inv), to_btnh(acc_hp * inv), lse.reshape(b, n, tq)
 
 
-def backward(do, q, k, v, o_for_delta, lse, *, scale, is_causal, cfg: QATConfig):
+def backward(do, q, k, v, o_for_delta, lse, *, scale, is_causal, cfg: QATConfig, masks=NO_MASKS,
+             local_window_size=None, causal_alignment="top_left"):
   """Gradients of SPEC section 3 given ``dO, Q, K, V``, the output used for delta and ``lse``.
 
   o_for_delta: O' (Attn-QAT) or O (the ``high_precision_delta=False`` ablation).
+  masks, local_window_size, causal_alignment: as in :func:`visible` (those of the forward).
   Returns dQ, dK, dV in the dtypes of q, k, v.
   """
   b, tq, n, d = q.shape
@@ -102,7 +135,8 @@ def backward(do, q, k, v, o_for_delta, lse, *, scale, is_causal, cfg: QATConfig)
   grp = lambda x: x.astype(jnp.float32).reshape(b, tq, kh, g, -1).transpose(0, 2, 3, 1, 4)
   do_g, o_g = grp(do), grp(o_for_delta)
   lse_g = lse.reshape(b, kh, g, tq)
-  valid = _visible(tq, jnp.arange(tk), is_causal)
+  valid = visible(tq, tk, jnp.arange(tk), masks, is_causal=is_causal, local_window_size=local_window_size,
+                  causal_alignment=causal_alignment)[:, None, None]
   s = scale * jnp.einsum("bkgqd,bknd->bkgqn", qh, kt, precision=_HI)
   lse_safe = jnp.where(lse_g == -jnp.inf, 0.0, lse_g)[..., None]
   p = jnp.where(valid & (lse_g[..., None] > -jnp.inf), jnp.exp(s - lse_safe), 0.0)
