@@ -131,3 +131,78 @@ def test_int_window_is_symmetric_as_in_jax():
   a = jqat.attention(q, k, v, implementation="xla", local_window_size=3)
   b = jqat.attention(q, k, v, implementation="xla", local_window_size=(3, 3))
   np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+# ----------------------------------------------------------------------------- Triton kernels
+
+def _kernel_case(spec, tq, tk, d, seed, block_n=16, blocks=(16, 16, 16, 32)):
+  """The forward and backward plans with masks, executed by the torch binding (the interpreter on CPU),
+  against the reference on the same inputs; bounds and their reasons in tests/test_attention_triton.py."""
+  import test_attention_triton as tat  # noqa: PLC0415  (sets TRITON_INTERPRET before triton is imported)
+  from ffi import plan as plans  # noqa: PLC0415
+  from ffi import torch_launch  # noqa: PLC0415
+  from ffi.options import AttentionOptions, QATConfig  # noqa: PLC0415
+  from jqat._src import attention_reference as reference  # noqa: PLC0415
+  from kernels_triton.attention_bwd import BackwardConfig  # noqa: PLC0415
+  from kernels_triton.attention_fwd import ForwardConfig  # noqa: PLC0415
+
+  torch = tat.torch
+  device = tat.kernel_device()
+  kw, vis = _kw(spec, tq, tk)
+  q, k, v, do = _inputs(tq, tk, seed, d=d)
+  opts = AttentionOptions(d**-0.5, kw["is_causal"], block_n, QATConfig(), kw["local_window_size"],
+                          kw["causal_alignment"])
+  names = ("query_seq_lengths", "key_value_seq_lengths", "q_segment_ids", "kv_segment_ids")
+  masks_j = tuple(kw.get(n) for n in names)
+  o, o_hp, lse = reference.forward(q, k, v, scale=opts.scale, is_causal=opts.is_causal, block_n=block_n,
+                                   cfg=opts.config, masks=masks_j, local_window_size=opts.local_window_size,
+                                   causal_alignment=opts.causal_alignment)
+  grads = reference.backward(do, q, k, v, o_hp, lse, scale=opts.scale, is_causal=opts.is_causal, cfg=opts.config,
+                             masks=masks_j, local_window_size=opts.local_window_size,
+                             causal_alignment=opts.causal_alignment)
+  to_t = lambda x: torch.from_numpy(np.array(x.astype(jnp.float32))).to(torch.bfloat16).to(device)
+  qt, kt, vt, dot, ohp_t = map(to_t, (q, k, v, do, o_hp))
+  masks_t = tuple(None if m is None else torch.from_numpy(np.array(m)).to(device) for m in masks_j)
+  masks_d = tuple(None if m is None else torch_launch.describe(m) for m in masks_t)
+  present = {n: m for n, m in zip(("q_len", "kv_len", "q_seg", "kv_seg"), masks_t) if m is not None}
+
+  plan = plans.attention_forward(*map(torch_launch.describe, (qt, kt, vt)), opts, torch_launch.target(qt),
+                                 config=ForwardConfig(16, 4, 1), masks=masks_d)
+  tensors = dict(q=qt, k=kt, v=vt, **present, **tat._poisoned(plan, plan.scratch + ("o", "lse"), device))
+  tensors["o_hp"] = tat._poisoned(plan, ("o_hp",), device)["o_hp"]
+  torch_launch.execute(plan, tensors)
+  f = lambda x: np.asarray(x.astype(jnp.float32))
+  lse_k, lse_r = tat._np(tensors["lse"]), f(lse)
+  assert (np.isneginf(lse_k) == np.isneginf(lse_r)).all(), "lse = -inf on the same rows"
+  fin = lambda x: np.where(np.isneginf(lse_r), 0, x)
+  tat.assert_close(fin(lse_k), fin(lse_r), rel=tat.BOUNDS["lse"], name="lse")
+  tat.assert_close(tat._np(tensors["o"]), f(o), rel=tat.BOUNDS["O"], name="O")
+  tat.assert_close(tat._np(tensors["o_hp"]), f(o_hp), rel=tat.BOUNDS["O'"], name="O'")
+
+  dq_m, dq_n, kv_m, kv_n = blocks
+  plan = plans.attention_backward(*map(torch_launch.describe, (dot, qt, kt, vt, ohp_t, tensors["lse"])), opts,
+                                  torch_launch.target(qt), config=BackwardConfig(dq_m, dq_n, 4, 1, kv_n, kv_m, 4, 1),
+                                  masks=masks_d)
+  bt = dict(do=dot, q=qt, k=kt, v=vt, o_for_delta=ohp_t, lse=torch.from_numpy(f(lse).copy()).to(device), **present,
+            **tat._poisoned(plan, plan.scratch + plan.outputs, device))
+  torch_launch.execute(plan, bt)
+  for name, want in zip(("dQ", "dK", "dV"), grads):
+    tat.assert_close(tat._np(bt[name.lower()]), f(want), rel=tat.BOUNDS[name], name=name)
+
+
+# Tq, Tk straddle the 16-row / 16- and 32-key tiles so every tile kind (skipped, masked, unmasked) occurs.
+@pytest.mark.parametrize("name,tq,tk", [(name, TQ, TK) for name in MASKS] + [("all", TK, TQ),
+                                                                              ("window-bottom-right", TK, TQ)])
+def test_kernel_masks_match_reference(name, tq, tk):
+  _kernel_case(MASKS[name], tq, tk, d=16, seed=len(name))
+
+
+@pytest.mark.parametrize("d", [48, 80])
+def test_kernel_padded_head_dims_match_reference(d):
+  """D not a power of two: tiles padded to D_PAD with masked loads; fq blocks of 16 along D unchanged."""
+  _kernel_case(MASKS["causal-lengths-segments"], 33, 40, d=d, seed=d)
+
+
+def test_kernel_window_skips_tiles_with_the_same_result():
+  """A window narrower than a tile with long sequences: most tiles are skipped (forward, dQ, dK/dV)."""
+  _kernel_case((False, (3, 2), False, False, False), 80, 96, d=16, seed=7, blocks=(16, 16, 16, 16))
