@@ -22,8 +22,18 @@ import dataclasses
 import triton
 import triton.language as tl
 
-from kernels_triton.attention_common import (LN2, LOG2E, aligned3, bf16_dot, cast_out, kv_tile_range, load_kv_tile,
-                                             mask_limits, qk_dot, visible)
+from kernels_triton.attention_common import (
+  LN2,
+  LOG2E,
+  aligned3,
+  bf16_dot,
+  cast_out,
+  kv_tile_range,
+  load_kv_tile,
+  mask_limits,
+  qk_dot,
+  visible,
+)
 from kernels_triton.nvfp4 import fq_probs, fq_tile
 
 

@@ -9,10 +9,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-import jqat
 from conftest import assert_close
 from oracle import attention_grad_oracle, attention_oracle, visible_oracle
+
+import jqat
 
 OUT_BOUND = 2 * 2.0**-9
 LSE_BOUND = 1e-5
@@ -138,17 +138,19 @@ def test_int_window_is_symmetric_as_in_jax():
 def _kernel_case(spec, tq, tk, d, seed, block_n=16, blocks=(16, 16, 16, 32)):
   """The forward and backward plans with masks, executed by the torch binding (the interpreter on CPU),
   against the reference on the same inputs; bounds and their reasons in tests/test_attention_triton.py."""
-  import test_attention_triton as tat  # noqa: PLC0415  (sets TRITON_INTERPRET before triton is imported)
-  from ffi import plan as plans  # noqa: PLC0415
-  from ffi import torch_launch  # noqa: PLC0415
-  from ffi.options import AttentionOptions, QATConfig  # noqa: PLC0415
-  from jqat._src import attention_reference as reference  # noqa: PLC0415
-  from kernels_triton.attention_bwd import BackwardConfig  # noqa: PLC0415
-  from kernels_triton.attention_fwd import ForwardConfig  # noqa: PLC0415
+  # Imported here: test_attention_triton sets TRITON_INTERPRET before anything imports triton.
+  import test_attention_triton as tat
+
+  from ffi import plan as plans
+  from ffi import torch_launch
+  from ffi.options import AttentionOptions, QATConfig
+  from jqat._src import attention_reference as reference
+  from kernels_triton.attention_bwd import BackwardConfig
+  from kernels_triton.attention_fwd import ForwardConfig
 
   torch = tat.torch
   device = tat.kernel_device()
-  kw, vis = _kw(spec, tq, tk)
+  kw, _ = _kw(spec, tq, tk)
   q, k, v, do = _inputs(tq, tk, seed, d=d)
   opts = AttentionOptions(d**-0.5, kw["is_causal"], block_n, QATConfig(), kw["local_window_size"],
                           kw["causal_alignment"])
