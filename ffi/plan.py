@@ -37,7 +37,7 @@ from kernels_triton import attention_bwd as kbwd
 from kernels_triton import attention_fwd as kfwd
 from kernels_triton import nvfp4 as knv
 from kernels_triton import rope_qdq as krope
-from kernels_triton.attention_common import dot_flags
+from kernels_triton.attention_common import dot_flags, segments_sorted_kernel
 
 # ----------------------------------------------------------------------------- plan data
 
@@ -218,7 +218,8 @@ NO_MASKS = (None,) * len(MASK_OPERANDS)
 
 
 def _masks(masks, b: int, tq: int, tk: int, buffers: dict):
-  """The present mask operands' names (plan inputs), their kernel arguments and their constexprs.
+  """The present mask operands' names (plan inputs), their kernel arguments, their constexprs and the launch
+  that checks segment ids for sortedness (scratch ``seg_sorted`` [B] int32, with segments only).
 
   masks: ``ffi.options.MASK_OPERANDS`` order, each a dense int32 :class:`Tensor` or None. An absent operand's
   kernel argument is any buffer (``q``): the kernels read it only under its flag.
@@ -234,9 +235,14 @@ def _masks(masks, b: int, tq: int, tk: int, buffers: dict):
     names.append(name)
   if ("q_seg" in names) != ("kv_seg" in names):
     raise ValueError("mask operands q_seg and kv_seg must be given together")
-  args = tuple(Ref(name if name in names else "q") for name in MASK_OPERANDS)
+  launches = ()
+  if "q_seg" in names:
+    buffers["seg_sorted"] = Tensor.dense((b,), "int32")
+    launches = (Launch("jqat_attention_segments_sorted", segments_sorted_kernel, (b,),
+                       (Ref("q_seg"), Ref("kv_seg"), tq, tk), ("seg_sorted",), {"BLOCK": 1024}, 4, 1),)
+  args = tuple(Ref(name if name in buffers else "q") for name in MASK_OPERANDS + ("seg_sorted",))
   flags = dict(HAS_Q_LEN="q_len" in names, HAS_KV_LEN="kv_len" in names, HAS_SEG="q_seg" in names)
-  return tuple(names), args, flags
+  return tuple(names), args, flags, launches
 
 
 def _static_masks(opts: AttentionOptions) -> dict:
@@ -259,13 +265,15 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
   tk, kh = k.shape[1], k.shape[2]
   o = Tensor(q.shape, q.dtype, tuple(out_strides) if out_strides is not None else Tensor.dense(q.shape, q.dtype).strides)
   buffers = {"q": q, "k": k, "v": v, "o": o, "o_hp": o, "lse": Tensor.dense((b, n, tq), "float32")}
-  mask_names, mask_args, mask_flags = _masks(masks, b, tq, tk, buffers)
+  mask_names, mask_args, mask_flags, mask_launches = _masks(masks, b, tq, tk, buffers)
   inputs = ("q", "k", "v") + mask_names
   outputs = ("o", "o_hp", "lse")
   if q.size == 0 or k.size == 0:  # no rows, or no keys: O = O' = 0, lse = -inf
     return Plan(buffers, inputs, (), outputs, (), {"o": 0.0, "o_hp": 0.0, "lse": float("-inf")})
   cfg = opts.config
   (kk, vv), scratch, launches = _quantized_inputs(("k", "v"), (k, v), cfg.quantize_qkv, target, buffers)
+  scratch += tuple(launch.outputs[0] for launch in mask_launches)
+  launches += mask_launches
   c = config or forward_config(d)
   fwd = Launch(
       "jqat_attention_fwd", kfwd.attention_fwd_kernel, (triton.cdiv(tq, c.block_m), b * n),
@@ -292,13 +300,15 @@ def attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out_for_d
   tk, kh = k.shape[1], k.shape[2]
   buffers = {"do": d_out, "q": q, "k": k, "v": v, "o_for_delta": out_for_delta, "lse": lse,
              "dq": q, "dk": k, "dv": v}
-  mask_names, mask_args, mask_flags = _masks(masks, b, tq, tk, buffers)
+  mask_names, mask_args, mask_flags, mask_launches = _masks(masks, b, tq, tk, buffers)
   inputs = ("do", "q", "k", "v", "o_for_delta", "lse") + mask_names
   outputs = ("dq", "dk", "dv")
   if q.size == 0 or k.size == 0:  # every gradient is an empty sum
     return Plan(buffers, inputs, (), outputs, (), {"dq": 0.0, "dk": 0.0, "dv": 0.0})
   cfg = opts.config
   (qq, kk, vv), scratch, launches = _quantized_inputs(("q", "k", "v"), (q, k, v), cfg.quantize_qkv, target, buffers)
+  scratch += tuple(launch.outputs[0] for launch in mask_launches)
+  launches += mask_launches
   buffers["delta"] = Tensor.dense((b, n, tq), "float32")
   delta = Launch(
       "jqat_attention_bwd_delta", kbwd.attention_bwd_delta_kernel, (triton.cdiv(tq, kbwd.DELTA_LAUNCH["BLOCK_M"]), b * n),

@@ -30,6 +30,7 @@ from kernels_triton.attention_common import (
   kv_tile_range,
   load_kv_tile,
   mask_limits,
+  narrow_to_segments,
   q_tile_range,
   qk_dot,
   visible,
@@ -118,7 +119,7 @@ def _dq_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, of
 @triton.jit
 def attention_bwd_dq_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, scale, tq, tk, n_heads, group,
-    q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr,
+    q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr,
     stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
     stride_db, stride_dt, stride_dn,
     dq_ptr,
@@ -130,7 +131,8 @@ def attention_bwd_dq_kernel(
 
   q: fq(Q) [B, Tq, N, D] (strides stride_q*, shared by dq); k, v: fq(K), fq(V)
   [B, Tk, K, D]; do: [B, Tq, N, D] (strides stride_d*); lse, delta: [B, N, Tq]
-  fp32 contiguous. D and the masks as in ``attention_fwd_kernel``. Grid: (cdiv(Tq, BLOCK_M), B * N).
+  fp32 contiguous. D and the masks (seg_sorted included) as in ``attention_fwd_kernel``.
+  Grid: (cdiv(Tq, BLOCK_M), B * N).
   """
   # Strides are multiples of 16: visible to the compiler for 16-byte, cp.async-pipelined loads.
   stride_qb, stride_qt, stride_qn = aligned3(stride_qb, stride_qt, stride_qn)
@@ -171,6 +173,12 @@ def attention_bwd_dq_kernel(
   # The forward's tiling: [lo, a) and [c, hi) masked, [a, c) unmasked, the rest hidden and skipped.
   lo, a, c, hi = kv_tile_range(start_m, q_lim, kv_lim, off, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT,
                                HAS_SEG)
+  if HAS_SEG:  # packed documents: only the keys of this block's segments
+    live = offs_m < q_lim
+    lo, hi = narrow_to_segments(lo, hi, kv_seg_base, kv_lim, tl.min(tl.where(live, seg_q, 2147483647)),
+                                tl.max(tl.where(live, seg_q, -2147483648)), tl.load(seg_sorted_ptr + b), BLOCK_N)
+    a = hi
+    c = hi
   for start_n in range(lo, a, BLOCK_N):
     dq = _dq_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, offs_d, seg_q, kv_seg_base, q_lim,
                   kv_lim, off, stride_kt, stride_vt, qk_scale, True, HEAD_DIM, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT,
@@ -224,7 +232,7 @@ def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, kn,
 @triton.jit
 def attention_bwd_dkdv_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, scale, tq, tk, n_heads, group,
-    q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr,
+    q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr,
     stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
     stride_db, stride_dt, stride_dn,
     dk_ptr, dv_ptr,
@@ -270,6 +278,12 @@ def attention_bwd_dkdv_kernel(
   # every tile when this key tile is ragged); [a, c) do not; rows outside [lo, hi) see none of these keys.
   lo, a, c, hi = q_tile_range(start_n, q_lim, kv_lim, off, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT,
                               HAS_SEG)
+  if HAS_SEG:  # packed documents: only the query rows of this key tile's segments
+    live = kn < kv_lim
+    lo, hi = narrow_to_segments(lo, hi, q_seg_base, q_lim, tl.min(tl.where(live, seg_k, 2147483647)),
+                                tl.max(tl.where(live, seg_k, -2147483648)), tl.load(seg_sorted_ptr + b), BLOCK_M)
+    a = hi
+    c = hi
 
   dk = tl.zeros([BLOCK_N, D_PAD], tl.float32)
   dv = tl.zeros([BLOCK_N, D_PAD], tl.float32)

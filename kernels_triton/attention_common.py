@@ -206,3 +206,57 @@ def q_tile_range(start_n, q_lim, kv_lim, off, BLOCK_M: tl.constexpr, BLOCK_N: tl
   a = _clamp(a, lo, hi)
   c = _clamp(c, a, hi)
   return lo, a, c, hi
+
+
+@triton.jit
+def segments_sorted_kernel(q_seg_ptr, kv_seg_ptr, tq, tk, out_ptr, BLOCK: tl.constexpr):
+  """``out[b] = 1`` when ``q_seg[b]`` ([B, Tq]) and ``kv_seg[b]`` ([B, Tk]) are both non-decreasing, else 0.
+
+  The attention kernels narrow their tile ranges by binary search only where this holds (packed documents);
+  elsewhere they walk every tile and rely on the elementwise mask. Grid: (B,).
+  """
+  b = tl.program_id(0).to(tl.int64)
+  offs = tl.arange(0, BLOCK)
+  bad = tl.sum(tl.zeros([BLOCK], tl.int32))
+  for start in range(0, tq - 1, BLOCK):
+    i = start + offs
+    m = i < tq - 1
+    x = tl.load(q_seg_ptr + b * tq + i, mask=m, other=0)
+    y = tl.load(q_seg_ptr + b * tq + i + 1, mask=m, other=0)
+    bad += tl.sum((m & (x > y)).to(tl.int32))
+  for start in range(0, tk - 1, BLOCK):
+    j = start + offs
+    m = j < tk - 1
+    x = tl.load(kv_seg_ptr + b * tk + j, mask=m, other=0)
+    y = tl.load(kv_seg_ptr + b * tk + j + 1, mask=m, other=0)
+    bad += tl.sum((m & (x > y)).to(tl.int32))
+  tl.store(out_ptr + b, (bad == 0).to(tl.int32))
+
+
+@triton.jit
+def _search(seg_base, n, value, STRICT: tl.constexpr):
+  """First index in [0, n) whose id is >= value (> value with STRICT), n if none; ids non-decreasing."""
+  lo = n * 0
+  hi = n
+  while lo < hi:
+    mid = (lo + hi) // 2
+    x = tl.load(seg_base + mid)
+    if STRICT:
+      go_right = x <= value
+    else:
+      go_right = x < value
+    lo = tl.where(go_right, mid + 1, lo)
+    hi = tl.where(go_right, hi, mid)
+  return lo
+
+
+@triton.jit
+def narrow_to_segments(lo, hi, seg_base, n, seg_min, seg_max, is_sorted, BLOCK: tl.constexpr):
+  """``[lo, hi)`` narrowed to the indices whose segment id (``n`` ids at ``seg_base``) lies in
+  ``[seg_min, seg_max]``, when the ids are non-decreasing (``is_sorted``); ``lo`` stays a multiple of BLOCK.
+  Everything cut off holds other segments only, so it is hidden from every row: skipping it is exact."""
+  first = _search(seg_base, n, seg_min, False)
+  last = _search(seg_base, n, seg_max, True)
+  new_hi = tl.where(is_sorted != 0, tl.minimum(hi, last), hi)
+  new_lo = tl.where(is_sorted != 0, tl.maximum(lo, first // BLOCK * BLOCK), lo)
+  return tl.minimum(new_lo, new_hi), new_hi

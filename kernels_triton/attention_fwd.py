@@ -31,6 +31,7 @@ from kernels_triton.attention_common import (
   kv_tile_range,
   load_kv_tile,
   mask_limits,
+  narrow_to_segments,
   qk_dot,
   visible,
 )
@@ -92,7 +93,8 @@ def _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs
 
 @triton.jit
 def attention_fwd_kernel(
-    q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr,
+    q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group,
+    q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr,
     stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
     stride_ob, stride_ot, stride_on,
     o_ptr, o_hp_ptr, lse_ptr,
@@ -106,9 +108,10 @@ def attention_fwd_kernel(
   q: [B, Tq, N, D]; k, v: [B, Tk, K, D] (already fq when QUANTIZE_QKV), N = K * group;
   the last axis of every array is contiguous; D = HEAD_DIM, tiles padded to D_PAD (a power of two) with
   masked loads. Masks (each read only under its flag; any pointer otherwise): q_len, kv_len [B] int32,
-  q_seg [B, Tq], kv_seg [B, Tk] int32 dense; IS_CAUSAL, WINDOW_LEFT/RIGHT (-1: none) and BOTTOM_RIGHT
-  as in ``attention_common.visible``. Outputs: o, o_hp [B, Tq, N, D] (strides stride_o*), lse [B, N, Tq]
-  fp32 contiguous. Grid: (cdiv(Tq, BLOCK_M), B * N). Flags: ``dot_flags`` and ``nvfp4.quant_flags``.
+  q_seg [B, Tq], kv_seg [B, Tk] int32 dense, seg_sorted [B] int32 (``segments_sorted_kernel``);
+  IS_CAUSAL, WINDOW_LEFT/RIGHT (-1: none) and BOTTOM_RIGHT as in ``attention_common.visible``.
+  Outputs: o, o_hp [B, Tq, N, D] (strides stride_o*), lse [B, N, Tq] fp32 contiguous.
+  Grid: (cdiv(Tq, BLOCK_M), B * N). Flags: ``dot_flags`` and ``nvfp4.quant_flags``.
   """
   # Every stride is a multiple of 16 (rows of D % 16 == 0 contiguous elements).
   # jax-triton does not specialize integer arguments, so without these hints the
@@ -154,6 +157,12 @@ def attention_fwd_kernel(
   # In key order, as the reference walks them: tiles hidden from every row are skipped (they add nothing).
   lo, a, c, hi = kv_tile_range(start_m, q_lim, kv_lim, off, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT,
                                HAS_SEG)
+  if HAS_SEG:  # packed documents: only the keys of this block's segments
+    live = offs_m < q_lim
+    lo, hi = narrow_to_segments(lo, hi, kv_seg_base, kv_lim, tl.min(tl.where(live, seg_q, 2147483647)),
+                                tl.max(tl.where(live, seg_q, -2147483648)), tl.load(seg_sorted_ptr + b), BLOCK_N)
+    a = hi
+    c = hi
   for start_n in range(lo, a, BLOCK_N):
     acc, acc_hp, m, l = _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, seg_q,
                                  kv_seg_base, q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, True, HEAD_DIM,

@@ -96,10 +96,10 @@ def _qflags(flags):
 
 
 def _poisoned(plan, names, device):
-  """Plan buffers filled with NaN: any element a kernel forgets to write stays NaN."""
+  """Plan buffers filled with NaN (integer ones with -1): any element a kernel forgets to write stays so."""
   tensors = torch_launch.allocate(plan, names, device)
   for t in tensors.values():
-    t.fill_(float("nan"))
+    t.fill_(float("nan") if t.is_floating_point() else -1)
   return tensors
 
 

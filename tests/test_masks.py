@@ -20,19 +20,24 @@ LSE_BOUND = 1e-5
 B, TQ, TK = 2, 37, 45
 
 
-def _arrays(tq=TQ, tk=TK):
-  """Lengths and sorted (packed) segment ids, including a padded tail of id -1 and a row past every key."""
+def _arrays(tq=TQ, tk=TK, unsorted=False):
+  """Lengths and packed (sorted) segment ids with a segment no key has; ``unsorted``: ids out of order in
+  batch element 1, which the kernels must not narrow by binary search."""
   q_len = np.array([tq, 20], np.int32)
   kv_len = np.array([30, tk], np.int32)
   q_seg = np.stack([np.repeat([0, 1, 2], [10, 15, tq - 25]), np.repeat([0, 1, 2], [5, 25, tq - 30])]).astype(np.int32)
   kv_seg = np.stack([np.repeat([0, 1, 3], [12, 20, tk - 32]), np.repeat([0, 1, 2], [5, 30, tk - 35])]).astype(np.int32)
+  if unsorted:
+    q_seg[1] = np.repeat([2, 0, 1, 2], [5, 10, 12, tq - 27])
+    kv_seg[1] = np.repeat([1, 0, 2, 1], [4, 20, 7, tk - 31])
   return q_len, kv_len, q_seg, kv_seg
 
 
-# Each mask alone and in combination: (is_causal, window, bottom_right, lengths, segments).
+# Each mask alone and in combination: (is_causal, window, bottom_right, lengths, segments); segments 2: unsorted.
 MASKS = {
     "lengths": (False, None, False, True, False),
     "segments": (False, None, False, False, True),
+    "segments-unsorted": (False, None, False, False, 2),
     "window": (False, (7, 3), False, False, False),
     "window-left-only-causal": (True, (9, 0), False, False, False),
     "causal-bottom-right": (True, None, True, False, False),
@@ -44,7 +49,7 @@ MASKS = {
 
 def _kw(spec, tq=TQ, tk=TK):
   causal, window, br, lengths, segments = spec
-  q_len, kv_len, q_seg, kv_seg = _arrays(tq, tk)
+  q_len, kv_len, q_seg, kv_seg = _arrays(tq, tk, unsorted=segments == 2)
   kw = dict(is_causal=causal, local_window_size=window, causal_alignment="bottom_right" if br else "top_left")
   if lengths:
     kw.update(query_seq_lengths=jnp.asarray(q_len), key_value_seq_lengths=jnp.asarray(kv_len))
