@@ -79,39 +79,53 @@ def fold_batch(fun, num_args: int):
   return folded
 
 
-@functools.cache
-def _forward_fn(opts: AttentionOptions, config):
-  def run(q, k, v):  # on the local shard: the plan is built from the shapes it sees
-    plan = plans.attention_forward(dense(q), dense(k), dense(v), opts, target(), config=config)
-    return execute(plan, q, k, v)
-  return fold_batch(partitioning.partitioned(run, partitioning.attention_forward_spec()), 3)
+def _mask_tensors(present, arrays):
+  """Plan tensors of the mask operands in ``MASK_OPERANDS`` order: ``arrays`` are the present ones."""
+  it = iter(arrays)
+  return tuple(dense(next(it)) if p else None for p in present)
 
 
 @functools.cache
-def _backward_fn(opts: AttentionOptions, config):
-  def run(do, q, k, v, o_for_delta, lse):
-    plan = plans.attention_backward(*map(dense, (do, q, k, v, o_for_delta, lse)), opts, target(), config=config)
-    return execute(plan, do, q, k, v, o_for_delta, lse)
-  return fold_batch(partitioning.partitioned(run, partitioning.attention_backward_spec()), 6)
+def _forward_fn(opts: AttentionOptions, config, present: tuple[bool, ...]):
+  def run(q, k, v, *masks):  # on the local shard: the plan is built from the shapes it sees
+    plan = plans.attention_forward(dense(q), dense(k), dense(v), opts, target(), config=config,
+                                   masks=_mask_tensors(present, masks))
+    return execute(plan, q, k, v, *masks)
+  return fold_batch(partitioning.partitioned(run, partitioning.attention_forward_spec(present)), 3 + sum(present))
 
 
-def attention_forward(query, key, value, opts: AttentionOptions):
+@functools.cache
+def _backward_fn(opts: AttentionOptions, config, present: tuple[bool, ...]):
+  def run(do, q, k, v, o_for_delta, lse, *masks):
+    plan = plans.attention_backward(*map(dense, (do, q, k, v, o_for_delta, lse)), opts, target(), config=config,
+                                    masks=_mask_tensors(present, masks))
+    return execute(plan, do, q, k, v, o_for_delta, lse, *masks)
+  spec = partitioning.attention_backward_spec(present)
+  return fold_batch(partitioning.partitioned(run, spec), 6 + sum(present))
+
+
+def attention_forward(query, key, value, opts: AttentionOptions, masks=plans.NO_MASKS):
   """QAT forward on the GPU: ``(O, O', lse)``.
 
   query: [B, Tq, N, D]; key, value: [B, Tk, K, D] (N % K == 0, D % 16 == 0), one float dtype.
+  masks: ``(q_len [B], kv_len [B], q_seg [B, Tq], kv_seg [B, Tk])`` int32, each optional (None); they lead
+  with B like every other operand, so vmap folds them into the batch too.
   Returns O, O' [B, Tq, N, D] in the query dtype and lse [B, N, Tq] fp32.
   """
-  return _forward_fn(opts, plans.forward_config(query.shape[-1]))(query, key, value)
+  present = tuple(m is not None for m in masks)
+  fn = _forward_fn(opts, plans.forward_config(query.shape[-1]), present)
+  return fn(query, key, value, *(m for m in masks if m is not None))
 
 
-def attention_backward(d_out, query, key, value, out_for_delta, lse, opts: AttentionOptions):
+def attention_backward(d_out, query, key, value, out_for_delta, lse, opts: AttentionOptions, masks=plans.NO_MASKS):
   """QAT backward on the GPU: ``(dQ, dK, dV)`` in the dtypes of query, key, value.
 
   d_out, out_for_delta: [B, Tq, N, D]; query [B, Tq, N, D]; key, value [B, Tk, K, D];
-  lse: [B, N, Tq] fp32 from :func:`attention_forward`.
+  lse: [B, N, Tq] fp32 from :func:`attention_forward`; masks: those of the forward.
   """
-  fn = _backward_fn(opts, plans.backward_config(query.shape[-1]))
-  return fn(d_out, query, key, value, out_for_delta, lse)
+  present = tuple(m is not None for m in masks)
+  fn = _backward_fn(opts, plans.backward_config(query.shape[-1]), present)
+  return fn(d_out, query, key, value, out_for_delta, lse, *(m for m in masks if m is not None))
 
 
 @functools.cache

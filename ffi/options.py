@@ -29,12 +29,28 @@ class AttentionOptions:
   """Everything static about one QAT attention call (SPEC section 3).
 
   scale: the softmax scale (already resolved from ``None`` to ``1/sqrt(D)``).
-  is_causal: top-left aligned causal mask (key j visible to query i iff j <= i).
+  is_causal: causal mask, key j visible to query i iff j <= i + offset.
   block_n: KV tile of the forward, a positive multiple of 16.
   config: the paper's switches.
+  local_window_size: ``(left, right)``, key j visible to query i iff
+    i + offset - left <= j <= i + offset + right (``jax.nn.dot_product_attention``'s window);
+    None for no window. Combines with ``is_causal`` by AND.
+  causal_alignment: where the diagonal of the causal mask and the window sits when
+    Tq != Tk: "top_left" (offset 0, as in JAX) or "bottom_right" (offset Tk - Tq: the
+    last query sees the last key, as in chunked prefill).
+
+  The array masks (lengths, segment ids) are operands, not options: see :data:`MASK_OPERANDS`.
   """
 
   scale: float
   is_causal: bool = False
   block_n: int = DEFAULT_BLOCK_N
   config: QATConfig = QATConfig()
+  local_window_size: tuple[int, int] | None = None
+  causal_alignment: str = "top_left"
+
+
+# The optional mask operands, in the order every binding passes them (absent ones are left out):
+# query_seq_lengths [B], key_value_seq_lengths [B], q_segment_ids [B, Tq], kv_segment_ids [B, Tk]; all int32.
+# Key j is visible to query i of batch b only if i < q_len[b], j < kv_len[b] and q_seg[b, i] == kv_seg[b, j].
+MASK_OPERANDS = ("q_len", "kv_len", "q_seg", "kv_seg")

@@ -60,19 +60,28 @@ class OpSpec:
     return ", ".join(term(f) for _, f in self.operands) + " -> " + ", ".join(term(f) for _, f in self.results)
 
 
-def attention_forward_spec() -> OpSpec:
-  """q, k, v -> O, O', lse."""
+# The mask operands in ffi.options.MASK_OPERANDS order: lengths [B], segment ids [B, T] / [B, S].
+_MASK_AXES = (("query_seq_lengths", "b"), ("key_value_seq_lengths", "b"), ("q_segment_ids", "bt"),
+              ("kv_segment_ids", "bs"))
+
+
+def _masks(present) -> tuple:
+  return tuple(axes for axes, p in zip(_MASK_AXES, present) if p)
+
+
+def attention_forward_spec(present=()) -> OpSpec:
+  """q, k, v and the present mask operands -> O, O', lse."""
   return OpSpec("attention forward",
-                (("query", "btnd"), ("key", "bskd"), ("value", "bskd")),
+                (("query", "btnd"), ("key", "bskd"), ("value", "bskd")) + _masks(present),
                 (("out", "btnd"), ("out_high_precision", "btnd"), ("lse", "bnt")),
                 frozenset("d"))
 
 
-def attention_backward_spec() -> OpSpec:
-  """dO, q, k, v, O', lse -> dq, dk, dv."""
+def attention_backward_spec(present=()) -> OpSpec:
+  """dO, q, k, v, O', lse and the present mask operands -> dq, dk, dv."""
   return OpSpec("attention backward",
                 (("d_out", "btnd"), ("query", "btnd"), ("key", "bskd"), ("value", "bskd"),
-                 ("out_for_delta", "btnd"), ("lse", "bnt")),
+                 ("out_for_delta", "btnd"), ("lse", "bnt")) + _masks(present),
                 (("d_query", "btnd"), ("d_key", "bskd"), ("d_value", "bskd")),
                 frozenset("d"))
 

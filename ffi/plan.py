@@ -32,12 +32,12 @@ import os
 
 import triton
 
-from ffi.options import AttentionOptions
+from ffi.options import MASK_OPERANDS, AttentionOptions
 from kernels_triton import attention_bwd as kbwd
 from kernels_triton import attention_fwd as kfwd
 from kernels_triton import nvfp4 as knv
 from kernels_triton import rope_qdq as krope
-from kernels_triton.attention_common import dot_flags
+from kernels_triton.attention_common import dot_flags, segments_sorted_kernel
 
 # ----------------------------------------------------------------------------- plan data
 
@@ -214,58 +214,111 @@ def _quantized_inputs(names, tensors, enabled: bool, target: Target, buffers: di
   return hats, tuple(hats), tuple(_fake_quantize(n, h, t, target) for n, h, t in zip(names, hats, tensors))
 
 
+NO_MASKS = (None,) * len(MASK_OPERANDS)
+
+
+def _masks(masks, b: int, tq: int, tk: int, buffers: dict):
+  """The present mask operands' names (plan inputs), their kernel arguments, their constexprs and the launch
+  that checks segment ids for sortedness (scratch ``seg_sorted`` [B] int32, with segments only).
+
+  masks: ``ffi.options.MASK_OPERANDS`` order, each a dense int32 :class:`Tensor` or None. An absent operand's
+  kernel argument is any buffer (``q``): the kernels read it only under its flag.
+  """
+  want = {"q_len": (b,), "kv_len": (b,), "q_seg": (b, tq), "kv_seg": (b, tk)}
+  names = []
+  for name, t in zip(MASK_OPERANDS, masks):
+    if t is None:
+      continue
+    if t.shape != want[name] or t.dtype != "int32" or t.strides != Tensor.dense(t.shape, "int32").strides:
+      raise ValueError(f"mask operand {name} must be a dense int32 tensor of shape {want[name]}, got {t}")
+    buffers[name] = t
+    names.append(name)
+  if ("q_seg" in names) != ("kv_seg" in names):
+    raise ValueError("mask operands q_seg and kv_seg must be given together")
+  launches = ()
+  if "q_seg" in names:
+    buffers["seg_sorted"] = Tensor.dense((b,), "int32")
+    launches = (Launch("jqat_attention_segments_sorted", segments_sorted_kernel, (b,),
+                       (Ref("q_seg"), Ref("kv_seg"), tq, tk), ("seg_sorted",), {"BLOCK": 1024}, 4, 1),)
+  args = tuple(Ref(name if name in buffers else "q") for name in MASK_OPERANDS + ("seg_sorted",))
+  flags = dict(HAS_Q_LEN="q_len" in names, HAS_KV_LEN="kv_len" in names, HAS_SEG="q_seg" in names)
+  return tuple(names), args, flags, launches
+
+
+def _static_masks(opts: AttentionOptions) -> dict:
+  left, right = opts.local_window_size if opts.local_window_size is not None else (-1, -1)
+  return dict(IS_CAUSAL=opts.is_causal, WINDOW_LEFT=left, WINDOW_RIGHT=right,
+              BOTTOM_RIGHT=opts.causal_alignment == "bottom_right")
+
+
+def _head_dims(d: int) -> dict:
+  """The true head dim and the kernels' tile width along D (the next power of two; padded channels read 0)."""
+  return dict(HEAD_DIM=d, D_PAD=triton.next_power_of_2(d))
+
+
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, target: Target, *,
-                      out_strides=None, config: kfwd.ForwardConfig | None = None) -> Plan:
+                      out_strides=None, config: kfwd.ForwardConfig | None = None, masks=NO_MASKS) -> Plan:
   """Plan of the QAT forward: outputs ``o``, ``o_hp`` (``[B, Tq, N, D]``, strides ``out_strides``, default dense)
-  and ``lse`` (``[B, N, Tq]`` fp32, dense). q: ``[B, Tq, N, D]``; k, v: ``[B, Tk, K, D]``, N % K == 0."""
+  and ``lse`` (``[B, N, Tq]`` fp32, dense). q: ``[B, Tq, N, D]``; k, v: ``[B, Tk, K, D]``, N % K == 0.
+  masks: optional mask operands in ``MASK_OPERANDS`` order; the present ones are inputs after q, k, v."""
   b, tq, n, d = q.shape
   tk, kh = k.shape[1], k.shape[2]
   o = Tensor(q.shape, q.dtype, tuple(out_strides) if out_strides is not None else Tensor.dense(q.shape, q.dtype).strides)
   buffers = {"q": q, "k": k, "v": v, "o": o, "o_hp": o, "lse": Tensor.dense((b, n, tq), "float32")}
+  mask_names, mask_args, mask_flags, mask_launches = _masks(masks, b, tq, tk, buffers)
+  inputs = ("q", "k", "v") + mask_names
   outputs = ("o", "o_hp", "lse")
   if q.size == 0 or k.size == 0:  # no rows, or no keys: O = O' = 0, lse = -inf
-    return Plan(buffers, ("q", "k", "v"), (), outputs, (), {"o": 0.0, "o_hp": 0.0, "lse": float("-inf")})
+    return Plan(buffers, inputs, (), outputs, (), {"o": 0.0, "o_hp": 0.0, "lse": float("-inf")})
   cfg = opts.config
   (kk, vv), scratch, launches = _quantized_inputs(("k", "v"), (k, v), cfg.quantize_qkv, target, buffers)
+  scratch += tuple(launch.outputs[0] for launch in mask_launches)
+  launches += mask_launches
   c = config or forward_config(d)
   fwd = Launch(
       "jqat_attention_fwd", kfwd.attention_fwd_kernel, (triton.cdiv(tq, c.block_m), b * n),
-      (Ref("q"), Ref(kk), Ref(vv), float(opts.scale), tq, tk, n, n // kh, *_s3(q), *_s3(k), *_s3(v), *_s3(o)),
+      (Ref("q"), Ref(kk), Ref(vv), float(opts.scale), tq, tk, n, n // kh, *mask_args, *_s3(q), *_s3(k), *_s3(v),
+       *_s3(o)),
       outputs,
-      dict(HEAD_DIM=d, BLOCK_M=c.block_m, BLOCK_N=opts.block_n, IS_CAUSAL=opts.is_causal,
+      dict(**_head_dims(d), BLOCK_M=c.block_m, BLOCK_N=opts.block_n, **_static_masks(opts), **mask_flags,
            QUANTIZE_Q=cfg.quantize_qkv, QUANTIZE_P=cfg.quantize_p, **target.dot_flags(q.dtype),
            **target.quant_flags()),
       c.num_warps, c.num_stages)
-  return Plan(buffers, ("q", "k", "v"), scratch, outputs, launches + (fwd,))
+  return Plan(buffers, inputs, scratch, outputs, launches + (fwd,))
 
 
 def attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out_for_delta: Tensor, lse: Tensor,
-                       opts: AttentionOptions, target: Target, *, config: kbwd.BackwardConfig | None = None) -> Plan:
+                       opts: AttentionOptions, target: Target, *, config: kbwd.BackwardConfig | None = None,
+                       masks=NO_MASKS) -> Plan:
   """Plan of the QAT backward: outputs ``dq``, ``dk``, ``dv`` with the strides of q, k, v.
 
   d_out, out_for_delta, q: ``[B, Tq, N, D]``; k, v: ``[B, Tk, K, D]``; lse: ``[B, N, Tq]`` fp32 dense.
+  masks: as in :func:`attention_forward` (inputs after lse).
   Scratch: ``delta`` (``[B, N, Tq]`` fp32) and, with ``quantize_qkv``, fq(Q), fq(K), fq(V).
   """
   b, tq, n, d = q.shape
   tk, kh = k.shape[1], k.shape[2]
   buffers = {"do": d_out, "q": q, "k": k, "v": v, "o_for_delta": out_for_delta, "lse": lse,
              "dq": q, "dk": k, "dv": v}
-  inputs = ("do", "q", "k", "v", "o_for_delta", "lse")
+  mask_names, mask_args, mask_flags, mask_launches = _masks(masks, b, tq, tk, buffers)
+  inputs = ("do", "q", "k", "v", "o_for_delta", "lse") + mask_names
   outputs = ("dq", "dk", "dv")
   if q.size == 0 or k.size == 0:  # every gradient is an empty sum
     return Plan(buffers, inputs, (), outputs, (), {"dq": 0.0, "dk": 0.0, "dv": 0.0})
   cfg = opts.config
   (qq, kk, vv), scratch, launches = _quantized_inputs(("q", "k", "v"), (q, k, v), cfg.quantize_qkv, target, buffers)
+  scratch += tuple(launch.outputs[0] for launch in mask_launches)
+  launches += mask_launches
   buffers["delta"] = Tensor.dense((b, n, tq), "float32")
   delta = Launch(
       "jqat_attention_bwd_delta", kbwd.attention_bwd_delta_kernel, (triton.cdiv(tq, kbwd.DELTA_LAUNCH["BLOCK_M"]), b * n),
       (Ref("o_for_delta"), Ref("do"), tq, n, *_s3(out_for_delta), *_s3(d_out)), ("delta",),
-      dict(HEAD_DIM=d, BLOCK_M=kbwd.DELTA_LAUNCH["BLOCK_M"]), kbwd.DELTA_LAUNCH["num_warps"],
+      dict(**_head_dims(d), BLOCK_M=kbwd.DELTA_LAUNCH["BLOCK_M"]), kbwd.DELTA_LAUNCH["num_warps"],
       kbwd.DELTA_LAUNCH["num_stages"])
   c = config or backward_config(d)
   common = (Ref(qq), Ref(kk), Ref(vv), Ref("do"), Ref("lse"), Ref("delta"), float(opts.scale), tq, tk, n, n // kh,
-            *_s3(q), *_s3(k), *_s3(v), *_s3(d_out))
-  flags = dict(HEAD_DIM=d, IS_CAUSAL=opts.is_causal, **target.dot_flags(q.dtype))
+            *mask_args, *_s3(q), *_s3(k), *_s3(v), *_s3(d_out))
+  flags = dict(**_head_dims(d), **_static_masks(opts), **mask_flags, **target.dot_flags(q.dtype))
   dq = Launch("jqat_attention_bwd_dq", kbwd.attention_bwd_dq_kernel, (triton.cdiv(tq, c.dq_block_m), b * n), common,
               ("dq",), dict(BLOCK_M=c.dq_block_m, BLOCK_N=c.dq_block_n, **flags), c.dq_num_warps, c.dq_num_stages)
   dkdv = Launch("jqat_attention_bwd_dkdv", kbwd.attention_bwd_dkdv_kernel, (triton.cdiv(tk, c.kv_block_n), b * kh),

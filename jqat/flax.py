@@ -6,15 +6,24 @@
                                   attention_fn=jqat.flax.make_attention_fn(is_causal=True),
                                   decode=False, rngs=nnx.Rngs(0))
 
-The kernels express exactly two masks: none, and top-left aligned causal. A
-flax mask is mapped onto one of them:
+A flax mask ``[batch..., heads or 1, Tq, Tk]`` (bool or 0/1, the same for every head) is
+mapped onto the kernels' masks: every mask of the form
 
-* ``mask=None`` -> non-causal (or causal when the factory or the call says so);
-* a concrete mask (outside ``jit``) is inspected: all-true -> no mask,
-  lower-triangular (``make_causal_mask``) -> causal, anything else -> ``ValueError``;
-* a traced mask (inside ``jit``) cannot be inspected: it is accepted only when
-  the factory was built with ``is_causal=True``, which promises that every mask
-  the function receives is the causal mask. Otherwise -> ``ValueError``.
+    visible[i, j] = (a[i] == c[j]) and causal(i, j)
+
+for some labels ``a``, ``c`` (no mask; padding masks and segment masks from
+``flax.nnx.make_attention_mask``; the decode cache mask of ``MultiHeadAttention(decode=True)``)
+and ``causal`` the top-left or bottom-right causal mask or none. Labels are read from the mask:
+row ``i`` gets the index of its first visible key, key ``j`` the label of the rows that see it.
+
+* A concrete mask (outside ``jit``) is checked on the host: a padding mask becomes
+  ``query_seq_lengths`` / ``key_value_seq_lengths``, other label structures segment ids,
+  and anything else raises a ``ValueError`` that names what is supported.
+* A traced mask (inside ``jit``) cannot be checked while tracing. Its labels are computed on
+  the device, with the causal part chosen on the device (``lax.cond``) unless it is static
+  (``is_causal`` of the call or of the factory), and the rebuilt mask is compared with the
+  given one: a batch element whose mask has no such structure gets NaN outputs, never a
+  silently wrong attention.
 
 ``bias``, dropout during training and ``sow_weights`` (which needs the
 attention matrix that the kernels never materialize) are rejected with a
@@ -28,53 +37,79 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from ffi.options import DEFAULT_BLOCK_N
 from jqat._src.attention import attention
 
 __all__ = ["attention_fn", "make_attention_fn"]
 
+_SUPPORTED = ("no mask, the causal mask (top-left or bottom-right), padding masks, segment masks from "
+              "flax.nnx.make_attention_mask(segment_ids, segment_ids, jnp.equal), the decode cache mask, and "
+              "any of these combined with the causal mask")
 
-def _mask_is_causal(mask, tq: int, tk: int, trust_traced: bool) -> bool:
-  """Maps a flax mask ``[batch..., heads or 1, Tq, Tk]`` (bool or 0/1) onto the kernels' masks.
 
-  Returns True for the causal mask, False for an all-visible one; raises for
-  anything the kernels cannot express. A traced mask is taken to be causal only
-  when ``trust_traced`` (the factory's promise), since its values are unknown.
+def _causal(tq: int, tk: int, alignment):
+  """[Tq, Tk] causal mask (NumPy, static), or None for no causal part."""
+  if alignment is None:
+    return None
+  offset = tk - tq if alignment == "bottom_right" else 0
+  return np.arange(tk)[None, :] <= np.arange(tq)[:, None] + offset
+
+
+def _labels(visible, alignment, xp):
+  """Labels ``(a [Bf, Tq], c [Bf, Tk])`` read from ``visible: [Bf, Tq, Tk]`` bool, and whether
+  ``(a[i] == c[j]) & causal`` rebuilds ``visible`` exactly (``ok [Bf]``).
+
+  Rows that see nothing get -1, keys no row sees -2: neither matches anything. xp: NumPy for a
+  concrete mask (checked on the host, even inside a trace), jax.numpy for a traced one.
   """
+  tq, tk = visible.shape[-2:]
+  a = xp.where(visible.any(-1), xp.argmax(visible, axis=-1), -1).astype(np.int32)
+  c = xp.max(xp.where(visible, a[:, :, None], -1), axis=1, initial=-1)
+  c = xp.where(c < 0, -2, c).astype(np.int32)
+  rebuilt = a[:, :, None] == c[:, None, :]
+  causal = _causal(tq, tk, alignment)
+  if causal is not None:
+    rebuilt = rebuilt & causal
+  return a, c, xp.all(rebuilt == visible, axis=(1, 2))
+
+
+def _flat_mask(mask, batch, tq: int, tk: int, xp):
+  """The mask as bool ``[prod(batch), Tq, Tk]`` and whether it is the same for every head (``[Bf]``)."""
   shape = tuple(np.shape(mask))
-  if len(shape) < 2 or any(s not in (1, want) for s, want in zip(shape[-2:], (tq, tk))):
-    raise ValueError(f"mask must broadcast to [..., Tq={tq}, Tk={tk}], got shape {shape}")
-  try:
-    visible = np.asarray(mask) != 0
-  except jax.errors.TracerArrayConversionError:
-    if trust_traced:
-      return True
-    raise ValueError(
-        "jqat attention_fn got a traced mask (inside jit) and cannot check its values; the kernels only "
-        "support no mask or the causal mask. For causal self-attention build the function with "
-        "jqat.flax.make_attention_fn(is_causal=True) (a traced mask is then taken to be causal), or pass "
-        "mask=None with is_causal=True to nnx.MultiHeadAttention.") from None
-  visible = np.broadcast_to(visible, shape[:-2] + (tq, tk))
-  if visible.all():
-    return False
-  causal = np.tril(np.ones((tq, tk), bool))  # key j visible to query i iff j <= i (top-left aligned)
-  if (visible == causal).all():
-    return True
-  raise ValueError(
-      f"mask of shape {shape} is neither all-true nor the causal (lower-triangular) mask; the jqat "
-      "kernels support only no mask or top-left aligned causal masking (padding, sliding-window and decode-cache masks are not supported)")
+  if (len(shape) < 2 or any(s not in (1, want) for s, want in zip(shape[-2:], (tq, tk)))
+      or len(shape) > len(batch) + 3):
+    raise ValueError(f"mask must broadcast to [batch..., heads, Tq={tq}, Tk={tk}], got shape {shape}")
+  m = xp.asarray(mask) != 0
+  m = m.reshape((1,) * (len(batch) + 3 - len(shape)) + shape)
+  m = xp.broadcast_to(m, batch + m.shape[-3:-2] + (tq, tk)).reshape((math.prod(batch), -1, tq, tk))
+  return m.any(1), xp.all(m.any(1) == m.all(1), axis=(1, 2))
 
 
+def _as_lengths(a, c):
+  """Padding masks as ``(query_seq_lengths, key_value_seq_lengths)`` (NumPy), or None when not padding.
+
+  Padding: every live row and live key share one label, and they are prefixes.
+  """
+  rows, keys = a >= 0, c >= 0
+  q_len, kv_len = rows.sum(1), keys.sum(1)
+  prefix = lambda live, n: (live == (np.arange(live.shape[1])[None, :] < n[:, None])).all()
+  one = lambda lab, live: (np.where(live, lab, 0) == np.where(live, lab, 0).max(1, keepdims=True)).all()
+  if prefix(rows, q_len) and prefix(keys, kv_len) and one(a, rows) and one(c, keys):
+    return q_len.astype(np.int32), kv_len.astype(np.int32)
+  return None
 def make_attention_fn(*, is_causal: bool = False, implementation: str | None = None,
                       block_n: int = DEFAULT_BLOCK_N, quantize_qkv: bool = True, quantize_p: bool = True,
                       high_precision_delta: bool = True, quantize_p_backward: bool = True):
   """Returns an ``attention_fn`` that runs :func:`jqat.attention` inside a flax attention module.
 
-  is_causal: every call is causal, and a traced mask is taken to be the causal
-    mask (needed under ``jit`` with ``make_causal_mask``; a concrete mask is still
-    checked). implementation, block_n and the four QAT switches are passed to
-    :func:`jqat.attention`; all switches False is BF16 flash attention.
+  is_causal: every call is causal, aligned bottom-right (key j visible to query i iff
+    j <= i + Tk - Tq): top-left when Tq == Tk, and it hides nothing of a one-query decode
+    step, whose cache mask then decides. A call's own ``is_causal=True`` is top-left, as in
+    ``jax.nn.dot_product_attention``. Masks are mapped as the module docstring says.
+  implementation, block_n and the four QAT switches are passed to :func:`jqat.attention`;
+  all switches False is BF16 flash attention.
   """
   for name, value in (("quantize_qkv", quantize_qkv), ("quantize_p", quantize_p),
                       ("high_precision_delta", high_precision_delta),
@@ -109,18 +144,57 @@ def make_attention_fn(*, is_causal: bool = False, implementation: str | None = N
       raise ValueError(f"query, key, value must share a rank >= 3 [batch..., T, heads, D], got shapes "
                        f"{query.shape}, {key.shape}, {value.shape}")
     tq, tk = query.shape[-3], key.shape[-3]
-    causal = always_causal or bool(is_causal)
-    # Like jax.nn.dot_product_attention, mask and is_causal combine: an all-true mask keeps `causal`.
-    if mask is not None and _mask_is_causal(mask, tq, tk, always_causal):
-      causal = True
+    # Static causality: the call's (top-left, as jax.nn) wins over the factory's (bottom-right).
+    alignment = "top_left" if is_causal else ("bottom_right" if always_causal else None)
     dtype = jnp.result_type(query, key, value) if dtype is None else dtype
     batch = query.shape[:-3]
     to_4d = lambda x: x.astype(dtype).reshape((math.prod(batch),) + x.shape[-3:])
-    out = attention(to_4d(query), to_4d(key), to_4d(value), is_causal=causal, **switches)
-    return out.reshape(query.shape)
+    q, k, v = to_4d(query), to_4d(key), to_4d(value)
+
+    def run(align, **masks):
+      return attention(q, k, v, is_causal=align is not None, causal_alignment=align or "top_left", **switches,
+                       **masks)
+
+    if mask is None:
+      return run(alignment).reshape(query.shape)
+    try:
+      mask, xp = np.asarray(mask), np
+    except jax.errors.TracerArrayConversionError:
+      xp = jnp
+    visible, same_heads = _flat_mask(mask, batch, tq, tk, xp)
+    candidates = [alignment] if alignment is not None else [None, "top_left"] + (["bottom_right"] if tq != tk else [])
+    labelled = [(align, *_labels(visible, align, xp)) for align in candidates]
+    if xp is jnp:
+      return _traced(run, labelled, same_heads).reshape(query.shape)
+    return _concrete(run, labelled, same_heads, np.shape(mask)).reshape(query.shape)
 
   return jqat_attention_fn
 
 
+def _concrete(run, labelled, same_heads, shape):
+  """The first candidate that rebuilds the (host-known) mask, as lengths when it is a padding mask."""
+  for align, a, c, ok in labelled:
+    if not (ok & same_heads).all():
+      continue
+    if (a >= 0).all() and (c == a[:, :1]).all() and (a == a[:, :1]).all():
+      return run(align)  # every row sees every key (up to the causal part): no array mask
+    lengths = _as_lengths(a, c)
+    if lengths is not None:
+      return run(align, query_seq_lengths=jnp.asarray(lengths[0]), key_value_seq_lengths=jnp.asarray(lengths[1]))
+    return run(align, q_segment_ids=jnp.asarray(a), kv_segment_ids=jnp.asarray(c))
+  raise ValueError(f"mask of shape {shape} cannot be expressed by the jqat kernels; supported: {_SUPPORTED}")
+
+
+def _traced(run, labelled, same_heads):
+  """Segment ids computed on the device and the causal part picked there (the first candidate that rebuilds the
+  mask of every batch element); NaN for a batch element whose mask that candidate does not rebuild."""
+  oks = jnp.stack([ok & same_heads for *_, ok in labelled])  # [candidates, Bf]
+  branches = [lambda align=align, a=a, c=c: run(align, q_segment_ids=a, kv_segment_ids=c)
+              for align, a, c, _ in labelled]
+  pick = jnp.argmax(oks.all(axis=1))  # 0 when none fits: its bad elements become NaN below
+  out = branches[0]() if len(branches) == 1 else lax.switch(pick, branches)
+  return jnp.where(oks[pick][:, None, None, None], out, jnp.nan).astype(out.dtype)
+
+
 attention_fn = make_attention_fn()
-"""Attn-QAT attention (all switches on) for flax; non-causal unless the mask or ``is_causal`` says so."""
+"""Attn-QAT attention (all switches on) for flax; masks mapped as the module docstring says."""

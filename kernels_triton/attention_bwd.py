@@ -22,8 +22,21 @@ import dataclasses
 import triton
 import triton.language as tl
 
-from kernels_triton.attention_common import LOG2E, aligned3, bf16_dot, cast_out, kv_tile_range, load_kv_tile, qk_dot
+from kernels_triton.attention_common import (
+  LOG2E,
+  aligned3,
+  bf16_dot,
+  cast_out,
+  kv_tile_range,
+  load_kv_tile,
+  mask_limits,
+  narrow_to_segments,
+  q_tile_range,
+  qk_dot,
+  visible,
+)
 from kernels_triton.nvfp4 import fq_probs_t
+
 
 @dataclasses.dataclass(frozen=True)
 class BackwardConfig:
@@ -60,10 +73,11 @@ DELTA_LAUNCH = {"BLOCK_M": 64, "num_warps": 4, "num_stages": 1}
 
 @triton.jit
 def attention_bwd_delta_kernel(o_ptr, do_ptr, tq, n_heads, stride_ob, stride_ot, stride_on, stride_db, stride_dt,
-                               stride_dn, delta_ptr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+                               stride_dn, delta_ptr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+                               BLOCK_M: tl.constexpr):
   """``delta[b, n, i] = sum_d O[b, i, n, d] * dO[b, i, n, d]`` in FP32; delta: [B, N, Tq] contiguous.
 
-  Grid: (cdiv(Tq, BLOCK_M), B * N).
+  D = HEAD_DIM, read in tiles of D_PAD (a power of two) channels. Grid: (cdiv(Tq, BLOCK_M), B * N).
   """
   stride_ob, stride_ot, stride_on = aligned3(stride_ob, stride_ot, stride_on)
   stride_db, stride_dt, stride_dn = aligned3(stride_db, stride_dt, stride_dn)
@@ -71,27 +85,31 @@ def attention_bwd_delta_kernel(o_ptr, do_ptr, tq, n_heads, stride_ob, stride_ot,
   b = pid_bh // n_heads
   h = pid_bh % n_heads
   offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-  offs_d = tl.arange(0, HEAD_DIM)
+  offs_d = tl.arange(0, D_PAD)
   row_ok = offs_m < tq
+  ok = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
   rows = offs_m.to(tl.int64)[:, None]
   o = tl.load(o_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_on + rows * stride_ot + offs_d[None, :],
-              mask=row_ok[:, None], other=0.0).to(tl.float32)
+              mask=ok, other=0.0).to(tl.float32)
   do = tl.load(do_ptr + b.to(tl.int64) * stride_db + h.to(tl.int64) * stride_dn + rows * stride_dt + offs_d[None, :],
-               mask=row_ok[:, None], other=0.0).to(tl.float32)
+               mask=ok, other=0.0).to(tl.float32)
   tl.store(delta_ptr + pid_bh.to(tl.int64) * tq + offs_m, tl.sum(o * do, axis=1), mask=row_ok)
 
 
 @triton.jit
-def _dq_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, offs_d, tk, stride_kt, stride_vt,
-             qk_scale, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr,
-             SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr):
+def _dq_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, offs_d, seg_q, kv_seg_base, q_lim,
+             kv_lim, off, stride_kt, stride_vt, qk_scale, MASKED: tl.constexpr, HEAD_DIM: tl.constexpr,
+             IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, HAS_SEG: tl.constexpr,
+             QK_F32: tl.constexpr, DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr):
   kn = start_n + offs_n
-  k, v = load_kv_tile(k_base, v_base, start_n, offs_n, offs_d, tk, stride_kt, stride_vt, MASKED)
+  k, v = load_kv_tile(k_base, v_base, start_n, offs_n, offs_d, kv_lim, stride_kt, stride_vt, HEAD_DIM, MASKED)
   p = tl.math.exp2(qk_dot(q, k, QK_F32, DOT_PREC) * qk_scale - lse2[:, None])
   if MASKED:
-    valid = kn[None, :] < tk
-    if IS_CAUSAL:
-      valid = valid & (kn[None, :] <= offs_m[:, None])
+    seg_k = kn
+    if HAS_SEG:
+      seg_k = tl.load(kv_seg_base + kn, mask=kn < kv_lim, other=0)
+    valid = visible(offs_m[:, None], kn[None, :], seg_q[:, None], seg_k[None, :], q_lim, kv_lim, off, IS_CAUSAL,
+                    WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG)
     p = tl.where(valid, p, 0.0)
   dp = qk_dot(do, v, QK_F32, DOT_PREC)
   ds = p * (dp - delta[:, None])
@@ -101,18 +119,22 @@ def _dq_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, of
 @triton.jit
 def attention_bwd_dq_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, scale, tq, tk, n_heads, group,
+    q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr,
     stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
     stride_db, stride_dt, stride_dn,
     dq_ptr,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
+    HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
     QK_F32: tl.constexpr, DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr):
   """dQ for query rows [pid0 * BLOCK_M, +BLOCK_M) of head pid1 % N, batch pid1 // N.
 
   q: fq(Q) [B, Tq, N, D] (strides stride_q*, shared by dq); k, v: fq(K), fq(V)
   [B, Tk, K, D]; do: [B, Tq, N, D] (strides stride_d*); lse, delta: [B, N, Tq]
-  fp32 contiguous. Grid: (cdiv(Tq, BLOCK_M), B * N).
+  fp32 contiguous. D and the masks (seg_sorted included) as in ``attention_fwd_kernel``.
+  Grid: (cdiv(Tq, BLOCK_M), B * N).
   """
-  # Strides are multiples of HEAD_DIM: visible to the compiler for 16-byte, cp.async-pipelined loads.
+  # Strides are multiples of 16: visible to the compiler for 16-byte, cp.async-pipelined loads.
   stride_qb, stride_qt, stride_qn = aligned3(stride_qb, stride_qt, stride_qn)
   stride_kb, stride_kt, stride_kn = aligned3(stride_kb, stride_kt, stride_kn)
   stride_vb, stride_vt, stride_vn = aligned3(stride_vb, stride_vt, stride_vn)
@@ -124,14 +146,22 @@ def attention_bwd_dq_kernel(
   start_m = tl.program_id(0) * BLOCK_M
   offs_m = start_m + tl.arange(0, BLOCK_M)
   offs_n = tl.arange(0, BLOCK_N)
-  offs_d = tl.arange(0, HEAD_DIM)
+  offs_d = tl.arange(0, D_PAD)
   row_ok = offs_m < tq
+  q_lim, kv_lim, off = mask_limits(b, tq, tk, q_len_ptr, kv_len_ptr, HAS_Q_LEN, HAS_KV_LEN, BOTTOM_RIGHT)
+  seg_q = offs_m
+  kv_seg_base = kv_seg_ptr
+  if HAS_SEG:
+    seg_q = tl.load(q_seg_ptr + b.to(tl.int64) * tq + offs_m, mask=row_ok, other=0)
+    kv_seg_base = kv_seg_ptr + b.to(tl.int64) * tk
   rows = offs_m.to(tl.int64)[:, None]
+  ok = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
   q_off = b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qn + rows * stride_qt + offs_d[None, :]
-  q = tl.load(q_ptr + q_off, mask=row_ok[:, None], other=0.0)
+  q = tl.load(q_ptr + q_off, mask=ok, other=0.0)
   do = tl.load(do_ptr + b.to(tl.int64) * stride_db + h.to(tl.int64) * stride_dn + rows * stride_dt + offs_d[None, :],
-               mask=row_ok[:, None], other=0.0)
-  lse = tl.load(lse_ptr + pid_bh.to(tl.int64) * tq + offs_m, mask=row_ok, other=float("-inf"))
+               mask=ok, other=0.0)
+  # Padded query rows read lse = -inf: the unmasked tiles do not hide them, a zero P does.
+  lse = tl.load(lse_ptr + pid_bh.to(tl.int64) * tq + offs_m, mask=offs_m < q_lim, other=float("-inf"))
   delta = tl.load(delta_ptr + pid_bh.to(tl.int64) * tq + offs_m, mask=row_ok, other=0.0)
   # In log2 units; +inf for a row without visible keys (or a padding row) makes its P exactly 0.
   lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
@@ -139,39 +169,56 @@ def attention_bwd_dq_kernel(
   k_base = k_ptr + b.to(tl.int64) * stride_kb + kvh.to(tl.int64) * stride_kn
   v_base = v_ptr + b.to(tl.int64) * stride_vb + kvh.to(tl.int64) * stride_vn
 
-  dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-  # Same tiling as the forward: [0, full_end) unmasked, [full_end, end) masked.
-  full_end, end = kv_tile_range(start_m, tk, BLOCK_M, BLOCK_N, IS_CAUSAL)
-  for start_n in range(0, full_end, BLOCK_N):
-    dq = _dq_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, offs_d, tk, stride_kt, stride_vt,
-                  qk_scale, False, IS_CAUSAL, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC)
-  for start_n in range(full_end, end, BLOCK_N):
-    dq = _dq_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, offs_d, tk, stride_kt, stride_vt,
-                  qk_scale, True, IS_CAUSAL, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC)
-  tl.store(dq_ptr + q_off, cast_out(dq * scale, dq_ptr, SOFT_BF16), mask=row_ok[:, None])
+  dq = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+  # The forward's tiling: [lo, a) and [c, hi) masked, [a, c) unmasked, the rest hidden and skipped.
+  lo, a, c, hi = kv_tile_range(start_m, q_lim, kv_lim, off, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT,
+                               HAS_SEG)
+  if HAS_SEG:  # packed documents: only the keys of this block's segments
+    live = offs_m < q_lim
+    lo, hi = narrow_to_segments(lo, hi, kv_seg_base, kv_lim, tl.min(tl.where(live, seg_q, 2147483647)),
+                                tl.max(tl.where(live, seg_q, -2147483648)), tl.load(seg_sorted_ptr + b), BLOCK_N)
+    a = hi
+    c = hi
+  for start_n in range(lo, a, BLOCK_N):
+    dq = _dq_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, offs_d, seg_q, kv_seg_base, q_lim,
+                  kv_lim, off, stride_kt, stride_vt, qk_scale, True, HEAD_DIM, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT,
+                  HAS_SEG, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC)
+  for start_n in range(a, c, BLOCK_N):
+    dq = _dq_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, offs_d, seg_q, kv_seg_base, q_lim,
+                  kv_lim, off, stride_kt, stride_vt, qk_scale, False, HEAD_DIM, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT,
+                  HAS_SEG, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC)
+  for start_n in range(c, hi, BLOCK_N):
+    dq = _dq_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, offs_d, seg_q, kv_seg_base, q_lim,
+                  kv_lim, off, stride_kt, stride_vt, qk_scale, True, HEAD_DIM, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT,
+                  HAS_SEG, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC)
+  tl.store(dq_ptr + q_off, cast_out(dq * scale, dq_ptr, SOFT_BF16), mask=ok)
 
 
 @triton.jit
-def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, kn, offs_m, offs_d, tq, tk,
-               stride_qt, stride_dt, qk_scale, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
-               QUANTIZE_P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QK_F32: tl.constexpr,
-               DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr,
-               HW_E2M1: tl.constexpr):
+def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, kn, offs_m, offs_d, seg_k, q_seg_base,
+               q_lim, kv_lim, off, tq, stride_qt, stride_dt, qk_scale, MASKED: tl.constexpr, HEAD_DIM: tl.constexpr,
+               IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
+               HAS_SEG: tl.constexpr, QUANTIZE_P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               QK_F32: tl.constexpr, DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr,
+               HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr):
   """One query tile's contribution to dK, dV of the key tile ``kn``; P held as [keys, queries]."""
   qm = start_m + offs_m
   row_ok = qm < tq
   rows = qm.to(tl.int64)[:, None]
-  q = tl.load(q_base + rows * stride_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-  do = tl.load(do_base + rows * stride_dt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-  lse = tl.load(lse_base + qm, mask=row_ok, other=float("-inf"))
+  ok = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+  q = tl.load(q_base + rows * stride_qt + offs_d[None, :], mask=ok, other=0.0)
+  do = tl.load(do_base + rows * stride_dt + offs_d[None, :], mask=ok, other=0.0)
+  lse = tl.load(lse_base + qm, mask=qm < q_lim, other=float("-inf"))  # padded rows: P = 0
   delta = tl.load(delta_base + qm, mask=row_ok, other=0.0)
   lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)  # P = 0 for such rows
   p_t = tl.math.exp2(qk_dot(k, q, QK_F32, DOT_PREC) * qk_scale - lse2[None, :])  # [BLOCK_N, BLOCK_M]
   if MASKED:
     # Masked keys must be exactly +0 before fq(P): they share blocks of 16 with valid keys.
-    valid = kn[:, None] < tk
-    if IS_CAUSAL:
-      valid = valid & (kn[:, None] <= qm[None, :])
+    seg_q = qm
+    if HAS_SEG:
+      seg_q = tl.load(q_seg_base + qm, mask=row_ok, other=0)
+    valid = visible(qm[None, :], kn[:, None], seg_q[None, :], seg_k[:, None], q_lim, kv_lim, off, IS_CAUSAL,
+                    WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG)
     p_t = tl.where(valid, p_t, 0.0)
   dp_t = qk_dot(v, do, QK_F32, DOT_PREC)
   ds_t = p_t * (dp_t - delta[None, :])
@@ -185,18 +232,21 @@ def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, kn,
 @triton.jit
 def attention_bwd_dkdv_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, scale, tq, tk, n_heads, group,
+    q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr,
     stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
     stride_db, stride_dt, stride_dn,
     dk_ptr, dv_ptr,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
+    HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
     QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr,
     DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr):
   """dK, dV for keys [pid0 * BLOCK_N, +BLOCK_N) of KV head pid1 % K, batch pid1 // K.
 
-  Arrays as in ``attention_bwd_dq_kernel``; dk, dv: [B, Tk, K, D] with the
+  Arrays and masks as in ``attention_bwd_dq_kernel``; dk, dv: [B, Tk, K, D] with the
   strides of k and v. Grid: (cdiv(Tk, BLOCK_N), B * K). BLOCK_N % 16 == 0.
   """
-  # Strides are multiples of HEAD_DIM: visible to the compiler for 16-byte, cp.async-pipelined loads.
+  # Strides are multiples of 16: visible to the compiler for 16-byte, cp.async-pipelined loads.
   stride_qb, stride_qt, stride_qn = aligned3(stride_qb, stride_qt, stride_qn)
   stride_kb, stride_kt, stride_kn = aligned3(stride_kb, stride_kt, stride_kn)
   stride_vb, stride_vt, stride_vn = aligned3(stride_vb, stride_vt, stride_vn)
@@ -208,27 +258,35 @@ def attention_bwd_dkdv_kernel(
   start_n = tl.program_id(0) * BLOCK_N
   kn = start_n + tl.arange(0, BLOCK_N)
   offs_m = tl.arange(0, BLOCK_M)
-  offs_d = tl.arange(0, HEAD_DIM)
+  offs_d = tl.arange(0, D_PAD)
   key_ok = kn < tk
+  q_lim, kv_lim, off = mask_limits(b, tq, tk, q_len_ptr, kv_len_ptr, HAS_Q_LEN, HAS_KV_LEN, BOTTOM_RIGHT)
+  seg_k = kn
+  q_seg_base = q_seg_ptr
+  if HAS_SEG:
+    seg_k = tl.load(kv_seg_ptr + b.to(tl.int64) * tk + kn, mask=key_ok, other=0)
+    q_seg_base = q_seg_ptr + b.to(tl.int64) * tq
   keys = kn.to(tl.int64)[:, None]
+  ok = key_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
   k_off = b.to(tl.int64) * stride_kb + kvh.to(tl.int64) * stride_kn + keys * stride_kt + offs_d[None, :]
   v_off = b.to(tl.int64) * stride_vb + kvh.to(tl.int64) * stride_vn + keys * stride_vt + offs_d[None, :]
-  k = tl.load(k_ptr + k_off, mask=key_ok[:, None], other=0.0)
-  v = tl.load(v_ptr + v_off, mask=key_ok[:, None], other=0.0)
+  k = tl.load(k_ptr + k_off, mask=ok, other=0.0)
+  v = tl.load(v_ptr + v_off, mask=ok, other=0.0)
   qk_scale = scale * LOG2E
 
-  # Query tiles [lo, mask_end) need the elementwise mask (causal diagonal, or
-  # every tile when this key tile is ragged); [mask_end, Tq) do not.
-  lo = 0
-  mask_end = 0
-  if IS_CAUSAL:
-    lo = (start_n // BLOCK_M) * BLOCK_M  # earlier query rows see none of these keys
-    mask_end = tl.cdiv(start_n + BLOCK_N - 1, BLOCK_M) * BLOCK_M
-  mask_end = tl.where(start_n + BLOCK_N > tk, tq, mask_end)
-  mask_end = tl.minimum(tl.maximum(mask_end, lo), tq)
+  # Query tiles [lo, a) and [c, hi) need the elementwise mask (causal diagonal, window edges, segments, or
+  # every tile when this key tile is ragged); [a, c) do not; rows outside [lo, hi) see none of these keys.
+  lo, a, c, hi = q_tile_range(start_n, q_lim, kv_lim, off, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT,
+                              HAS_SEG)
+  if HAS_SEG:  # packed documents: only the query rows of this key tile's segments
+    live = kn < kv_lim
+    lo, hi = narrow_to_segments(lo, hi, q_seg_base, q_lim, tl.min(tl.where(live, seg_k, 2147483647)),
+                                tl.max(tl.where(live, seg_k, -2147483648)), tl.load(seg_sorted_ptr + b), BLOCK_M)
+    a = hi
+    c = hi
 
-  dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-  dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+  dk = tl.zeros([BLOCK_N, D_PAD], tl.float32)
+  dv = tl.zeros([BLOCK_N, D_PAD], tl.float32)
   for g in range(group):  # the query heads of this KV head, in a fixed order: deterministic
     h = kvh * group + g
     bh = b * n_heads + h
@@ -236,13 +294,20 @@ def attention_bwd_dkdv_kernel(
     do_base = do_ptr + b.to(tl.int64) * stride_db + h.to(tl.int64) * stride_dn
     lse_base = lse_ptr + bh.to(tl.int64) * tq
     delta_base = delta_ptr + bh.to(tl.int64) * tq
-    for start_m in range(lo, mask_end, BLOCK_M):
-      dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, kn, offs_m, offs_d, tq, tk,
-                          stride_qt, stride_dt, qk_scale, True, IS_CAUSAL, QUANTIZE_P, BLOCK_M, BLOCK_N, QK_F32,
+    for start_m in range(lo, a, BLOCK_M):
+      dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, kn, offs_m, offs_d, seg_k,
+                          q_seg_base, q_lim, kv_lim, off, tq, stride_qt, stride_dt, qk_scale, True, HEAD_DIM,
+                          IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N, QK_F32,
                           DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1)
-    for start_m in range(mask_end, tq, BLOCK_M):
-      dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, kn, offs_m, offs_d, tq, tk,
-                          stride_qt, stride_dt, qk_scale, False, IS_CAUSAL, QUANTIZE_P, BLOCK_M, BLOCK_N, QK_F32,
+    for start_m in range(a, c, BLOCK_M):
+      dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, kn, offs_m, offs_d, seg_k,
+                          q_seg_base, q_lim, kv_lim, off, tq, stride_qt, stride_dt, qk_scale, False, HEAD_DIM,
+                          IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N, QK_F32,
                           DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1)
-  tl.store(dk_ptr + k_off, cast_out(dk * scale, dk_ptr, SOFT_BF16), mask=key_ok[:, None])
-  tl.store(dv_ptr + v_off, cast_out(dv, dv_ptr, SOFT_BF16), mask=key_ok[:, None])
+    for start_m in range(c, hi, BLOCK_M):
+      dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, kn, offs_m, offs_d, seg_k,
+                          q_seg_base, q_lim, kv_lim, off, tq, stride_qt, stride_dt, qk_scale, True, HEAD_DIM,
+                          IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N, QK_F32,
+                          DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1)
+  tl.store(dk_ptr + k_off, cast_out(dk * scale, dk_ptr, SOFT_BF16), mask=ok)
+  tl.store(dv_ptr + v_off, cast_out(dv, dv_ptr, SOFT_BF16), mask=ok)

@@ -22,8 +22,21 @@ import dataclasses
 import triton
 import triton.language as tl
 
-from kernels_triton.attention_common import LN2, LOG2E, aligned3, bf16_dot, cast_out, kv_tile_range, load_kv_tile, qk_dot
+from kernels_triton.attention_common import (
+  LN2,
+  LOG2E,
+  aligned3,
+  bf16_dot,
+  cast_out,
+  kv_tile_range,
+  load_kv_tile,
+  mask_limits,
+  narrow_to_segments,
+  qk_dot,
+  visible,
+)
 from kernels_triton.nvfp4 import fq_probs, fq_tile
+
 
 @dataclasses.dataclass(frozen=True)
 class ForwardConfig:
@@ -49,18 +62,22 @@ def forward_config(head_dim: int) -> ForwardConfig:
 
 
 @triton.jit
-def _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, tk, stride_kt, stride_vt,
-             qk_scale, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, QUANTIZE_P: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr,
-             SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr):
-  """One KV tile of the online softmax; MASKED for tiles that hold the causal diagonal or the ragged tail."""
+def _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, seg_q, kv_seg_base, q_lim,
+             kv_lim, off, stride_kt, stride_vt, qk_scale, MASKED: tl.constexpr, HEAD_DIM: tl.constexpr,
+             IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, HAS_SEG: tl.constexpr,
+             QUANTIZE_P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QK_F32: tl.constexpr,
+             DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr,
+             HW_E2M1: tl.constexpr):
+  """One KV tile of the online softmax; MASKED for tiles that a mask hides in part (``visible``)."""
   kn = start_n + offs_n
-  k, v = load_kv_tile(k_base, v_base, start_n, offs_n, offs_d, tk, stride_kt, stride_vt, MASKED)
+  k, v = load_kv_tile(k_base, v_base, start_n, offs_n, offs_d, kv_lim, stride_kt, stride_vt, HEAD_DIM, MASKED)
   s = qk_dot(q, k, QK_F32, DOT_PREC) * qk_scale  # log2 units
   if MASKED:
-    valid = kn[None, :] < tk
-    if IS_CAUSAL:
-      valid = valid & (kn[None, :] <= offs_m[:, None])
+    seg_k = kn
+    if HAS_SEG:
+      seg_k = tl.load(kv_seg_base + kn, mask=kn < kv_lim, other=0)
+    valid = visible(offs_m[:, None], kn[None, :], seg_q[:, None], seg_k[None, :], q_lim, kv_lim, off, IS_CAUSAL,
+                    WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG)
     s = tl.where(valid, s, float("-inf"))
   m_new = tl.maximum(m, tl.max(s, axis=1))
   m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
@@ -77,20 +94,26 @@ def _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs
 @triton.jit
 def attention_fwd_kernel(
     q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group,
+    q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr,
     stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
     stride_ob, stride_ot, stride_on,
     o_ptr, o_hp_ptr, lse_ptr,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
+    HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
     QUANTIZE_Q: tl.constexpr, QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr,
     SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr):
   """Forward of SPEC section 3 for query rows [pid0 * BLOCK_M, +BLOCK_M) of head pid1 % N, batch pid1 // N.
 
   q: [B, Tq, N, D]; k, v: [B, Tk, K, D] (already fq when QUANTIZE_QKV), N = K * group;
-  the last axis of every array is contiguous. Outputs: o, o_hp [B, Tq, N, D]
-  (strides stride_o*), lse [B, N, Tq] fp32 contiguous. Grid: (cdiv(Tq, BLOCK_M), B * N).
-  Flags: ``dot_flags`` and ``nvfp4.quant_flags``.
+  the last axis of every array is contiguous; D = HEAD_DIM, tiles padded to D_PAD (a power of two) with
+  masked loads. Masks (each read only under its flag; any pointer otherwise): q_len, kv_len [B] int32,
+  q_seg [B, Tq], kv_seg [B, Tk] int32 dense, seg_sorted [B] int32 (``segments_sorted_kernel``);
+  IS_CAUSAL, WINDOW_LEFT/RIGHT (-1: none) and BOTTOM_RIGHT as in ``attention_common.visible``.
+  Outputs: o, o_hp [B, Tq, N, D] (strides stride_o*), lse [B, N, Tq] fp32 contiguous.
+  Grid: (cdiv(Tq, BLOCK_M), B * N). Flags: ``dot_flags`` and ``nvfp4.quant_flags``.
   """
-  # Every stride is a multiple of HEAD_DIM (rows of D % 16 == 0 contiguous elements).
+  # Every stride is a multiple of 16 (rows of D % 16 == 0 contiguous elements).
   # jax-triton does not specialize integer arguments, so without these hints the
   # compiler cannot vectorize the tile loads (it emitted 2-byte LDG.E.U16) nor
   # pipeline them through cp.async.
@@ -106,14 +129,21 @@ def attention_fwd_kernel(
   start_m = pid_m * BLOCK_M
   offs_m = start_m + tl.arange(0, BLOCK_M)
   offs_n = tl.arange(0, BLOCK_N)
-  offs_d = tl.arange(0, HEAD_DIM)
+  offs_d = tl.arange(0, D_PAD)
   row_ok = offs_m < tq
+  d_ok = offs_d < HEAD_DIM
+  q_lim, kv_lim, off = mask_limits(b, tq, tk, q_len_ptr, kv_len_ptr, HAS_Q_LEN, HAS_KV_LEN, BOTTOM_RIGHT)
+  seg_q = offs_m
+  kv_seg_base = kv_seg_ptr
+  if HAS_SEG:
+    seg_q = tl.load(q_seg_ptr + b.to(tl.int64) * tq + offs_m, mask=row_ok, other=0)
+    kv_seg_base = kv_seg_ptr + b.to(tl.int64) * tk
 
   q_ptrs = (q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qn
             + offs_m.to(tl.int64)[:, None] * stride_qt + offs_d[None, :])
-  q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
+  q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
   if QUANTIZE_Q:
-    q = fq_tile(q.to(tl.float32), row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), BLOCK_M, HEAD_DIM, HW_E4M3,
+    q = fq_tile(q.to(tl.float32), row_ok[:, None] & d_ok[None, :], BLOCK_M, D_PAD, HW_E4M3,
                 HW_E2M1).to(q.dtype)  # exact: fq values fit the input dtype
   k_base = k_ptr + b.to(tl.int64) * stride_kb + kvh.to(tl.int64) * stride_kn
   v_base = v_ptr + b.to(tl.int64) * stride_vb + kvh.to(tl.int64) * stride_vn
@@ -121,28 +151,47 @@ def attention_fwd_kernel(
 
   m = tl.full([BLOCK_M], float("-inf"), tl.float32)
   l = tl.zeros([BLOCK_M], tl.float32)
-  acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-  acc_hp = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+  acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+  acc_hp = tl.zeros([BLOCK_M, D_PAD], tl.float32)
 
-  full_end, end = kv_tile_range(start_m, tk, BLOCK_M, BLOCK_N, IS_CAUSAL)
-  for start_n in range(0, full_end, BLOCK_N):
-    acc, acc_hp, m, l = _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, tk,
-                                 stride_kt, stride_vt, qk_scale, False, IS_CAUSAL, QUANTIZE_P, BLOCK_M, BLOCK_N,
-                                 QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1)
-  for start_n in range(full_end, end, BLOCK_N):
-    acc, acc_hp, m, l = _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, tk,
-                                 stride_kt, stride_vt, qk_scale, True, IS_CAUSAL, QUANTIZE_P, BLOCK_M, BLOCK_N,
-                                 QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1)
+  # In key order, as the reference walks them: tiles hidden from every row are skipped (they add nothing).
+  lo, a, c, hi = kv_tile_range(start_m, q_lim, kv_lim, off, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT,
+                               HAS_SEG)
+  if HAS_SEG:  # packed documents: only the keys of this block's segments
+    live = offs_m < q_lim
+    lo, hi = narrow_to_segments(lo, hi, kv_seg_base, kv_lim, tl.min(tl.where(live, seg_q, 2147483647)),
+                                tl.max(tl.where(live, seg_q, -2147483648)), tl.load(seg_sorted_ptr + b), BLOCK_N)
+    a = hi
+    c = hi
+  for start_n in range(lo, a, BLOCK_N):
+    acc, acc_hp, m, l = _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, seg_q,
+                                 kv_seg_base, q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, True, HEAD_DIM,
+                                 IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N, QK_F32,
+                                 DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1)
+  for start_n in range(a, c, BLOCK_N):
+    acc, acc_hp, m, l = _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, seg_q,
+                                 kv_seg_base, q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, False, HEAD_DIM,
+                                 IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N, QK_F32,
+                                 DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1)
+  for start_n in range(c, hi, BLOCK_N):
+    acc, acc_hp, m, l = _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, seg_q,
+                                 kv_seg_base, q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, True, HEAD_DIM,
+                                 IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N, QK_F32,
+                                 DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1)
 
-  empty = l == 0.0  # no visible key: O = O' = 0 and lse = -inf, never NaN
+  # No visible key (or a padded query row, which the unmasked tiles do not hide): O = O' = 0, lse = -inf.
+  empty = (l == 0.0) | (offs_m >= q_lim)
   inv = tl.where(empty, 0.0, tl.div_rn(1.0, tl.where(empty, 1.0, l)))
+  acc_hp = tl.where(empty[:, None], 0.0, acc_hp)  # +0, not acc * 0 (-0 for a padded row's negative sums)
+  acc = tl.where(empty[:, None], 0.0, acc)
   lse = tl.where(empty, float("-inf"), (m + tl.math.log2(tl.where(empty, 1.0, l))) * LN2)
   o_off = (b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_on
            + offs_m.to(tl.int64)[:, None] * stride_ot + offs_d[None, :])
+  out_ok = row_ok[:, None] & d_ok[None, :]
   out_hp = cast_out(acc_hp * inv[:, None], o_hp_ptr, SOFT_BF16)
-  tl.store(o_hp_ptr + o_off, out_hp, mask=row_ok[:, None])
+  tl.store(o_hp_ptr + o_off, out_hp, mask=out_ok)
   if QUANTIZE_P:
-    tl.store(o_ptr + o_off, cast_out(acc * inv[:, None], o_ptr, SOFT_BF16), mask=row_ok[:, None])
+    tl.store(o_ptr + o_off, cast_out(acc * inv[:, None], o_ptr, SOFT_BF16), mask=out_ok)
   else:
-    tl.store(o_ptr + o_off, out_hp, mask=row_ok[:, None])  # bf16(p) on both paths: O = O'
+    tl.store(o_ptr + o_off, out_hp, mask=out_ok)  # bf16(p) on both paths: O = O'
   tl.store(lse_ptr + pid_bh.to(tl.int64) * tq + offs_m, lse, mask=row_ok)

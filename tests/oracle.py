@@ -82,16 +82,38 @@ def _fq64(x, axis=-1, mask=None):
     return fq_oracle(np.asarray(x, np.float32), axis=axis, mask=mask).astype(np.float64)
 
 
-def _visible(tq, tk, is_causal):
-    rows = np.arange(tq)[:, None]
-    cols = np.arange(tk)[None, :]
-    return (cols <= rows) if is_causal else np.ones((tq, tk), bool)
+def visible_oracle(b, tq, tk, *, is_causal=False, q_len=None, kv_len=None, q_seg=None, kv_seg=None, window=None,
+                   bottom_right=False):
+    """[B, Tq, Tk] bool, element by element from the rule: key j is visible to query i of batch b iff
+    i < q_len[b], j < kv_len[b], q_seg[b, i] == kv_seg[b, j], j - i <= shift when causal and
+    -left <= j - i - shift <= right with a window (left, right); shift = Tk - Tq when bottom_right, else 0."""
+    shift = tk - tq if bottom_right else 0
+    out = np.zeros((b, tq, tk), bool)
+    for bi in range(b):
+        for i in range(tq):
+            for j in range(tk):
+                rel = j - i - shift  # how far right of the diagonal key j sits
+                ok = not (is_causal and rel > 0)
+                ok &= window is None or -window[0] <= rel <= window[1]
+                ok &= q_len is None or i < int(q_len[bi])
+                ok &= kv_len is None or j < int(kv_len[bi])
+                ok &= q_seg is None or int(q_seg[bi][i]) == int(kv_seg[bi][j])
+                out[bi, i, j] = ok
+    return out
 
 
-def attention_oracle(q, k, v, *, scale, is_causal, block_n, quantize_qkv=True, quantize_p=True):
+def _visible(b, tq, tk, is_causal, vis):
+    """[B, 1, Tq, Tk]: ``vis`` [B, Tq, Tk] when given, else the (top-left) causal or the full mask."""
+    if vis is None:
+        vis = visible_oracle(b, tq, tk, is_causal=is_causal)
+    return np.asarray(vis, bool)[:, None]
+
+
+def attention_oracle(q, k, v, *, scale, is_causal, block_n, quantize_qkv=True, quantize_p=True, vis=None):
     """Float64 re-derivation of the SPEC section 3 forward: (O, O', lse) with O, O' float64.
 
     q: [B, Tq, N, D]; k, v: [B, Tk, K, D]; walks KV tiles of ``block_n`` keys.
+    vis: [B, Tq, Tk] bool visibility (:func:`visible_oracle`); overrides ``is_causal``.
     """
     q, k, v = (np.asarray(t, np.float32) for t in (q, k, v))
     if quantize_qkv:
@@ -102,7 +124,7 @@ def attention_oracle(q, k, v, *, scale, is_causal, block_n, quantize_qkv=True, q
     k = np.repeat(k, n // kh, axis=2)
     v = np.repeat(v, n // kh, axis=2)
     s_all = scale * np.einsum("bqnd,bknd->bnqk", q, k)
-    vis = _visible(tq, tk, is_causal)
+    vis = _visible(b, tq, tk, is_causal, vis)
     m = np.full((b, n, tq), -np.inf)
     l = np.zeros((b, n, tq))
     acc = np.zeros((b, n, tq, d))
@@ -110,7 +132,7 @@ def attention_oracle(q, k, v, *, scale, is_causal, block_n, quantize_qkv=True, q
     with np.errstate(invalid="ignore"):
         for start in range(0, tk, block_n):
             sl = slice(start, min(start + block_n, tk))
-            valid = vis[:, sl]
+            valid = vis[..., sl]
             s = np.where(valid, s_all[..., sl], -np.inf)
             m_new = np.maximum(m, s.max(axis=-1))
             m_safe = np.where(np.isinf(m_new), 0.0, m_new)
@@ -129,8 +151,11 @@ def attention_oracle(q, k, v, *, scale, is_causal, block_n, quantize_qkv=True, q
 
 
 def attention_grad_oracle(do, q, k, v, o_for_delta, lse, *, scale, is_causal, quantize_qkv=True,
-                          quantize_p_backward=True):
-    """Float64 re-derivation of the SPEC section 3 backward with materialized P: (dQ, dK, dV) float64."""
+                          quantize_p_backward=True, vis=None):
+    """Float64 re-derivation of the SPEC section 3 backward with materialized P: (dQ, dK, dV) float64.
+
+    vis: [B, Tq, Tk] bool visibility (:func:`visible_oracle`); overrides ``is_causal``.
+    """
     q, k, v = (np.asarray(t, np.float32) for t in (q, k, v))
     if quantize_qkv:
         q, k, v = (fq_oracle(t) for t in (q, k, v))
@@ -143,7 +168,7 @@ def attention_grad_oracle(do, q, k, v, o_for_delta, lse, *, scale, is_causal, qu
     g = n // kh
     kr = np.repeat(k, g, axis=2)
     vr = np.repeat(v, g, axis=2)
-    vis = _visible(tq, tk, is_causal)
+    vis = _visible(b, tq, tk, is_causal, vis)
     s = scale * np.einsum("bqnd,bknd->bnqk", q, kr)
     with np.errstate(invalid="ignore"):
         # Only lse = -inf means "the row sees no key"; a NaN lse must reach P.

@@ -96,10 +96,10 @@ def _qflags(flags):
 
 
 def _poisoned(plan, names, device):
-  """Plan buffers filled with NaN: any element a kernel forgets to write stays NaN."""
+  """Plan buffers filled with NaN (integer ones with -1): any element a kernel forgets to write stays so."""
   tensors = torch_launch.allocate(plan, names, device)
   for t in tensors.values():
-    t.fill_(float("nan"))
+    t.fill_(float("nan") if t.is_floating_point() else -1)
   return tensors
 
 
@@ -218,10 +218,11 @@ def test_fq_blocks_follow_absolute_key_indices_in_dkdv():
 
 
 def test_launch_configs_fit_every_head_dim():
-  for d in (16, 64, 128, 256):
+  for d in (16, 48, 64, 80, 96, 128, 192, 256):  # tiles are padded to the next power of two
     fwd, bwd = kfwd.forward_config(d), kbwd.backward_config(d)
     assert fwd.block_m >= 16 and bwd.kv_block_n % 16 == 0
     # Shared memory of the forward: Q tile plus pipelined K and V tiles, bf16, with BLOCK_N = 64.
+    d = triton.next_power_of_2(d)
     smem = 2 * (fwd.block_m * d + fwd.num_stages * 2 * 64 * d)
     assert smem <= 228 * 1024, (d, smem)
 
@@ -345,5 +346,83 @@ def test_triton_under_vmap_and_jit_gpu():
     for a, e in zip(got, one):
       assert np.array_equal(np.asarray(a[i]).view(np.uint16), np.asarray(e).view(np.uint16))
   want = grad(q, k, v, "xla")
+  for name, a, e in zip(("dQ", "dK", "dV"), got, want):
+    assert_close(np.asarray(a.astype(jnp.float32)), np.asarray(e.astype(jnp.float32)), rel=BOUNDS[name], name=name)
+
+
+def _gpu_masks(b, tq, tk, kind, seed=0):
+  """Keyword masks for the GPU grid: padding, packed documents of random lengths, windows, bottom-right."""
+  rng = np.random.default_rng(seed)
+  lengths = lambda t: jnp.asarray(rng.integers(0, t + 1, b).astype(np.int32))
+  packed = lambda t, size: jnp.asarray(np.arange(t)[None] // size, jnp.int32).repeat(b, 0)  # sorted ids
+  shuffled = lambda t: jnp.asarray(rng.integers(0, 4, (b, t)), jnp.int32)  # unsorted: no tile narrowing
+  return {
+      "lengths": lambda: dict(query_seq_lengths=lengths(tq), key_value_seq_lengths=lengths(tk)),
+      "segments": lambda: dict(q_segment_ids=shuffled(tq), kv_segment_ids=shuffled(tk)),
+      "causal-segments": lambda: dict(is_causal=True, q_segment_ids=packed(tq, 97), kv_segment_ids=packed(tk, 97)),
+      "window": lambda: dict(local_window_size=(200, 31)),
+      "causal-window-bottom-right": lambda: dict(is_causal=True, local_window_size=(300, 0),
+                                                 causal_alignment="bottom_right"),
+      "all": lambda: dict(is_causal=True, local_window_size=(500, 0), causal_alignment="bottom_right",
+                          query_seq_lengths=lengths(tq), key_value_seq_lengths=lengths(tk),
+                          q_segment_ids=packed(tq, 300), kv_segment_ids=packed(tk, 300)),
+  }[kind]()
+
+
+# (B, Tq, Tk, N, K, D, mask kind): every mask, Tq != Tk both ways, GQA, padded head dims 48, 80, 96, 192.
+GPU_MASK_CASES = [
+    (2, 1000, 1000, 8, 2, 128, "lengths"),
+    (2, 1000, 1000, 4, 4, 64, "segments"),
+    (1, 2048, 2048, 8, 1, 128, "causal-segments"),
+    (1, 1500, 1500, 4, 2, 96, "window"),
+    (2, 300, 1200, 4, 2, 80, "causal-window-bottom-right"),
+    (2, 1200, 700, 4, 4, 192, "all"),
+    (1, 777, 777, 2, 1, 48, "all"),
+    (1, 513, 513, 4, 2, 96, "lengths"),
+]
+
+
+def _masked_fwd_bwd(impl, q, k, v, do, masks):
+  o, o_hp, lse = jqat.attention_forward(q, k, v, implementation=impl, **masks)
+  grads = jqat.attention_backward(do, q, k, v, o_hp, lse, implementation=impl, **masks)
+  return (o, o_hp, lse) + tuple(grads)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_MASK_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_triton_masks_match_xla_gpu(case):
+  b, tq, tk, n, kh, d, kind = case
+  q, k, v, do = _api_inputs(b, tq, tk, n, kh, d, seed=tq + d)
+  masks = _gpu_masks(b, tq, tk, kind)
+  static = {n: m for n, m in masks.items() if not hasattr(m, "shape")}
+  arrays = {n: m for n, m in masks.items() if hasattr(m, "shape")}
+  run = jax.jit(lambda impl, q, k, v, do, arrays: _masked_fwd_bwd(impl, q, k, v, do, {**static, **arrays}),
+                static_argnums=0)
+  got = run("triton", q, k, v, do, arrays)
+  want = run("xla", q, k, v, do, arrays)
+  for name, a, e in zip(("O", "O'", "lse", "dQ", "dK", "dV"), got, want):
+    a, e = np.asarray(a.astype(jnp.float32)), np.asarray(e.astype(jnp.float32))
+    assert not np.isnan(a).any(), name
+    if name == "lse":  # rows that see no key: -inf on both sides
+      assert (np.isneginf(a) == np.isneginf(e)).all()
+      a, e = np.where(np.isneginf(e), 0, a), np.where(np.isneginf(e), 0, e)
+    assert_close(a, e, rel=BOUNDS[name], name=name)
+
+
+@pytest.mark.gpu
+def test_triton_masks_under_vmap_gpu():
+  """Mask operands lead with B like the rest: vmap folds them into the batch as well."""
+  q, k, v, do = _api_inputs(3, 300, 300, 4, 2, 64, seed=5)
+  segs = jnp.asarray(np.arange(300)[None] // 70, jnp.int32).repeat(3, 0)
+  lens = jnp.array([300, 150, 0], jnp.int32)
+
+  def loss(q, k, v, seg, kvl, impl):
+    return jnp.sum(jqat.attention(q[None], k[None], v[None], implementation=impl, q_segment_ids=seg[None],
+                                  kv_segment_ids=seg[None], key_value_seq_lengths=kvl[None]).astype(jnp.float32)
+                   * do[:1].astype(jnp.float32))
+
+  grad = jax.jit(jax.vmap(jax.grad(loss, argnums=(0, 1, 2)), in_axes=(0, 0, 0, 0, 0, None)), static_argnums=5)
+  got = grad(q, k, v, segs, lens, "triton")
+  want = grad(q, k, v, segs, lens, "xla")
   for name, a, e in zip(("dQ", "dK", "dV"), got, want):
     assert_close(np.asarray(a.astype(jnp.float32)), np.asarray(e.astype(jnp.float32)), rel=BOUNDS[name], name=name)

@@ -32,7 +32,7 @@ def test_plan_uses_the_strides_it_is_given():
   assert [la.name for la in fwd.launches] == ["jqat_nvfp4_fake_quantize_k", "jqat_nvfp4_fake_quantize_v",
                                               "jqat_attention_fwd"]
   args = fwd.launches[-1].args
-  assert args[8:20] == q.stride()[:3] + k.stride()[:3] + v.stride()[:3] + q.stride()[:3]
+  assert args[13:25] == q.stride()[:3] + k.stride()[:3] + v.stride()[:3] + q.stride()[:3]  # after 5 mask args
   assert fwd.buffers["k_hat"].strides == k.stride() and fwd.scratch == ("k_hat", "v_hat")
   bwd = plans.attention_backward(*map(torch_launch.describe, (q, q, k, v, q, lse)), opts, GPU)
   assert [bwd.buffers[n].strides for n in ("dq", "dk", "dv")] == [q.stride(), k.stride(), v.stride()]

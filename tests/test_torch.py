@@ -563,3 +563,56 @@ def test_rope_refuses_an_inference_tensor_outside_inference_mode():
   _same(xi, before, "inference x after the refusal")
   with torch.inference_mode():  # inside inference mode the in-place write is allowed
     assert jt.rope_qdq_inplace(xi, cache, pos)["out"] is xi
+
+
+# ----------------------------------------------------------------------------- masks
+
+def _mask_kwargs(b, sq, skv, device="cpu"):
+  """Padding lengths (int64, as torch makes them), packed segment ids, a window and bottom-right alignment."""
+  seg = lambda n: torch.arange(n, device=device).unsqueeze(0).repeat(b, 1) // 7
+  return dict(query_seq_lengths=torch.tensor([sq - 3] + [sq] * (b - 1), device=device),
+              key_value_seq_lengths=torch.tensor([skv] * (b - 1) + [skv - 5], device=device),
+              q_segment_ids=seg(sq), kv_segment_ids=seg(skv), local_window_size=(9, 4),
+              causal_alignment="bottom_right")
+
+
+def _masked_results(q, k, v, do, kw, implementation):
+  """torch: out and autograd grads; JAX API (BTNH): the same, for the same masks."""
+  qr, kr, vr = (x.clone().requires_grad_() for x in (q, k, v))
+  out = jt.attention(qr, kr, vr, is_causal=True, enable_gqa=True, **kw)
+  out.backward(do)
+  jkw = {n: (_j(m.int()) if isinstance(m, torch.Tensor) else m) for n, m in kw.items()}
+  t = lambda x: jnp.swapaxes(x, 1, 2)
+
+  def loss_vjp(q, k, v):
+    res, vjp = jax.vjp(lambda q, k, v: jqat.attention(q, k, v, is_causal=True, implementation=implementation, **jkw),
+                       q, k, v)
+    return res, vjp(_j(do))
+
+  want, grads = jax.jit(loss_vjp)(*map(_j, (q, k, v)))
+  return {"out": out.detach(), "autograd": (qr.grad, kr.grad, vr.grad)}, {"out": t(want),
+                                                                          "autograd": tuple(map(t, grads))}
+
+
+def test_masks_cpu_equal_jax_api():
+  q, k, v, do = _bhsd_inputs(2, 4, 2, 23, 30, 32)
+  got, want = _masked_results(q, k, v, do, _mask_kwargs(2, 23, 30), "xla")
+  _compare(got, want, check=_reordered)
+
+
+def test_mask_validation():
+  q, k, v, _ = _bhsd_inputs(2, 2, 2, 8, 8, 16)
+  with pytest.raises(ValueError, match=r"q_segment_ids must have shape \(2, 8\)"):
+    jt.attention(q, k, v, q_segment_ids=torch.zeros(2, 9, dtype=torch.int32),
+                 kv_segment_ids=torch.zeros(2, 8, dtype=torch.int32))
+  with pytest.raises(TypeError, match="key_value_seq_lengths must have an integer dtype"):
+    jt.attention(q, k, v, key_value_seq_lengths=torch.zeros(2))
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_masks_cuda_equal_jax_triton_bitwise_gpu():
+  q, k, v, do = _bhsd_inputs(2, 4, 2, 300, 257, 96, device="cuda")
+  got, want = _masked_results(q, k, v, do, _mask_kwargs(2, 300, 257, device="cuda"), "triton")
+  torch.cuda.synchronize()
+  _compare(got, want)

@@ -2,6 +2,13 @@
 
 Shapes: B batch, Tq query length, Tk key length, N query heads, K key/value heads
 (N % K == 0), D head dim (a multiple of 16).
+
+Masks (all compose by AND; named as in ``jax.nn.dot_product_attention`` where it has them):
+``is_causal`` with ``causal_alignment`` ("top_left": key j visible to query i iff j <= i;
+"bottom_right": iff j <= i + Tk - Tq), ``local_window_size`` (left, right) around that same
+diagonal, ``query_seq_lengths`` / ``key_value_seq_lengths`` int32 [B] (padding), and
+``q_segment_ids`` [B, Tq] / ``kv_segment_ids`` [B, Tk] int32 (a query sees only keys of its own
+segment: packed documents). A row that sees no key gives O = 0, lse = -inf and zero gradients.
 """
 
 from __future__ import annotations
@@ -9,43 +16,55 @@ from __future__ import annotations
 import functools
 
 import jax
+import jax.numpy as jnp
 
 from ffi.options import DEFAULT_BLOCK_N, AttentionOptions, QATConfig
 from jqat._src import attention_reference as reference
 from jqat._src import dispatch, validate
 
-# Head dims the Triton kernels take today (tiles are powers of two along D).
-_KERNEL_HEAD_DIMS = (16, 32, 64, 128, 256)
+# The kernels pad D to the next power of two (masked loads); their shared-memory budget ends at 256.
+_KERNEL_MAX_HEAD_DIM = 256
 
 
 def _resolve(implementation, head_dim: int) -> str:
   unsupported = None
-  if head_dim not in _KERNEL_HEAD_DIMS:
-    unsupported = f"the Triton kernels take head dims {_KERNEL_HEAD_DIMS}, got {head_dim}"
+  if head_dim > _KERNEL_MAX_HEAD_DIM:
+    unsupported = f"the Triton kernels take head dims up to {_KERNEL_MAX_HEAD_DIM}, got {head_dim}"
   return dispatch.resolve(implementation, unsupported=unsupported)
 
 
-def _forward(query, key, value, opts: AttentionOptions, impl: str):
+def _masks(query, key, query_seq_lengths, key_value_seq_lengths, q_segment_ids, kv_segment_ids) -> tuple:
+  """The validated mask operands as int32 arrays (None where absent), in ``MASK_OPERANDS`` order."""
+  masks = validate.mask_operands(query, key, query_seq_lengths, key_value_seq_lengths, q_segment_ids, kv_segment_ids)
+  return tuple(None if m is None else jnp.asarray(m, jnp.int32) for m in masks)
+
+
+def _forward(query, key, value, masks, opts: AttentionOptions, impl: str):
   if impl == "triton":
     from ffi import jax_launch  # noqa: PLC0415  (GPU only: jax-triton needs CUDA to import)
-    return jax_launch.attention_forward(query, key, value, opts)
+    return jax_launch.attention_forward(query, key, value, opts, masks)
   return reference.forward(query, key, value, scale=opts.scale, is_causal=opts.is_causal, block_n=opts.block_n,
-                           cfg=opts.config)
+                           cfg=opts.config, masks=masks, local_window_size=opts.local_window_size,
+                           causal_alignment=opts.causal_alignment)
 
 
-def _backward(d_out, query, key, value, out_for_delta, lse, opts: AttentionOptions, impl: str):
+def _backward(d_out, query, key, value, out_for_delta, lse, masks, opts: AttentionOptions, impl: str):
   if impl == "triton":
     from ffi import jax_launch  # noqa: PLC0415
-    return jax_launch.attention_backward(d_out, query, key, value, out_for_delta, lse, opts)
+    return jax_launch.attention_backward(d_out, query, key, value, out_for_delta, lse, opts, masks)
   return reference.backward(d_out, query, key, value, out_for_delta, lse, scale=opts.scale, is_causal=opts.is_causal,
-                            cfg=opts.config)
+                            cfg=opts.config, masks=masks, local_window_size=opts.local_window_size,
+                            causal_alignment=opts.causal_alignment)
 
 
 def attention_forward(query, key, value, *, scale=None, is_causal=False, implementation=None,
-                      block_n=DEFAULT_BLOCK_N, config: QATConfig = QATConfig()):
+                      block_n=DEFAULT_BLOCK_N, config: QATConfig = QATConfig(), query_seq_lengths=None,
+                      key_value_seq_lengths=None, q_segment_ids=None, kv_segment_ids=None, local_window_size=None,
+                      causal_alignment="top_left"):
   """The explicit QAT forward.
 
   query: [B, Tq, N, D]; key, value: [B, Tk, K, D]; bf16 (fp16/fp32 accepted).
+  Masks: as in :func:`attention`.
   Returns ``(out [B, Tq, N, D], out_high_precision [B, Tq, N, D], lse [B, N, Tq] fp32)``:
   O uses the quantized probabilities, O' the BF16 ones (for the backward's delta),
   lse is the natural-log softmax statistic (-inf for a row that sees no key).
@@ -53,17 +72,21 @@ def attention_forward(query, key, value, *, scale=None, is_causal=False, impleme
   validate.attention_inputs(query, key, value)
   d = query.shape[-1]
   opts = validate.attention_options(scale_value=scale, is_causal=is_causal, block_n_value=block_n, head_dim=d,
-                                    config=config)
-  return _forward(query, key, value, opts, _resolve(implementation, d))
+                                    config=config, local_window_size_value=local_window_size,
+                                    causal_alignment_value=causal_alignment)
+  masks = _masks(query, key, query_seq_lengths, key_value_seq_lengths, q_segment_ids, kv_segment_ids)
+  return _forward(query, key, value, masks, opts, _resolve(implementation, d))
 
 
 def attention_backward(d_out, query, key, value, out_for_delta, lse, *, scale=None, is_causal=False,
-                       implementation=None, config: QATConfig = QATConfig()):
+                       implementation=None, config: QATConfig = QATConfig(), query_seq_lengths=None,
+                       key_value_seq_lengths=None, q_segment_ids=None, kv_segment_ids=None, local_window_size=None,
+                       causal_alignment="top_left"):
   """The explicit QAT backward: ``(dQ, dK, dV)`` in the dtypes of query, key, value (SPEC section 3).
 
   d_out, out_for_delta: [B, Tq, N, D] in the query dtype; query [B, Tq, N, D]; key, value [B, Tk, K, D];
   lse: [B, N, Tq] fp32. ``out_for_delta`` is O' from :func:`attention_forward`
-  (or O, for the paper's "naive FP4 forward + BF16 backward" ablation).
+  (or O, for the paper's "naive FP4 forward + BF16 backward" ablation). Masks: those of the forward.
   """
   validate.attention_inputs(query, key, value)
   for name, x in (("d_out", d_out), ("out_for_delta", out_for_delta)):
@@ -78,8 +101,10 @@ def attention_backward(d_out, query, key, value, out_for_delta, lse, *, scale=No
                      f"{getattr(lse, 'shape', lse)}")
   d = query.shape[-1]
   opts = validate.attention_options(scale_value=scale, is_causal=is_causal, block_n_value=DEFAULT_BLOCK_N,
-                                    head_dim=d, config=config)
-  return _backward(d_out, query, key, value, out_for_delta, lse, opts, _resolve(implementation, d))
+                                    head_dim=d, config=config, local_window_size_value=local_window_size,
+                                    causal_alignment_value=causal_alignment)
+  masks = _masks(query, key, query_seq_lengths, key_value_seq_lengths, q_segment_ids, kv_segment_ids)
+  return _backward(d_out, query, key, value, out_for_delta, lse, masks, opts, _resolve(implementation, d))
 
 
 @jax.custom_jvp
@@ -95,32 +120,40 @@ def _first_order_only_jvp(primals, tangents):
       "higher-order derivatives use jax.nn.dot_product_attention.")
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _attention(query, key, value, opts: AttentionOptions, impl: str):
-  return _forward(query, key, value, opts, impl)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _attention(query, key, value, masks, opts: AttentionOptions, impl: str):
+  return _forward(query, key, value, masks, opts, impl)[0]
 
 
-def _attention_fwd(query, key, value, opts, impl):
-  out, out_hp, lse = _forward(query, key, value, opts, impl)
+def _attention_fwd(query, key, value, masks, opts, impl):
+  out, out_hp, lse = _forward(query, key, value, masks, opts, impl)
   # The softmax-gradient term must use O' (P @ V_hat); O = fq(P) @ V_hat only for the ablation.
-  return out, (query, key, value, out_hp if opts.config.high_precision_delta else out, lse)
+  return out, (query, key, value, out_hp if opts.config.high_precision_delta else out, lse, masks)
 
 
 def _attention_bwd(opts, impl, res, d_out):
-  res, d_out = _first_order_only(res, d_out)
-  return _backward(d_out, *res, opts, impl)
+  *res, masks = res
+  res, d_out = _first_order_only(tuple(res), d_out)
+  # Integer masks have no cotangent (None: a symbolic zero).
+  return (*_backward(d_out, *res, masks, opts, impl), tuple(None for _ in masks))
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
 def attention(query, key, value, *, scale=None, is_causal=False, implementation=None, block_n=DEFAULT_BLOCK_N,
-              quantize_qkv=True, quantize_p=True, high_precision_delta=True, quantize_p_backward=True):
+              quantize_qkv=True, quantize_p=True, high_precision_delta=True, quantize_p_backward=True,
+              query_seq_lengths=None, key_value_seq_lengths=None, q_segment_ids=None, kv_segment_ids=None,
+              local_window_size=None, causal_alignment="top_left"):
   """NVFP4 quantization-aware-training attention (Attn-QAT), differentiable (first order).
 
   query: [B, Tq, N, D]; key, value: [B, Tk, K, D] (N % K == 0 for GQA/MQA; D % 16 == 0); bf16
     (fp16/fp32 accepted).
-  scale: softmax scale, default 1/sqrt(D). is_causal: top-left aligned causal mask.
+  scale: softmax scale, default 1/sqrt(D). is_causal: causal mask (aligned by causal_alignment).
+  query_seq_lengths, key_value_seq_lengths: int32 [B] or None (padding: rows / keys at or past the length
+    are hidden). q_segment_ids: int32 [B, Tq], kv_segment_ids: int32 [B, Tk], or None (given together).
+  local_window_size: None, w or (left, right): key j visible to query i iff i + o - left <= j <= i + o + right.
+  causal_alignment: "top_left" (o = 0) or "bottom_right" (o = Tk - Tq), for is_causal and the window.
   implementation: None (Triton on a supported GPU, else XLA), "triton" or "xla".
   block_n: KV tile of the forward, one of 16, 32, 64, 128, 256 (the quantized P depends on it;
     both implementations use the same value).
@@ -132,5 +165,7 @@ def attention(query, key, value, *, scale=None, is_causal=False, implementation=
   d = query.shape[-1]
   config = validate.qat_config(quantize_qkv, quantize_p, high_precision_delta, quantize_p_backward)
   opts = validate.attention_options(scale_value=scale, is_causal=is_causal, block_n_value=block_n, head_dim=d,
-                                    config=config)
-  return _attention(query, key, value, opts, _resolve(implementation, d))
+                                    config=config, local_window_size_value=local_window_size,
+                                    causal_alignment_value=causal_alignment)
+  masks = _masks(query, key, query_seq_lengths, key_value_seq_lengths, q_segment_ids, kv_segment_ids)
+  return _attention(query, key, value, masks, opts, _resolve(implementation, d))

@@ -76,14 +76,48 @@ def _untile(y, tk):
   return y.transpose(1, 0, 3, 2, 4).reshape(b, n_tiles * block, kh, d)[:, :tk]
 
 
-def _visible(tq, start, block, tk, is_causal):
-  """[Tq, block] mask of the tile's keys ``start + arange(block)`` that a query row may see.
+NO_MASKS = (None, None, None, None)  # query_seq_lengths, key_value_seq_lengths, q_segment_ids, kv_segment_ids
 
-  Keys past Tk (padding) are never visible; causal masking is top-left aligned.
+
+def visible(tq, tk, key_idx, masks=NO_MASKS, *, is_causal=False, local_window_size=None,
+            causal_alignment="top_left"):
+  """[B or 1, Tq, len(key_idx)] bool: keys ``key_idx`` (int32, -1 for a padded slot) each query row may see.
+
+  masks: ``(q_len [B], kv_len [B], q_seg [B, Tq], kv_seg [B, Tk])`` int32, each optional (None).
+  Key j is visible to query i iff j is a real key (0 <= j < Tk), i < q_len[b], j < kv_len[b],
+  q_seg[b, i] == kv_seg[b, j], j <= i + offset when causal, and
+  i + offset - left <= j <= i + offset + right with a window ``(left, right)``;
+  offset = 0 ("top_left") or Tk - Tq ("bottom_right").
   """
+  q_len, kv_len, q_seg, kv_seg = masks
+  rows = jnp.arange(tq)[None, :, None]
+  keys = key_idx[None, None, :]
+  diag = rows + (tk - tq if causal_alignment == "bottom_right" else 0)
+  ok = keys >= 0
+  if is_causal:
+    ok = ok & (keys <= diag)
+  if local_window_size is not None:
+    left, right = local_window_size
+    ok = ok & (keys >= diag - left) & (keys <= diag + right)
+  if q_len is not None:
+    ok = ok & (rows < q_len[:, None, None])
+  if kv_len is not None:
+    ok = ok & (keys < kv_len[:, None, None])
+  if q_seg is not None:
+    seg_k = jnp.take(kv_seg, jnp.maximum(key_idx, 0), axis=1)  # padded slots are already hidden by keys >= 0
+    ok = ok & (q_seg[:, :, None] == seg_k[:, None, :])
+  return jnp.broadcast_to(ok, (ok.shape[0], tq, key_idx.shape[0]))
+
+
+def _tile_visible(tq, tk, start, block, masks, static):
+  """[B or 1, 1, 1, Tq, block] keys ``start + arange(block)`` of one tile each query row sees (padding hidden)."""
   key_idx = start + jnp.arange(block)
-  ok = jnp.broadcast_to(key_idx[None, :] < tk, (tq, block))
-  return ok & (key_idx[None, :] <= jnp.arange(tq)[:, None]) if is_causal else ok
+  return visible(tq, tk, jnp.where(key_idx < tk, key_idx, -1), masks, **static)[:, None, None]
+
+
+def _masked(masks, static) -> bool:
+  """Whether real (query, key) pairs are hidden, so products over keys need the NaN guard of :func:`_dot`."""
+  return static["is_causal"] or static["local_window_size"] is not None or any(x is not None for x in masks)
 
 
 def _dot(spec, a, b, visible):
@@ -103,11 +137,15 @@ def _dot(spec, a, b, visible):
   return jnp.where(hits > 0, jnp.nan, out)
 
 
-def forward(q, k, v, *, scale, is_causal, block_n, cfg: QATConfig):
+def forward(q, k, v, *, scale, is_causal, block_n, cfg: QATConfig, masks=NO_MASKS, local_window_size=None,
+            causal_alignment="top_left"):
   """Returns ``O [B,Tq,N,D]``, ``O' [B,Tq,N,D]`` (query dtype) and ``lse [B,N,Tq]`` FP32.
 
+  masks, local_window_size, causal_alignment: as in :func:`visible`.
   Intermediates are O(Tq * block_n) per (batch, head): one KV tile at a time.
   """
+  static = dict(is_causal=is_causal, local_window_size=local_window_size, causal_alignment=causal_alignment)
+  present = [x for x in masks if x is not None]
   b, tq, n, d = q.shape
   tk = k.shape[1]
   qh, kt, vt = _inputs(q, k, v, cfg)
@@ -115,7 +153,7 @@ def forward(q, k, v, *, scale, is_causal, block_n, cfg: QATConfig):
   def step(carry, tile):
     m, l, acc, acc_hp = carry
     kb, vb, start = tile
-    valid = _visible(tq, start, block_n, tk, is_causal)
+    valid = _tile_visible(tq, tk, start, block_n, masks, static)
     s = scale * jnp.einsum("bkgqd,bknd->bkgqn", qh, kb, precision=_HI)
     s = jnp.where(valid, s, -jnp.inf)
     m_new = jnp.maximum(m, jnp.max(s, axis=-1))  # NaN in a visible score poisons the row
@@ -124,14 +162,14 @@ def forward(q, k, v, *, scale, is_causal, block_n, cfg: QATConfig):
     p_out = _fq(p_tilde, mask=valid) if cfg.quantize_p else _bf16(p_tilde)
     alpha = jnp.exp(m - m_safe)
     l = alpha * l + jnp.sum(p_tilde, axis=-1)
-    guard = valid if is_causal else None
+    guard = valid if _masked(masks, static) else None
     acc = alpha[..., None] * acc + _dot("bkgqn,bknd->bkgqd", p_out, vb, guard)
     acc_hp = alpha[..., None] * acc_hp + _dot("bkgqn,bknd->bkgqd", _bf16(p_tilde), vb, guard)
     return (m_new, l, acc, acc_hp), None
 
   stats = qh.shape[:-1]
-  init = (_fill(-jnp.inf, stats, q, k, v), _fill(0.0, stats, q, k, v),
-          _fill(0.0, qh.shape, q, k, v), _fill(0.0, qh.shape, q, k, v))
+  init = (_fill(-jnp.inf, stats, q, k, v, *present), _fill(0.0, stats, q, k, v, *present),
+          _fill(0.0, qh.shape, q, k, v, *present), _fill(0.0, qh.shape, q, k, v, *present))
   starts = jnp.arange(-(-tk // block_n)) * block_n
   (m, l, acc, acc_hp), _ = lax.scan(step, init, (_tiles(kt, block_n), _tiles(vt, block_n), starts))
   empty = l == 0.0  # no visible key: O = O' = 0, lse = -inf (a NaN l is not empty)
@@ -148,11 +186,13 @@ def forward(q, k, v, *, scale, is_causal, block_n, cfg: QATConfig):
   return to_btnh(acc * inv), to_btnh(acc_hp * inv), lse.reshape(b, n, tq)
 
 
-def backward(do, q, k, v, o_for_delta, lse, *, scale, is_causal, cfg: QATConfig, block_k=BACKWARD_BLOCK_K):
+def backward(do, q, k, v, o_for_delta, lse, *, scale, is_causal, cfg: QATConfig, masks=NO_MASKS,
+             local_window_size=None, causal_alignment="top_left", block_k=BACKWARD_BLOCK_K):
   """Gradients of SPEC section 3 given ``dO, Q, K, V``, the output used for delta and ``lse``.
 
   do, o_for_delta: [B, Tq, N, D]; q: [B, Tq, N, D]; k, v: [B, Tk, K, D]; lse: [B, N, Tq] fp32.
   o_for_delta: O' (Attn-QAT) or O (the ``high_precision_delta=False`` ablation).
+  masks, local_window_size, causal_alignment: as in :func:`visible` (those of the forward).
   block_k: keys per tile (a multiple of 16), so fq(P)'s blocks of 16 keys stay at absolute
     key indices. dK and dV of a key come from its own tile alone, so they do not depend on
     block_k; dQ is accumulated tile by tile in FP32, so block_k changes its summation order
@@ -161,6 +201,8 @@ def backward(do, q, k, v, o_for_delta, lse, *, scale, is_causal, cfg: QATConfig,
   """
   if block_k <= 0 or block_k % 16:
     raise ValueError(f"block_k must be a positive multiple of 16, got {block_k}")
+  static = dict(is_causal=is_causal, local_window_size=local_window_size, causal_alignment=causal_alignment)
+  present = [x for x in masks if x is not None]
   b, tq, n, d = q.shape
   tk, kh = k.shape[1], k.shape[2]
   g = n // kh
@@ -175,8 +217,8 @@ def backward(do, q, k, v, o_for_delta, lse, *, scale, is_causal, cfg: QATConfig,
 
   def step(dq, tile):
     kb, vb, start = tile
-    valid = _visible(tq, start, block, tk, is_causal)
-    guard = valid if is_causal else None
+    valid = _tile_visible(tq, tk, start, block, masks, static)
+    guard = valid if _masked(masks, static) else None
     s = scale * jnp.einsum("bkgqd,bknd->bkgqn", qh, kb, precision=_HI)
     p = jnp.where(valid & sees, jnp.exp(s - lse_safe), 0.0)
     dp = jnp.einsum("bkgqd,bknd->bkgqn", do_g, vb, precision=_HI)
@@ -188,7 +230,7 @@ def backward(do, q, k, v, o_for_delta, lse, *, scale, is_causal, cfg: QATConfig,
     return dq, (dk, dv)
 
   starts = jnp.arange(-(-tk // block)) * block
-  dq, (dk, dv) = lax.scan(step, _fill(0.0, qh.shape, do, q, k, v, o_for_delta, lse),
+  dq, (dk, dv) = lax.scan(step, _fill(0.0, qh.shape, do, q, k, v, o_for_delta, lse, *present),
                           (_tiles(kt, block), _tiles(vt, block), starts))
   dq = (scale * dq).transpose(0, 3, 1, 2, 4).reshape(b, tq, n, d)
   return dq.astype(q.dtype), _untile(dk, tk).astype(k.dtype), _untile(dv, tk).astype(v.dtype)

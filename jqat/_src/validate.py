@@ -98,10 +98,67 @@ def qat_config(quantize_qkv, quantize_p, high_precision_delta, quantize_p_backwa
                    flag("high_precision_delta", high_precision_delta), flag("quantize_p_backward", quantize_p_backward))
 
 
-def attention_options(*, scale_value, is_causal, block_n_value, head_dim: int, config) -> AttentionOptions:
+CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
+
+
+def _count(name: str, value) -> int:
+  if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or value < 0:
+    raise TypeError(f"{name} must be a non-negative int, got {value!r} ({type(value).__name__})")
+  return int(value)
+
+
+def local_window_size(value) -> tuple[int, int] | None:
+  """None, an int ``w`` (the window ``(w, w)``, as in ``jax.nn.dot_product_attention``) or ``(left, right)``."""
+  if value is None:
+    return None
+  if isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)):
+    return (_count("local_window_size", value),) * 2
+  if not isinstance(value, (tuple, list)) or len(value) != 2:
+    raise TypeError(f"local_window_size must be None, a non-negative int or a pair (left, right) of them, got "
+                    f"{value!r}")
+  return _count("local_window_size[0] (left)", value[0]), _count("local_window_size[1] (right)", value[1])
+
+
+def causal_alignment(value) -> str:
+  if not isinstance(value, str) or value not in CAUSAL_ALIGNMENTS:
+    raise ValueError(f"causal_alignment must be one of {CAUSAL_ALIGNMENTS}, got {value!r}")
+  return value
+
+
+def mask_operands(query, key, query_seq_lengths=None, key_value_seq_lengths=None, q_segment_ids=None,
+                  kv_segment_ids=None, *, layout: str = "BTNH") -> tuple:
+  """Checks the array masks against query [B, Tq, ...] and key [B, Tk, ...] (``layout`` as in
+  :func:`attention_inputs`); returns them in ``ffi.options.MASK_OPERANDS`` order (None where absent).
+
+  Lengths are integer [B], segment ids integer [B, Tq] and [B, Tk], given together. The caller casts them to
+  int32 (values must fit: lengths and ids are compared, never used as addresses).
+  """
+  t_axis = 1 if layout == "BTNH" else 2
+  b, tq, tk = query.shape[0], query.shape[t_axis], key.shape[t_axis]
+  given = {"query_seq_lengths": (query_seq_lengths, (b,)), "key_value_seq_lengths": (key_value_seq_lengths, (b,)),
+           "q_segment_ids": (q_segment_ids, (b, tq)), "kv_segment_ids": (kv_segment_ids, (b, tk))}
+  for name, (x, want) in given.items():
+    if x is None:
+      continue
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+      raise TypeError(f"{name} must be an integer array of shape {want}, got {type(x).__name__}")
+    if "int" not in dtype_name(x):
+      raise TypeError(f"{name} must have an integer dtype (int32), got {dtype_name(x)}")
+    if tuple(x.shape) != want:
+      raise ValueError(f"{name} must have shape {want} ({'[B]' if len(want) == 1 else '[B, T]'}), got "
+                       f"{tuple(x.shape)}")
+  if (q_segment_ids is None) != (kv_segment_ids is None):
+    raise ValueError("q_segment_ids and kv_segment_ids must be given together (a query sees only keys of its own "
+                     f"segment), got only {'q_segment_ids' if kv_segment_ids is None else 'kv_segment_ids'}")
+  return query_seq_lengths, key_value_seq_lengths, q_segment_ids, kv_segment_ids
+
+
+def attention_options(*, scale_value, is_causal, block_n_value, head_dim: int, config, local_window_size_value=None,
+                      causal_alignment_value="top_left") -> AttentionOptions:
   """Validated :class:`AttentionOptions` from the public keywords."""
   if not isinstance(config, QATConfig):
     raise TypeError(f"config must be a jqat.QATConfig, got {type(config).__name__}")
   for f in ("quantize_qkv", "quantize_p", "high_precision_delta", "quantize_p_backward"):
     flag(f"config.{f}", getattr(config, f))
-  return AttentionOptions(scale(scale_value, head_dim), flag("is_causal", is_causal), block_n(block_n_value), config)
+  return AttentionOptions(scale(scale_value, head_dim), flag("is_causal", is_causal), block_n(block_n_value), config,
+                          local_window_size(local_window_size_value), causal_alignment(causal_alignment_value))

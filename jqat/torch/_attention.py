@@ -34,22 +34,36 @@ def check_inputs(q, k, v, *, enable_gqa: bool = True, names=("q", "k", "v")):
   tt.check_backend(q.device)
 
 
+NO_MASKS = (None,) * 4  # q_len [B], kv_len [B], q_seg [B, Sq], kv_seg [B, Skv]: int32 tensors or None
+
+
 @functools.lru_cache(maxsize=None)
 def _xla_forward(opts: AttentionOptions):
   """The XLA reference forward on BHSD arrays, jitted once per options value."""
-  def fn(q, k, v):
+  def fn(q, k, v, masks):
     q, k, v = (jnp.swapaxes(t, 1, 2) for t in (q, k, v))
-    return _api._forward(q, k, v, opts, "xla")
+    return _api._forward(q, k, v, masks, opts, "xla")
   return jax.jit(fn)
 
 
 @functools.lru_cache(maxsize=None)
 def _xla_backward(opts: AttentionOptions):
   """The XLA reference backward on BHSD arrays, jitted once per options value."""
-  def fn(do, q, k, v, o_for_delta, lse):
+  def fn(do, q, k, v, o_for_delta, lse, masks):
     do, q, k, v, o_for_delta = (jnp.swapaxes(t, 1, 2) for t in (do, q, k, v, o_for_delta))
-    return _api._backward(do, q, k, v, o_for_delta, lse, opts, "xla")
+    return _api._backward(do, q, k, v, o_for_delta, lse, masks, opts, "xla")
   return jax.jit(fn)
+
+
+def _jax_masks(masks):
+  return tuple(None if m is None else tt.to_jax(m) for m in masks)
+
+
+def _mask_views(masks, launch):
+  """Plan descriptions and named tensors of the present (int32, contiguous) masks."""
+  named = {n: m.contiguous() for n, m in zip(("q_len", "kv_len", "q_seg", "kv_seg"), masks) if m is not None}
+  described = tuple(None if m is None else launch.describe(m.contiguous()) for m in masks)
+  return described, named
 
 
 def _launcher():
@@ -59,33 +73,37 @@ def _launcher():
   return plans, torch_launch
 
 
-def forward(q, k, v, opts: AttentionOptions):
-  """BHSD q, k, v (validated) -> contiguous BHSD O, O' and lse [B, H, Sq] fp32, on the current stream."""
+def forward(q, k, v, opts: AttentionOptions, masks=NO_MASKS):
+  """BHSD q, k, v (validated) -> contiguous BHSD O, O' and lse [B, H, Sq] fp32, on the current stream.
+
+  masks: ``(q_len [B], kv_len [B], q_seg [B, Sq], kv_seg [B, Skv])`` int32 tensors or None (validated)."""
   b, h, sq, d = q.shape
   o = torch.empty((b, h, sq, d), dtype=q.dtype, device=q.device)
   o_hp = torch.empty_like(o)
   lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
   if q.device.type == "cpu":
-    for dst, src in zip((o, o_hp, lse), _xla_forward(opts)(*(tt.to_jax(t) for t in (q, k, v)))):
+    for dst, src in zip((o, o_hp, lse), _xla_forward(opts)(*(tt.to_jax(t) for t in (q, k, v)), _jax_masks(masks))):
       dst.copy_(tt.from_jax(src).transpose(1, 2) if src.ndim == 4 else tt.from_jax(src))
   else:
-    forward_kernels(q, k, v, o, o_hp, lse, opts)
+    forward_kernels(q, k, v, o, o_hp, lse, opts, masks)
   return o, o_hp, lse
 
 
-def forward_kernels(q, k, v, o, o_hp, lse, opts: AttentionOptions):
+def forward_kernels(q, k, v, o, o_hp, lse, opts: AttentionOptions, masks=NO_MASKS):
   """The forward plan into ``o``, ``o_hp`` (BHSD, equal strides) and ``lse`` (contiguous); CUDA, or CPU
   tensors under ``TRITON_INTERPRET=1``."""
   plans, launch = _launcher()
   q, k, v = tt.dense(q), tt.dense(k), tt.dense(v)
   views = dict(q=tt.btnh(q), k=tt.btnh(k), v=tt.btnh(v), o=tt.btnh(o), o_hp=tt.btnh(o_hp), lse=lse)
+  described, named = _mask_views(masks, launch)
+  views.update(named)
   plan = plans.attention_forward(*(launch.describe(views[n]) for n in ("q", "k", "v")), opts, launch.target(q),
-                                 out_strides=views["o"].stride())
+                                 out_strides=views["o"].stride(), masks=described)
   views.update(launch.allocate(plan, plan.scratch, q.device))
   launch.execute(plan, views)
 
 
-def backward_plan(do, q, k, v, o_for_delta, lse, opts: AttentionOptions):
+def backward_plan(do, q, k, v, o_for_delta, lse, opts: AttentionOptions, masks=NO_MASKS):
   """The backward's plan and the BTNH views of its inputs (``q, k, v`` dense, ``do``/``o_for_delta`` with a
   contiguous last axis, ``lse`` contiguous: copies only where a tensor is not already so)."""
   plans, launch = _launcher()
@@ -93,29 +111,32 @@ def backward_plan(do, q, k, v, o_for_delta, lse, opts: AttentionOptions):
                o_for_delta=tt.last_contiguous(o_for_delta))
   views = {n: tt.btnh(t) for n, t in views.items()}
   views["lse"] = lse.contiguous()
+  described, named = _mask_views(masks, launch)
+  views.update(named)
   plan = plans.attention_backward(*(launch.describe(views[n]) for n in ("do", "q", "k", "v", "o_for_delta", "lse")),
-                                  opts, launch.target(q))
+                                  opts, launch.target(q), masks=described)
   return plan, views
 
 
-def backward(do, q, k, v, o_for_delta, lse, opts: AttentionOptions, *, out=None, workspace=None):
-  """BHSD (dq, dk, dv) of validated inputs on the current stream.
+def backward(do, q, k, v, o_for_delta, lse, opts: AttentionOptions, *, out=None, workspace=None, masks=NO_MASKS):
+  """BHSD (dq, dk, dv) of validated inputs on the current stream; masks as in :func:`forward`.
 
   out: optional (dq, dk, dv) buffers to write (on CUDA with the strides of the dense q, k, v); workspace:
   optional 1-D uint8 scratch (:func:`ffi.torch_launch.workspace_bytes` of the plan), else allocated.
   """
   if q.device.type == "cpu":
-    grads = _xla_backward(opts)(*(tt.to_jax(t) for t in (do, q, k, v, o_for_delta, lse)))
+    grads = _xla_backward(opts)(*(tt.to_jax(t) for t in (do, q, k, v, o_for_delta, lse)), _jax_masks(masks))
     out = out or tuple(torch.empty_like(t) for t in (q, k, v))
     for dst, src in zip(out, grads):
       dst.copy_(tt.from_jax(src).transpose(1, 2))
     return tuple(out)
-  return backward_kernels(do, q, k, v, o_for_delta, lse, opts, out=out, workspace=workspace)
+  return backward_kernels(do, q, k, v, o_for_delta, lse, opts, out=out, workspace=workspace, masks=masks)
 
 
-def backward_kernels(do, q, k, v, o_for_delta, lse, opts: AttentionOptions, *, out=None, workspace=None):
+def backward_kernels(do, q, k, v, o_for_delta, lse, opts: AttentionOptions, *, out=None, workspace=None,
+                     masks=NO_MASKS):
   """The backward plan (arguments as :func:`backward`); CUDA, or CPU tensors under ``TRITON_INTERPRET=1``."""
-  plan, views = backward_plan(do, q, k, v, o_for_delta, lse, opts)
+  plan, views = backward_plan(do, q, k, v, o_for_delta, lse, opts, masks)
   _, launch = _launcher()
   if out is None:
     out = tuple(tt.btnh(g) for g in launch.allocate(plan, plan.outputs, q.device).values())
@@ -126,69 +147,85 @@ def backward_kernels(do, q, k, v, o_for_delta, lse, opts: AttentionOptions, *, o
   return tuple(out)
 
 
-def _options(scale, is_causal, block_n, quantize_qkv, quantize_p, high_precision_delta, quantize_p_backward):
+def _options(scale, is_causal, block_n, quantize_qkv, quantize_p, high_precision_delta, quantize_p_backward,
+             window_left, window_right, causal_alignment):
+  window = None if window_left < 0 else (window_left, window_right)
   return AttentionOptions(scale, is_causal, block_n,
-                          QATConfig(quantize_qkv, quantize_p, high_precision_delta, quantize_p_backward))
+                          QATConfig(quantize_qkv, quantize_p, high_precision_delta, quantize_p_backward), window,
+                          causal_alignment)
+
+
+# The ops' static arguments after the tensors (the window as two ints, -1 -1 for none: the schema has no tuples).
+_STATIC = ("scale", "is_causal", "block_n", "quantize_qkv", "quantize_p", "high_precision_delta",
+           "quantize_p_backward", "window_left", "window_right", "causal_alignment")
 
 
 @torch.library.custom_op("jqat::attention_fwd", mutates_args=())
-def attention_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, is_causal: bool,
-                     block_n: int, quantize_qkv: bool, quantize_p: bool, high_precision_delta: bool,
-                     quantize_p_backward: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-  """``(O, O', lse)``: contiguous BHSD outputs in q's dtype and lse [B, H, Sq] fp32."""
+def attention_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_len: torch.Tensor | None,
+                     kv_len: torch.Tensor | None, q_seg: torch.Tensor | None, kv_seg: torch.Tensor | None,
+                     scale: float, is_causal: bool, block_n: int, quantize_qkv: bool, quantize_p: bool,
+                     high_precision_delta: bool, quantize_p_backward: bool, window_left: int, window_right: int,
+                     causal_alignment: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+  """``(O, O', lse)``: contiguous BHSD outputs in q's dtype and lse [B, H, Sq] fp32; optional int32 masks."""
   tt.check_backend(q.device)
-  return forward(q, k, v, _options(scale, is_causal, block_n, quantize_qkv, quantize_p, high_precision_delta,
-                                   quantize_p_backward))
+  opts = _options(scale, is_causal, block_n, quantize_qkv, quantize_p, high_precision_delta, quantize_p_backward,
+                  window_left, window_right, causal_alignment)
+  return forward(q, k, v, opts, (q_len, kv_len, q_seg, kv_seg))
 
 
 @attention_fwd_op.register_fake
-def _(q, k, v, scale, is_causal, block_n, quantize_qkv, quantize_p, high_precision_delta, quantize_p_backward):
+def _(q, k, v, q_len, kv_len, q_seg, kv_seg, *static):
   o = q.new_empty(q.shape)  # contiguous, as forward() allocates
   return o, torch.empty_like(o), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
 @torch.library.custom_op("jqat::attention_bwd", mutates_args=())
 def attention_bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     o_for_delta: torch.Tensor, lse: torch.Tensor, scale: float, is_causal: bool, block_n: int,
-                     quantize_qkv: bool, quantize_p: bool, high_precision_delta: bool,
-                     quantize_p_backward: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     o_for_delta: torch.Tensor, lse: torch.Tensor, q_len: torch.Tensor | None,
+                     kv_len: torch.Tensor | None, q_seg: torch.Tensor | None, kv_seg: torch.Tensor | None,
+                     scale: float, is_causal: bool, block_n: int, quantize_qkv: bool, quantize_p: bool,
+                     high_precision_delta: bool, quantize_p_backward: bool, window_left: int, window_right: int,
+                     causal_alignment: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
   """``(dQ, dK, dV)`` with the layouts of q, k, v (``torch.empty_like``)."""
-  opts = _options(scale, is_causal, block_n, quantize_qkv, quantize_p, high_precision_delta, quantize_p_backward)
+  opts = _options(scale, is_causal, block_n, quantize_qkv, quantize_p, high_precision_delta, quantize_p_backward,
+                  window_left, window_right, causal_alignment)
   out = tuple(torch.empty_like(t) for t in (q, k, v))
   if q.device.type == "cuda":  # the kernels write gradients with the strides of the (dense) operand they read
     out = tuple(o if tt.is_dense(t) else torch.empty_like(o, memory_format=torch.contiguous_format)
                 for o, t in zip(out, (q, k, v)))
-  return backward(do, q, k, v, o_for_delta, lse, opts, out=out)
+  return backward(do, q, k, v, o_for_delta, lse, opts, out=out, masks=(q_len, kv_len, q_seg, kv_seg))
 
 
 @attention_bwd_op.register_fake
-def _(do, q, k, v, o_for_delta, lse, scale, is_causal, block_n, quantize_qkv, quantize_p, high_precision_delta,
-      quantize_p_backward):
+def _(do, q, k, v, o_for_delta, lse, q_len, kv_len, q_seg, kv_seg, *static):
   return tuple(torch.empty_like(t) if tt.is_dense(t) else torch.empty_like(t, memory_format=torch.contiguous_format)
                for t in (q, k, v))
 
 
 def _setup_context(ctx, inputs, output):
-  q, k, v, *static = inputs
+  q, k, v, *rest = inputs
+  masks, static = rest[:4], rest[4:]
   o, o_hp, lse = output
-  high_precision_delta = static[5]
-  ctx.save_for_backward(q, k, v, o_hp if high_precision_delta else o, lse)
+  high_precision_delta = static[_STATIC.index("high_precision_delta")]
+  ctx.save_for_backward(q, k, v, o_hp if high_precision_delta else o, lse, *masks)
   ctx.static = tuple(static)
   ctx.mark_non_differentiable(o_hp, lse)
 
 
 def _backward_formula(ctx, d_out, d_out_hp, d_lse):
   del d_out_hp, d_lse  # O' and lse are statistics of the forward, not differentiated
-  q, k, v, o_for_delta, lse = ctx.saved_tensors
-  dq, dk, dv = attention_bwd_op(d_out, q, k, v, o_for_delta, lse, *ctx.static)
-  return (dq, dk, dv) + (None,) * len(ctx.static)
+  q, k, v, o_for_delta, lse, *masks = ctx.saved_tensors
+  dq, dk, dv = attention_bwd_op(d_out, q, k, v, o_for_delta, lse, *masks, *ctx.static)
+  return (dq, dk, dv) + (None,) * (len(masks) + len(ctx.static))  # integer masks: no gradient
 
 
 attention_fwd_op.register_autograd(_backward_formula, setup_context=_setup_context)
 
 
 def attention(q, k, v, is_causal=False, scale=None, enable_gqa=False, *, block_n=DEFAULT_BLOCK_N,
-              quantize_qkv=True, quantize_p=True, high_precision_delta=True, quantize_p_backward=True):
+              quantize_qkv=True, quantize_p=True, high_precision_delta=True, quantize_p_backward=True,
+              query_seq_lengths=None, key_value_seq_lengths=None, q_segment_ids=None, kv_segment_ids=None,
+              local_window_size=None, causal_alignment="top_left"):
   """NVFP4 quantization-aware-training attention (Attn-QAT) on BHSD tensors, differentiable.
 
   Drop-in for ``F.scaled_dot_product_attention(q, k, v, is_causal=..., scale=..., enable_gqa=...)``
@@ -201,6 +238,9 @@ def attention(q, k, v, is_causal=False, scale=None, enable_gqa=False, *, block_n
   block_n: KV tile of the forward (the quantized P depends on it), as in ``jqat.attention``.
   quantize_qkv, quantize_p, high_precision_delta, quantize_p_backward: the paper's ablation
     switches (SPEC section 3); all False is plain BF16 flash attention.
+  query_seq_lengths, key_value_seq_lengths: integer [B] (padding); q_segment_ids [B, Sq], kv_segment_ids [B, Skv]
+    integer (packed documents); local_window_size, causal_alignment: as in ``jqat.attention`` (there
+    ``is_causal`` follows ``causal_alignment`` too). Integer masks are passed to the kernels as int32.
 
   Returns O [B, H, Sq, D] in q's dtype. CUDA tensors run the Triton kernels on the current
   stream; CPU tensors run the JAX reference through DLPack. The op is ``torch.ops.jqat.attention_fwd``
@@ -212,5 +252,14 @@ def attention(q, k, v, is_causal=False, scale=None, enable_gqa=False, *, block_n
   switches = [validate.flag(name, value) for name, value in (
       ("quantize_qkv", quantize_qkv), ("quantize_p", quantize_p), ("high_precision_delta", high_precision_delta),
       ("quantize_p_backward", quantize_p_backward))]
-  return attention_fwd_op(q, k, v, validate.scale(scale, q.shape[-1]), validate.flag("is_causal", is_causal),
-                          validate.block_n(block_n), *switches)[0]
+  masks = validate.mask_operands(q, k, query_seq_lengths, key_value_seq_lengths, q_segment_ids, kv_segment_ids,
+                                 layout="BHSD")
+  for name, m in zip(("query_seq_lengths", "key_value_seq_lengths", "q_segment_ids", "kv_segment_ids"), masks):
+    if m is not None:
+      tt.check_device(name, m, q.device)
+  masks = tuple(None if m is None else m.to(torch.int32).contiguous() for m in masks)
+  window = validate.local_window_size(local_window_size)
+  left, right = window if window is not None else (-1, -1)
+  return attention_fwd_op(q, k, v, *masks, validate.scale(scale, q.shape[-1]), validate.flag("is_causal", is_causal),
+                          validate.block_n(block_n), *switches, left, right,
+                          validate.causal_alignment(causal_alignment))[0]
