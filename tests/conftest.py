@@ -19,6 +19,9 @@ def _has_cuda_gpu() -> bool:
 
 
 HAS_GPU = _has_cuda_gpu()
+# Once, before any test module imports triton (which reads it when a kernel is defined): the
+# interpreter on CPU machines, compiled kernels on a GPU. Test order must not decide it.
+os.environ.setdefault("TRITON_INTERPRET", "0" if HAS_GPU else "1")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -213,7 +213,7 @@ def _nan_scores(q_nan, k_nan, is_causal, quantize_qkv):
         q_nan, k_nan = _nan_blocks(q_nan), _nan_blocks(k_nan)
     g = q_nan.shape[2] // k_nan.shape[2]
     kr = np.repeat(k_nan, g, axis=2)
-    vis = _visible(q_nan.shape[1], k_nan.shape[1], is_causal)
+    vis = visible_oracle(1, q_nan.shape[1], k_nan.shape[1], is_causal=is_causal)[0]  # [Tq, Tk]
     s = vis & (q_nan.any(-1).transpose(0, 2, 1)[..., :, None] | kr.any(-1).transpose(0, 2, 1)[..., None, :])
     return q_nan, kr, vis, s
 
