@@ -1,13 +1,14 @@
 # Two entry points, each doing its own set-up on a fresh machine:
 #   make demo   - the training demo (examples/train_lm.py)
 #   make test   - the test suite (CPU tests always; GPU tests when a GPU is present)
+#   make lint   - ruff (config in pyproject.toml)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # On a machine with an NVIDIA driver, install the CUDA build of jax.
 REQS := $(if $(shell command -v nvidia-smi 2>/dev/null),requirements-gpu.txt,requirements-cpu.txt)
 
-.PHONY: demo test
+.PHONY: demo test lint
 $(VENV)/.installed-$(REQS): pyproject.toml $(REQS)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
@@ -20,3 +21,6 @@ demo: $(VENV)/.installed-$(REQS)
 
 test: $(VENV)/.installed-$(REQS)
 	$(PY) -m pytest -q tests $(ARGS)
+
+lint: $(VENV)/.installed-$(REQS)
+	$(PY) -m ruff check .

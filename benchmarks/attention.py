@@ -128,12 +128,13 @@ def main():
       json.dump(result, f, indent=1)
 
   hdr = (f"{'B':>2} {'N':>3} {'K':>3} {'S':>6} {'D':>4} {'causal':>6} | {'jqat fwd':>9} {'bwd':>8} {'fwd+bwd':>8} |"
-         f" {'cuDNN fwd':>9} {'fwd+bwd':>8} | {'ratio f':>7} {'ratio fb':>8} | {'TF/s fwd':>8} {'bwd':>6} | {'ref fb':>8}")
+         f" {'cuDNN fwd':>9} {'fwd+bwd':>8} | {'ratio f':>7} {'ratio fb':>8} | {'TF/s fwd':>8} {'bwd':>6} |"
+         f" {'ref fb':>8}")
   print(hdr)
   for shape in (FULL if args.shapes == "full" else QUICK):
     r = bench_shape(*shape, args.iters, args.repeats)
     rows.append(r)
-    g = lambda k: r.get(k, float("nan"))
+    g = lambda k, r=r: r.get(k, float("nan"))
     print(f"{r['B']:>2} {r['N']:>3} {r['K']:>3} {r['S']:>6} {r['D']:>4} {str(r['causal']):>6} | "
           f"{g('jqat_fwd_ms'):>9.3f} {g('jqat_bwd_ms'):>8.3f} {g('jqat_fwdbwd_ms'):>8.3f} | "
           f"{g('cudnn_fwd_ms'):>9.3f} {g('cudnn_fwdbwd_ms'):>8.3f} | {g('ratio_fwd_vs_cudnn'):>7.2f} "

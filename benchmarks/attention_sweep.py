@@ -24,6 +24,7 @@ variables). The table comes last; pick the defaults from it and write them into
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -140,7 +141,7 @@ def _sweep_kind(kind, cfgs, make_fn, big_args, small_args, ref, names, causal, r
       row["ms"] = time_ms(fn, big_args, args.iters, args.repeats)
       if base is None:
         base = out
-      row["vs_default"] = "same" if _same(out, base) else "%.1e" % max(_rel(a, e) for a, e in zip(out, base))
+      row["vs_default"] = "same" if _same(out, base) else f"{max(_rel(a, e) for a, e in zip(out, base)):.1e}"
       errs = {n: _rel(a, e) for n, a, e in zip(names, fn(*small_args), ref)}
       row["ref_err"] = max(errs[n] / BOUNDS[n] for n in errs)  # fraction of the bound used
       row["ok"] = all(errs[n] <= BOUNDS[n] for n in errs)
@@ -176,9 +177,9 @@ def main():
   for causal in {"both": (False, True), "no": (False,), "yes": (True,)}[args.causal]:
     # The XLA reference at the small size, once per causal flag.
     sq, sk, sv, sdo = small
-    r_fwd = jax.jit(lambda q, k, v: jqat.attention_forward(q, k, v, is_causal=causal, implementation="xla"))(sq, sk, sv)
-    r_bwd = jax.jit(lambda do, q, k, v, o, lse: jqat.attention_backward(
-        do, q, k, v, o, lse, is_causal=causal, implementation="xla"))(sdo, sq, sk, sv, r_fwd[1], r_fwd[2])
+    r_fwd = jax.jit(functools.partial(jqat.attention_forward, is_causal=causal, implementation="xla"))(sq, sk, sv)
+    r_bwd = jax.jit(functools.partial(jqat.attention_backward, is_causal=causal, implementation="xla"))(
+        sdo, sq, sk, sv, r_fwd[1], r_fwd[2])
     q, k, v, do = big
     _sweep_kind("fwd", fwd_cfgs, _fwd_fn, (q, k, v), (sq, sk, sv), r_fwd, ("O", "O'", "lse"), causal, rows,
                 args, t_start)

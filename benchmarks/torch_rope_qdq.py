@@ -65,7 +65,8 @@ def main():
   ap.add_argument("--rows", default="1048576,4194304")
   args = ap.parse_args()
   rows = []
-  print(f"{'mode':14} {'rows':>9} {'ours ms':>8} {'GB/s':>6} {'copy GB/s':>9} {'% copy':>7} {'alloc +B':>8} {'peak +B':>8}")
+  print(f"{'mode':14} {'rows':>9} {'ours ms':>8} {'GB/s':>6} {'copy GB/s':>9} {'% copy':>7} {'alloc +B':>8} "
+        f"{'peak +B':>8}")
   for mode in MODES:
     for n in (int(r) for r in args.rows.split(",")):
       r = bench(mode, n)

@@ -263,7 +263,8 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
   masks: optional mask operands in ``MASK_OPERANDS`` order; the present ones are inputs after q, k, v."""
   b, tq, n, d = q.shape
   tk, kh = k.shape[1], k.shape[2]
-  o = Tensor(q.shape, q.dtype, tuple(out_strides) if out_strides is not None else Tensor.dense(q.shape, q.dtype).strides)
+  strides = tuple(out_strides) if out_strides is not None else Tensor.dense(q.shape, q.dtype).strides
+  o = Tensor(q.shape, q.dtype, strides)
   buffers = {"q": q, "k": k, "v": v, "o": o, "o_hp": o, "lse": Tensor.dense((b, n, tq), "float32")}
   mask_names, mask_args, mask_flags, mask_launches = _masks(masks, b, tq, tk, buffers)
   inputs = ("q", "k", "v") + mask_names
@@ -311,7 +312,8 @@ def attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out_for_d
   launches += mask_launches
   buffers["delta"] = Tensor.dense((b, n, tq), "float32")
   delta = Launch(
-      "jqat_attention_bwd_delta", kbwd.attention_bwd_delta_kernel, (triton.cdiv(tq, kbwd.DELTA_LAUNCH["BLOCK_M"]), b * n),
+      "jqat_attention_bwd_delta", kbwd.attention_bwd_delta_kernel,
+      (triton.cdiv(tq, kbwd.DELTA_LAUNCH["BLOCK_M"]), b * n),
       (Ref("o_for_delta"), Ref("do"), tq, n, *_s3(out_for_delta), *_s3(d_out)), ("delta",),
       dict(**_head_dims(d), BLOCK_M=kbwd.DELTA_LAUNCH["BLOCK_M"]), kbwd.DELTA_LAUNCH["num_warps"],
       kbwd.DELTA_LAUNCH["num_stages"])

@@ -277,4 +277,4 @@ def _normalize_axis(axis: int, ndim: int, fn: str) -> int:
 
 
 # Re-exported here, at the end: qat_matmul's module uses this one's quantizer.
-from jqat._src.qat_matmul import qat_matmul
+from jqat._src.qat_matmul import qat_matmul  # noqa: E402

@@ -18,7 +18,6 @@ from fractions import Fraction
 
 import ml_dtypes
 import numpy as np
-
 from oracle import E2M1_VALUES, E4M3_VALUES, round_to_table
 
 NAN_BF16 = 0x7FC0  # the canonical positive quiet NaN, the only NaN pattern the op writes

@@ -7,10 +7,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-import jqat
 from conftest import assert_close, assert_reordered_equal
 from oracle import attention_grad_oracle, attention_oracle
+
+import jqat
 
 # Bounds. Outputs and gradients are stored in BF16, whose round-to-nearest
 # relative error is at most 2**-9 per element, so the Frobenius-relative error
@@ -111,8 +111,9 @@ def test_dv_uses_quantized_p_and_delta_uses_o_prime():
   q, k, v, do = _inputs(shape, seed=5)
   q = q * 3  # sharper softmax: P far from uniform, so fq(P) differs clearly from P
   grads = {}
-  for name, sw in {"qat": {}, "no_pq": {"quantize_p_backward": False}, "no_oprime": {"high_precision_delta": False}}.items():
-    loss = lambda q, k, v: jnp.sum(jqat.attention(q, k, v, implementation="xla", is_causal=True, **sw).astype(
+  variants = {"qat": {}, "no_pq": {"quantize_p_backward": False}, "no_oprime": {"high_precision_delta": False}}
+  for name, sw in variants.items():
+    loss = lambda q, k, v, sw=sw: jnp.sum(jqat.attention(q, k, v, implementation="xla", is_causal=True, **sw).astype(
         jnp.float32) * do.astype(jnp.float32))
     grads[name] = jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
   rel = lambda a, b: float(jnp.linalg.norm((a - b).astype(jnp.float32)) / jnp.linalg.norm(b.astype(jnp.float32)))

@@ -36,19 +36,20 @@ from conftest import assert_close
 torch = pytest.importorskip("torch")
 triton = pytest.importorskip("triton")
 
+import jqat  # noqa: E402
 from ffi import plan as plans  # noqa: E402
 from ffi import torch_launch  # noqa: E402
-from ffi.options import AttentionOptions  # noqa: E402
+from ffi.options import (  # noqa: E402
+  AttentionOptions,  # noqa: E402
+  QATConfig,  # noqa: E402
+)
+from jqat._src import attention_reference as reference  # noqa: E402
 from kernels_triton import attention_bwd as kbwd  # noqa: E402
 from kernels_triton import attention_fwd as kfwd  # noqa: E402
 from kernels_triton import nvfp4 as knv  # noqa: E402
 from kernels_triton.attention_bwd import BackwardConfig  # noqa: E402
 from kernels_triton.attention_common import dot_flags  # noqa: E402
 from kernels_triton.attention_fwd import ForwardConfig  # noqa: E402
-
-import jqat  # noqa: E402
-from jqat._src import attention_reference as reference  # noqa: E402
-from ffi.options import QATConfig  # noqa: E402
 
 INTERPRET = os.environ["TRITON_INTERPRET"] == "1"
 BOUNDS = {"O": 2e-3, "O'": 5e-4, "lse": 1e-5, "dQ": 1e-3, "dK": 1e-3, "dV": 2e-3}
@@ -157,7 +158,7 @@ def _case_id(case):
   return f"B{b}-Tq{tq}-Tk{tk}-N{n}K{kh}-D{d}-{'causal' if causal else 'full'}-{dtype}-bn{bn}-cfg{sw}"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _reference(case, seed=0):
   """Reference forward and backward (O' or O for delta per the switch) on the case's inputs."""
   b, tq, tk, n, kh, d, causal, dtype, bn, cfg = case
@@ -294,7 +295,8 @@ GPU_CASES = [
 
 def _gpu_case_id(case):
   b, tq, tk, n, kh, d, causal, cfg = case
-  return f"B{b}-Tq{tq}-Tk{tk}-N{n}K{kh}-D{d}-{'causal' if causal else 'full'}-cfg{''.join(str(int(x)) for x in dataclasses.astuple(cfg))}"
+  switches = "".join(str(int(x)) for x in dataclasses.astuple(cfg))
+  return f"B{b}-Tq{tq}-Tk{tk}-N{n}K{kh}-D{d}-{'causal' if causal else 'full'}-cfg{switches}"
 
 
 def _fwd_bwd(impl, q, k, v, do, causal, cfg):

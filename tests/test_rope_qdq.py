@@ -18,9 +18,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from oracle import bits
-from oracle_rope import MODES, NAN_BF16, fma32, fma32_fraction, rope_qdq_oracle
+from oracle_rope import NAN_BF16, fma32, fma32_fraction, rope_qdq_oracle
 
 import jqat._src.rope_qdq_reference as reference
 from jqat._src.rope_qdq import rope_qdq

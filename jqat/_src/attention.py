@@ -22,6 +22,8 @@ from ffi.options import DEFAULT_BLOCK_N, AttentionOptions, QATConfig
 from jqat._src import attention_reference as reference
 from jqat._src import dispatch, validate
 
+_ALL_ON = QATConfig()  # the default switches: Attn-QAT
+
 # The kernels pad D to the next power of two (masked loads); their shared-memory budget ends at 256.
 _KERNEL_MAX_HEAD_DIM = 256
 
@@ -58,7 +60,7 @@ def _backward(d_out, query, key, value, out_for_delta, lse, masks, opts: Attenti
 
 
 def attention_forward(query, key, value, *, scale=None, is_causal=False, implementation=None,
-                      block_n=DEFAULT_BLOCK_N, config: QATConfig = QATConfig(), query_seq_lengths=None,
+                      block_n=DEFAULT_BLOCK_N, config: QATConfig = _ALL_ON, query_seq_lengths=None,
                       key_value_seq_lengths=None, q_segment_ids=None, kv_segment_ids=None, local_window_size=None,
                       causal_alignment="top_left"):
   """The explicit QAT forward.
@@ -79,7 +81,7 @@ def attention_forward(query, key, value, *, scale=None, is_causal=False, impleme
 
 
 def attention_backward(d_out, query, key, value, out_for_delta, lse, *, scale=None, is_causal=False,
-                       implementation=None, config: QATConfig = QATConfig(), query_seq_lengths=None,
+                       implementation=None, config: QATConfig = _ALL_ON, query_seq_lengths=None,
                        key_value_seq_lengths=None, q_segment_ids=None, kv_segment_ids=None, local_window_size=None,
                        causal_alignment="top_left"):
   """The explicit QAT backward: ``(dQ, dK, dV)`` in the dtypes of query, key, value (SPEC section 3).

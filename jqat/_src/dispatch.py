@@ -14,7 +14,7 @@ def check_implementation(implementation):
     raise ValueError(f"implementation must be one of None, 'triton', 'xla', got {implementation!r}")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def triton_unavailable_reason() -> str | None:
   """None when the Triton path can run on the default device, else why not."""
   try:
@@ -27,8 +27,8 @@ def triton_unavailable_reason() -> str | None:
   if cc is not None and float(cc) < 8.0:
     return f"compute capability {cc} is below 8.0 (Ampere)"
   try:
-    import triton  # noqa: F401
     import jax_triton  # noqa: F401
+    import triton  # noqa: F401
   except ImportError as e:
     return f"triton and jax-triton are needed for the GPU kernels ({e}); install jqat[gpu]"
   return None

@@ -37,7 +37,7 @@ def check_inputs(q, k, v, *, enable_gqa: bool = True, names=("q", "k", "v")):
 NO_MASKS = (None,) * 4  # q_len [B], kv_len [B], q_seg [B, Sq], kv_seg [B, Skv]: int32 tensors or None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _xla_forward(opts: AttentionOptions):
   """The XLA reference forward on BHSD arrays, jitted once per options value."""
   def fn(q, k, v, masks):
@@ -46,7 +46,7 @@ def _xla_forward(opts: AttentionOptions):
   return jax.jit(fn)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _xla_backward(opts: AttentionOptions):
   """The XLA reference backward on BHSD arrays, jitted once per options value."""
   def fn(do, q, k, v, o_for_delta, lse, masks):

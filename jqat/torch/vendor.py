@@ -10,6 +10,8 @@ that stream and keeps the inputs alive until the work finishes.
 
 from __future__ import annotations
 
+import torch
+
 import jqat
 from ffi.options import AttentionOptions
 from jqat._src import rope_qdq as _rope_api
@@ -17,7 +19,6 @@ from jqat._src import validate
 from jqat.torch import _attention
 from jqat.torch import _tensors as tt
 
-import torch
 
 class TupleDict(dict):
   """A dict that also unpacks like a tuple of its values, in insertion order.
