@@ -15,13 +15,10 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 
 import jax
 import jax.numpy as jnp
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jqat  # noqa: E402
 

@@ -26,21 +26,15 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
-import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from attention import time_ms  # noqa: E402  (benchmarks/attention.py)
 
 import jqat  # noqa: E402
 from ffi import plan as plans  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from attention import time_ms  # noqa: E402  (benchmarks/attention.py)
 
 BOUNDS = {"O": 2e-3, "O'": 5e-4, "lse": 1e-5, "dQ": 1e-3, "dK": 1e-3, "dV": 2e-3}
 

@@ -18,15 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 
 import jax
 import jax.numpy as jnp
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from attention import time_ms  # noqa: E402
 
 import jqat  # noqa: E402
-from benchmarks.attention import time_ms  # noqa: E402
 
 HEADS, HEAD_DIM = 16, 128
 TARGET = 1.3

@@ -18,14 +18,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 
 import jax
 import jax.numpy as jnp
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
 from attention import time_ms
 
 from jqat import nvfp4

@@ -34,15 +34,11 @@ import time
 
 import jax
 import jax.numpy as jnp
+from _timing import cuda_event_ms  # noqa: E402
 from jax import lax
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jqat  # noqa: E402
 from jqat._src.rope_qdq import rope_qdq  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import cuda_event_ms  # noqa: E402
 
 MODES = {  # name -> (keywords, row width, heads per token)
     "fp4/32/ue8m0": (dict(quantization="fp4", group_size=32, scale_format="ue8m0"), 128, 4),

@@ -22,13 +22,9 @@ import sys
 
 import jax
 import jax.numpy as jnp
+from attention import time_ms
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from attention import time_ms
 
 import jqat
 from ffi import partitioning

@@ -16,19 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 
 import torch
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from _timing import cuda_event_ms  # noqa: E402
+from rope_qdq import CACHE_POSITIONS, MODES, moved_bytes  # noqa: E402  (benchmarks/rope_qdq.py)
 
 import jqat  # noqa: E402
 import jqat.torch as jt  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import cuda_event_ms  # noqa: E402
-from rope_qdq import CACHE_POSITIONS, MODES, moved_bytes  # noqa: E402  (benchmarks/rope_qdq.py)
 
 
 def bench(mode, rows):

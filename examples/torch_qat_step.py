@@ -11,11 +11,7 @@ through DLPack).
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 

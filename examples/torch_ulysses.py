@@ -17,14 +17,11 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import sys
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jqat.torch
 

@@ -34,14 +34,12 @@ import sys
 import sysconfig
 import time
 
+import _plot  # noqa: E402
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # examples/_plot.py
-import _plot  # noqa: E402
 
 import jqat.flax  # noqa: E402
 

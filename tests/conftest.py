@@ -1,12 +1,9 @@
 """Shared test helpers: the GPU skip rule, NaN poisoning and the one tolerance helper."""
 
 import os
-import sys
 
 import numpy as np
 import pytest
-
-sys.path.insert(0, os.path.dirname(__file__))  # tests/oracle.py
 
 
 def _has_cuda_gpu() -> bool:

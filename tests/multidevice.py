@@ -18,12 +18,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _run(code: str, devices: int, timeout: float) -> subprocess.CompletedProcess:
-  """``code`` in a child with ``devices`` CPU devices; the repository root and tests/ on ``sys.path``."""
+  """``code`` in a child with ``devices`` CPU devices; the repository root, tests/ and examples/ on ``sys.path``."""
   env = dict(os.environ)
   flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
   env["XLA_FLAGS"] = " ".join([*flags, f"--xla_force_host_platform_device_count={devices}"])
   env["JAX_PLATFORMS"] = "cpu"
-  env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.path.join(ROOT, "tests"), env.get("PYTHONPATH")) if p)
+  paths = (ROOT, os.path.join(ROOT, "tests"), os.path.join(ROOT, "examples"), env.get("PYTHONPATH"))
+  env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
   return subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
                         timeout=timeout, check=False)
 

@@ -390,6 +390,8 @@ def test_disk_cache_with_jax_triton_031s_factory(monkeypatch, tmp_path):
 
   lib, made = _real_triton_lib(monkeypatch)
   monkeypatch.setenv("JQAT_CACHE_DIR", str(tmp_path))
+  # A compiled (not interpreted) kernel: conftest turns the interpreter on for CPU machines.
+  monkeypatch.setenv("TRITON_INTERPRET", "0")
 
   @triton.jit
   def add(x_ptr, y_ptr, n, out_ptr, BLOCK: tl.constexpr):

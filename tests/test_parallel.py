@@ -350,10 +350,8 @@ def case_train_lm_mesh():
 
   import jax
   import jax.numpy as jnp
-  from flax import nnx
-
-  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
   import train_lm
+  from flax import nnx
 
   assert train_lm.parse_mesh("data=2,seq=2") == {"data": 2, "seq": 2}
   cfg = dataclasses.replace(train_lm.CONFIGS["tiny"], num_heads=2)  # 2 heads: Ulysses over seq=2

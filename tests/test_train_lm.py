@@ -2,12 +2,8 @@
 
 import json
 import math
-import os
-import sys
 
 import numpy as np
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 import train_lm  # noqa: E402
 
 
