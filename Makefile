@@ -20,7 +20,7 @@ demo: $(VENV)/.installed-$(REQS)
 	$(PY) examples/train_lm.py $(ARGS)
 
 test: $(VENV)/.installed-$(REQS)
-	$(PY) -m pytest -q tests $(ARGS)
+	$(PY) -m pytest -q --durations=15 tests $(ARGS)
 
 lint: $(VENV)/.installed-$(REQS)
 	$(PY) -m ruff check .
