@@ -380,26 +380,8 @@ def _real_triton_lib(monkeypatch):
   return lib, made
 
 
-_FACTORY_CHILD = os.environ.get("JQAT_TEST_FACTORY_CHILD") == "1"
-
-
-def test_disk_cache_with_jax_triton_031s_factory():
-  """The check below, in a fresh process: once Triton's interpreter has run a kernel in a process (the
-  interpreted kernel tests do), compiling a kernel there fails inside Triton (seen: AttributeError on
-  ``ir.value.dtype``), so the real compile must not share a process with them."""
-  import subprocess
-
-  if _FACTORY_CHILD:
-    pytest.skip("the child process runs the check itself")
-  env = {**os.environ, "JQAT_TEST_FACTORY_CHILD": "1", "TRITON_INTERPRET": "0"}
-  proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                         f"{os.path.abspath(__file__)}::test_factory_compiles_and_round_trips"], env=env,
-                        capture_output=True, text=True, timeout=600, check=False)
-  assert proc.returncode == 0 and " passed" in proc.stdout, proc.stdout[-4000:] + proc.stderr[-2000:]
-
-
-@pytest.mark.skipif(not _FACTORY_CHILD, reason="runs in its own process: test_disk_cache_with_jax_triton_031s_factory")
-def test_factory_compiles_and_round_trips(monkeypatch, tmp_path):
+@pytest.mark.fresh_process  # a real compile: not in a process where the interpreter has run
+def test_disk_cache_with_jax_triton_031s_factory(monkeypatch, tmp_path):
   """The real factory compiles a Triton kernel to PTX (no GPU needed); its constructor values and
   specialization attributes go through the JSON entry unchanged, and a new process compiles nothing."""
   import triton

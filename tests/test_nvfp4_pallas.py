@@ -140,6 +140,7 @@ def compile_for_sm90(call, *args, tmp_path, **options):
   return kernels
 
 
+@pytest.mark.fresh_process
 @pytest.mark.parametrize("axis", [1, 0])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_triton_lowering_compiles_for_sm90(dtype, axis, tmp_path):

@@ -143,6 +143,7 @@ def test_validation_names_the_argument():
       fn()
 
 
+@pytest.mark.fresh_process
 def test_kernel_compiles_for_sm90(tmp_path):
   """The default launch config through Pallas' Triton lowering to an sm_90 cubin, on the CPU."""
   x = jax.ShapeDtypeStruct((256, 256), jnp.bfloat16)
