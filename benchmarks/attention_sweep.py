@@ -15,7 +15,7 @@ at (B, N, K, S, D) = (1, 16, 16, S, D) (S = --seq, D = --head_dim), non-causal a
   pure-JAX reference with the test bounds. ``BAD`` marks a config that misses a
   bound there (a fast-but-wrong config) or fails to compile/run.
 
-Overrides go through ``ffi.plan.set_config_override`` (the fields of ``ForwardConfig`` /
+Overrides go through ``jqat.ffi.plan.set_config_override`` (the fields of ``ForwardConfig`` /
 ``BackwardConfig``, as in the ``JQAT_ATTN_FWD_CONFIG`` / ``JQAT_ATTN_BWD_CONFIG`` environment
 variables). The table comes last; pick the defaults from it and write them into
 ``kernels_triton/attention_{fwd,bwd}.py`` (``FORWARD_CONFIGS`` / ``BACKWARD_CONFIGS``).
@@ -34,7 +34,7 @@ import numpy as np
 from attention import time_ms  # noqa: E402  (benchmarks/attention.py)
 
 import jqat  # noqa: E402
-from ffi import plan as plans  # noqa: E402
+from jqat.ffi import plan as plans  # noqa: E402
 
 BOUNDS = {"O": 2e-3, "O'": 5e-4, "lse": 1e-5, "dQ": 1e-3, "dK": 1e-3, "dV": 2e-3}
 

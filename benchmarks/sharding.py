@@ -5,7 +5,7 @@
 Per shape, the step time (median ms, ``benchmarks/attention.py``'s ``time_ms``) of
 forward+backward (``jax.grad`` of ``sum(attention(q, k, v) * w)``) for:
   jqat 1 GPU; jqat batch / heads (``jax.jit`` with ``NamedSharding`` inputs, the
-  partitioning rules of ``ffi.partitioning``); jqat Ulysses (``jqat.parallel.attention``
+  partitioning rules of ``jqat.ffi.partitioning``); jqat Ulysses (``jqat.parallel.attention``
   with ``seq_axis``); cuDNN 1 GPU / batch / heads (``jax.nn.dot_product_attention``).
 Each row also counts the collectives of its compiled HLO. Targets (the issue): 2 GPUs at
 least 1.8x faster than 1 for batch and head sharding, at least 1.6x for Ulysses at 16k.
@@ -27,7 +27,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jqat
-from ffi import partitioning
+from jqat.ffi import partitioning
 
 # (B, T, N, D, causal): the issue's two shapes (N = K: no GQA)
 SHAPES = [(2, 16384, 16, 128, True), (8, 4096, 16, 128, False), (8, 4096, 16, 128, True)]

@@ -1,12 +1,12 @@
-"""The JAX binding: executes launch plans (``ffi.plan``) as jax-triton custom calls inside XLA.
+"""The JAX binding: executes launch plans (``jqat.ffi.plan``) as jax-triton custom calls inside XLA.
 
 Every buffer is an XLA buffer: row-major and 16-byte aligned (jax-triton's assumption),
-so plans are built from dense :class:`~ffi.plan.Tensor` descriptions. jax-triton's
+so plans are built from dense :class:`~jqat.ffi.plan.Tensor` descriptions. jax-triton's
 primitive has no batching rule, so the attention entry points are
 ``jax.custom_batching.custom_vmap`` functions whose rule folds the vmapped axis into the
 batch axis B (every operand leads with B, lse included): exactly a larger batch for the
 kernels. Nor has it a partitioning rule: inside the vmap rule, each op's per-shard
-function is wrapped by ``ffi.partitioning`` (batch- and head-sharded inputs run the plan
+function is wrapped by ``jqat.ffi.partitioning`` (batch- and head-sharded inputs run the plan
 on the local shard, no collectives).
 """
 
@@ -18,10 +18,10 @@ import math
 import jax
 import jax.numpy as jnp
 
-from ffi import partitioning
-from ffi import plan as plans
-from ffi.options import AttentionOptions
-from ffi.triton_call import triton_call
+from jqat.ffi import partitioning
+from jqat.ffi import plan as plans
+from jqat.ffi.options import AttentionOptions
+from jqat.ffi.triton_call import triton_call
 
 
 @functools.cache

@@ -4,7 +4,7 @@ Framework-free. :class:`QATConfig` holds the paper's four switches; :class:`Atte
 everything static that decides what the kernels compute. The public entry points
 (``jqat.attention``, ``jqat.torch.attention``) validate user input into these
 (``jqat._src.validate``); below that, nothing re-checks or re-packs them, and the
-launch plan (``ffi.plan``) unpacks them into kernel constexprs in one place.
+launch plan (``jqat.ffi.plan``) unpacks them into kernel constexprs in one place.
 """
 
 from __future__ import annotations

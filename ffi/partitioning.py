@@ -60,7 +60,7 @@ class OpSpec:
     return ", ".join(term(f) for _, f in self.operands) + " -> " + ", ".join(term(f) for _, f in self.results)
 
 
-# The mask operands in ffi.options.MASK_OPERANDS order: lengths [B], segment ids [B, T] / [B, S].
+# The mask operands in jqat.ffi.options.MASK_OPERANDS order: lengths [B], segment ids [B, T] / [B, S].
 _MASK_AXES = (("query_seq_lengths", "b"), ("key_value_seq_lengths", "b"), ("q_segment_ids", "bt"),
               ("kv_segment_ids", "bs"))
 

@@ -4,8 +4,8 @@ A plan is plain data (framework-free; Triton is imported only for the kernels an
 ``triton.cdiv``): the buffers an op touches (shape, dtype, element strides) and its
 launches in order, each a kernel, a grid, positional arguments (buffer references and
 scalars), the buffers it writes, its constexprs, ``num_warps`` and ``num_stages``. The
-JAX binding (``ffi.jax_launch``: jax-triton custom calls inside XLA) and the torch
-binding (``ffi.torch_launch``: Triton's launcher on torch's current stream) are thin
+JAX binding (``jqat.ffi.jax_launch``: jax-triton custom calls inside XLA) and the torch
+binding (``jqat.ffi.torch_launch``: Triton's launcher on torch's current stream) are thin
 executors of the same plan; neither decides a grid, a stride or a launch parameter.
 
 Layout contract of the attention kernels: every tensor is a BTNH (``[B, T, heads, D]``)
@@ -17,8 +17,8 @@ kernel walks a tensor as rows of D in storage order, so its input must be dense
 (:func:`rows_dense`).
 
 Launch configurations: the defaults per head dim live beside the kernels
-(:class:`~kernels_triton.attention_fwd.ForwardConfig`,
-:class:`~kernels_triton.attention_bwd.BackwardConfig`); :func:`set_config_override`
+(:class:`~jqat.kernels_triton.attention_fwd.ForwardConfig`,
+:class:`~jqat.kernels_triton.attention_bwd.BackwardConfig`); :func:`set_config_override`
 and the environment variables ``JQAT_ATTN_FWD_CONFIG`` / ``JQAT_ATTN_BWD_CONFIG``
 (``"field=int,..."``, e.g. ``"block_m=128,num_warps=8"``) replace fields for both
 bindings.
@@ -32,12 +32,12 @@ import os
 
 import triton
 
-from ffi.options import MASK_OPERANDS, AttentionOptions
-from kernels_triton import attention_bwd as kbwd
-from kernels_triton import attention_fwd as kfwd
-from kernels_triton import nvfp4 as knv
-from kernels_triton import rope_qdq as krope
-from kernels_triton.attention_common import dot_flags, segments_sorted_kernel
+from jqat.ffi.options import MASK_OPERANDS, AttentionOptions
+from jqat.kernels_triton import attention_bwd as kbwd
+from jqat.kernels_triton import attention_fwd as kfwd
+from jqat.kernels_triton import nvfp4 as knv
+from jqat.kernels_triton import rope_qdq as krope
+from jqat.kernels_triton.attention_common import dot_flags, segments_sorted_kernel
 
 # ----------------------------------------------------------------------------- plan data
 
@@ -221,7 +221,7 @@ def _masks(masks, b: int, tq: int, tk: int, buffers: dict):
   """The present mask operands' names (plan inputs), their kernel arguments, their constexprs and the launch
   that checks segment ids for sortedness (scratch ``seg_sorted`` [B] int32, with segments only).
 
-  masks: ``ffi.options.MASK_OPERANDS`` order, each a dense int32 :class:`Tensor` or None. An absent operand's
+  masks: ``jqat.ffi.options.MASK_OPERANDS`` order, each a dense int32 :class:`Tensor` or None. An absent operand's
   kernel argument is any buffer (``q``): the kernels read it only under its flag.
   """
   want = {"q_len": (b,), "kv_len": (b,), "q_seg": (b, tq), "kv_seg": (b, tk)}

@@ -1,4 +1,4 @@
-"""The torch binding: executes launch plans (``ffi.plan``) on torch tensors with Triton's own launcher.
+"""The torch binding: executes launch plans (``jqat.ffi.plan``) on torch tensors with Triton's own launcher.
 
 Launches run on torch's *current* CUDA stream (Triton asks torch for it at every
 launch), so callers pick the stream with ``torch.cuda.stream(...)``. Nothing here
@@ -16,7 +16,7 @@ import os
 
 import torch
 
-from ffi import plan as plans
+from jqat.ffi import plan as plans
 
 _WS_ALIGN = 256  # byte alignment of every buffer carved out of a workspace
 

@@ -5,14 +5,41 @@ Public API:
   nvfp4.fake_quantize / quantize / dequantize                   - NVFP4 quantizer (SPEC section 2)
   rope_qdq                                                      - tail RoPE + microscaled QDQ (SPEC section 4)
   parallel.ulysses_attention / parallel.attention             - sequence (Ulysses), batch and head parallelism
+
+The names load on first use, so that ``jqat.kernels_triton`` (no JAX, no torch) and the framework-free
+launch plans of ``jqat.ffi.plan`` can be imported without JAX.
 """
 
-from ffi.options import DEFAULT_BLOCK_N, QATConfig
-from jqat import nvfp4, parallel
-from jqat._src.attention import attention, attention_backward, attention_forward
-from jqat._src.compile_cache import enable_compilation_cache
-from jqat._src.rope_qdq import rope_qdq
+import importlib
 
-__all__ = ["DEFAULT_BLOCK_N", "QATConfig", "attention", "attention_backward", "attention_forward",
-           "enable_compilation_cache", "nvfp4", "parallel", "rope_qdq"]
+from jqat._checkout import install as _install_checkout_layers
+
+_install_checkout_layers()  # before anything imports jqat.ffi or jqat.kernels_triton
+
+_EXPORTS = {
+  "DEFAULT_BLOCK_N": "jqat.ffi.options",
+  "QATConfig": "jqat.ffi.options",
+  "attention": "jqat._src.attention",
+  "attention_backward": "jqat._src.attention",
+  "attention_forward": "jqat._src.attention",
+  "enable_compilation_cache": "jqat._src.compile_cache",
+  "rope_qdq": "jqat._src.rope_qdq",
+}
+_SUBMODULES = ("nvfp4", "parallel")
+
+__all__ = sorted([*_EXPORTS, *_SUBMODULES])
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+  if name in _SUBMODULES:
+    return importlib.import_module(f"jqat.{name}")
+  if name not in _EXPORTS:
+    raise AttributeError(f"module 'jqat' has no attribute {name!r}")
+  value = getattr(importlib.import_module(_EXPORTS[name]), name)
+  globals()[name] = value
+  return value
+
+
+def __dir__():
+  return sorted([*globals(), *_EXPORTS, *_SUBMODULES])

@@ -39,8 +39,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ffi.options import DEFAULT_BLOCK_N
 from jqat._src.attention import attention
+from jqat.ffi.options import DEFAULT_BLOCK_N
 
 __all__ = ["attention_fn", "make_attention_fn"]
 

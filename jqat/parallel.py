@@ -3,7 +3,7 @@
 Shapes as in :func:`jqat.attention`: query [B, T, N, D], key/value [B, S, K, D]; P is the
 size of the sequence mesh axis. Batch and head sharding need nothing from this module:
 ``jqat.attention`` under ``jax.jit`` with ``NamedSharding`` inputs runs on the local
-shard (``ffi.partitioning``). Sequence sharding does: a query shard needs every key it
+shard (``jqat.ffi.partitioning``). Sequence sharding does: a query shard needs every key it
 may see, so :func:`ulysses_attention` re-shards sequence -> heads with one all-to-all
 per tensor, runs local attention on whole sequences, and re-shards back (DeepSpeed-
 Ulysses). Each device then computes exactly what the unsharded call computes for its

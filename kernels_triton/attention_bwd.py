@@ -22,7 +22,7 @@ import dataclasses
 import triton
 import triton.language as tl
 
-from kernels_triton.attention_common import (
+from jqat.kernels_triton.attention_common import (
   LOG2E,
   aligned3,
   bf16_dot,
@@ -35,7 +35,7 @@ from kernels_triton.attention_common import (
   qk_dot,
   visible,
 )
-from kernels_triton.nvfp4 import fq_probs_t
+from jqat.kernels_triton.nvfp4 import fq_probs_t
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,7 +22,7 @@ import dataclasses
 import triton
 import triton.language as tl
 
-from kernels_triton.attention_common import (
+from jqat.kernels_triton.attention_common import (
   LN2,
   LOG2E,
   aligned3,
@@ -35,7 +35,7 @@ from kernels_triton.attention_common import (
   qk_dot,
   visible,
 )
-from kernels_triton.nvfp4 import fq_probs, fq_tile
+from jqat.kernels_triton.nvfp4 import fq_probs, fq_tile
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,19 +37,19 @@ torch = pytest.importorskip("torch")
 triton = pytest.importorskip("triton")
 
 import jqat  # noqa: E402
-from ffi import plan as plans  # noqa: E402
-from ffi import torch_launch  # noqa: E402
-from ffi.options import (  # noqa: E402
+from jqat._src import attention_reference as reference  # noqa: E402
+from jqat.ffi import plan as plans  # noqa: E402
+from jqat.ffi import torch_launch  # noqa: E402
+from jqat.ffi.options import (  # noqa: E402
   AttentionOptions,  # noqa: E402
   QATConfig,  # noqa: E402
 )
-from jqat._src import attention_reference as reference  # noqa: E402
-from kernels_triton import attention_bwd as kbwd  # noqa: E402
-from kernels_triton import attention_fwd as kfwd  # noqa: E402
-from kernels_triton import nvfp4 as knv  # noqa: E402
-from kernels_triton.attention_bwd import BackwardConfig  # noqa: E402
-from kernels_triton.attention_common import dot_flags  # noqa: E402
-from kernels_triton.attention_fwd import ForwardConfig  # noqa: E402
+from jqat.kernels_triton import attention_bwd as kbwd  # noqa: E402
+from jqat.kernels_triton import attention_fwd as kfwd  # noqa: E402
+from jqat.kernels_triton import nvfp4 as knv  # noqa: E402
+from jqat.kernels_triton.attention_bwd import BackwardConfig  # noqa: E402
+from jqat.kernels_triton.attention_common import dot_flags  # noqa: E402
+from jqat.kernels_triton.attention_fwd import ForwardConfig  # noqa: E402
 
 INTERPRET = os.environ["TRITON_INTERPRET"] == "1"
 BOUNDS = {"O": 2e-3, "O'": 5e-4, "lse": 1e-5, "dQ": 1e-3, "dK": 1e-3, "dV": 2e-3}

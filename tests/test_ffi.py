@@ -24,7 +24,7 @@ import warnings
 import numpy as np
 import pytest
 
-from ffi import triton_call as tc
+from jqat.ffi import triton_call as tc
 
 
 class _Kernel:

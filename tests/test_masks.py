@@ -146,12 +146,12 @@ def _kernel_case(spec, tq, tk, d, seed, block_n=16, blocks=(16, 16, 16, 32)):
   # Imported here: test_attention_triton sets TRITON_INTERPRET before anything imports triton.
   import test_attention_triton as tat
 
-  from ffi import plan as plans
-  from ffi import torch_launch
-  from ffi.options import AttentionOptions, QATConfig
   from jqat._src import attention_reference as reference
-  from kernels_triton.attention_bwd import BackwardConfig
-  from kernels_triton.attention_fwd import ForwardConfig
+  from jqat.ffi import plan as plans
+  from jqat.ffi import torch_launch
+  from jqat.ffi.options import AttentionOptions, QATConfig
+  from jqat.kernels_triton.attention_bwd import BackwardConfig
+  from jqat.kernels_triton.attention_fwd import ForwardConfig
 
   torch = tat.torch
   device = tat.kernel_device()

@@ -21,7 +21,7 @@ tl = triton.language
 
 from oracle import E4M3_VALUES, bits, fq_oracle  # noqa: E402
 
-from kernels_triton import nvfp4 as knv  # noqa: E402
+from jqat.kernels_triton import nvfp4 as knv  # noqa: E402
 
 INTERPRET = os.environ["TRITON_INTERPRET"] == "1"
 _TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}

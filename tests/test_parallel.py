@@ -1,11 +1,11 @@
-"""Sharded jqat: partitioning rules of the custom calls (ffi.partitioning) and jqat.parallel.
+"""Sharded jqat: partitioning rules of the custom calls (jqat.ffi.partitioning) and jqat.parallel.
 
 CPU: every case runs in one child process with 8 virtual devices (tests/multidevice.py)
 on a (data=2, model=4) mesh, against the unsharded call on the same inputs:
 - the XLA path under jit + NamedSharding (batch, heads, both): forward and gradients,
   no collective in the compiled HLO;
 - the Triton path's partitioning wrapper, with a pure-JAX stand-in for the jax-triton
-  launches (``ffi.jax_launch.execute``) run on the local shard: collective-free for
+  launches (``jqat.ffi.jax_launch.execute``) run on the local shard: collective-free for
   batch/head sharding under Shardy and GSPMD, a clear error for sequence sharding,
   gathered heads when K does not divide, vmap outside, shard_map around it, rope_qdq;
 - jqat.parallel: Ulysses over the sequence axis and data x sequence, forward and
@@ -59,7 +59,7 @@ def _put(mesh, spec, *xs):
 def _collectives(fn, *args) -> dict:
   import jax
 
-  from ffi import partitioning
+  from jqat.ffi import partitioning
 
   return partitioning.collectives(jax.jit(fn).lower(*args).compile().as_text())
 
@@ -120,7 +120,7 @@ def jax_jit(f):
 
 
 class _StandIn:
-  """Replaces ``ffi.jax_launch.execute``: the pure-JAX reference of a plan, run on whatever shard it is given.
+  """Replaces ``jqat.ffi.jax_launch.execute``: the pure-JAX reference of a plan, run on whatever shard it is given.
 
   Records the shapes it saw, so a test can check the launches ran on local shards.
   """
@@ -150,8 +150,8 @@ def _triton_wrapper(monkeypatch_execute=True):
   """The Triton path's entry points with the stand-in: ``(attn(q, k, v), stand_in)``."""
   import jax
 
-  from ffi import jax_launch
-  from ffi.options import AttentionOptions, QATConfig
+  from jqat.ffi import jax_launch
+  from jqat.ffi.options import AttentionOptions, QATConfig
 
   # P unquantized: these cases compare differently compiled programs, and FP32 reordering noise
   # in the scores can flip an fq(P) code (a step of the quantizer, not a rounding step).
@@ -271,9 +271,9 @@ def case_triton_wrapper_rope_qdq():
   import jax.numpy as jnp
   from jax.sharding import PartitionSpec as P
 
-  from ffi import jax_launch
-  from ffi.options import AttentionOptions
   from jqat._src import rope_qdq_reference
+  from jqat.ffi import jax_launch
+  from jqat.ffi.options import AttentionOptions
 
   mode = rope_qdq_reference.MODES[("fp4", 32, "ue8m0")]
   stand_in = _StandIn(AttentionOptions(scale=1.0), rope_mode=mode)
@@ -381,7 +381,7 @@ def run_cases() -> dict:
   import jax
 
   assert jax.device_count() == 8, jax.devices()
-  from ffi import jax_launch
+  from jqat.ffi import jax_launch
 
   execute = jax_launch.execute
   results = {}

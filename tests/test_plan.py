@@ -11,9 +11,9 @@ import jax.numpy as jnp
 import pytest
 import torch
 
-from ffi import jax_launch, torch_launch
-from ffi import plan as plans
-from ffi.options import AttentionOptions, QATConfig
+from jqat.ffi import jax_launch, torch_launch
+from jqat.ffi import plan as plans
+from jqat.ffi.options import AttentionOptions, QATConfig
 
 GPU = plans.Target((9, 0))
 

@@ -654,7 +654,7 @@ def _interpreter_kernel():
   import triton.language as tl
   from triton.runtime import interpreter
 
-  from kernels_triton import rope_qdq as kernel
+  from jqat.kernels_triton import rope_qdq as kernel
 
   def create_fma(self, x, y, z):
     return interpreter.TensorHandle(fma32(x.data, y.data, z.data), z.dtype.scalar)

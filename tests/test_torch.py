@@ -29,7 +29,7 @@ torch = pytest.importorskip("torch")
 
 import jqat  # noqa: E402
 import jqat.torch as jt  # noqa: E402
-from ffi.options import QATConfig  # noqa: E402
+from jqat.ffi.options import QATConfig  # noqa: E402
 
 INTERPRET = os.environ["TRITON_INTERPRET"] == "1"
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA torch build and GPU")
@@ -370,7 +370,7 @@ BOUNDS = {"O": 2e-3, "O'": 5e-4, "lse": 1e-5, "dQ": 1e-3, "dK": 1e-3, "dV": 2e-3
 @pytest.mark.skipif(not INTERPRET, reason="the launcher runs on CPU tensors only under TRITON_INTERPRET=1")
 def test_torch_launcher_interpreted_on_strided_views():
   """The plans executed on BHSD tensors passed as BTNH views (and workspace views), against the reference."""
-  from ffi.options import AttentionOptions
+  from jqat.ffi.options import AttentionOptions
   from jqat.torch import _attention
 
   b, h, hkv, sq, skv, d = 1, 2, 1, 17, 20, 16

@@ -18,9 +18,9 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from ffi.options import DEFAULT_BLOCK_N, AttentionOptions, QATConfig
 from jqat._src import attention_reference as reference
 from jqat._src import dispatch, validate
+from jqat.ffi.options import DEFAULT_BLOCK_N, AttentionOptions, QATConfig
 
 _ALL_ON = QATConfig()  # the default switches: Attn-QAT
 
@@ -43,7 +43,7 @@ def _masks(query, key, query_seq_lengths, key_value_seq_lengths, q_segment_ids, 
 
 def _forward(query, key, value, masks, opts: AttentionOptions, impl: str):
   if impl == "triton":
-    from ffi import jax_launch  # noqa: PLC0415  (GPU only: jax-triton needs CUDA to import)
+    from jqat.ffi import jax_launch  # noqa: PLC0415  (GPU only: jax-triton needs CUDA to import)
     return jax_launch.attention_forward(query, key, value, opts, masks)
   return reference.forward(query, key, value, scale=opts.scale, is_causal=opts.is_causal, block_n=opts.block_n,
                            cfg=opts.config, masks=masks, local_window_size=opts.local_window_size,
@@ -52,7 +52,7 @@ def _forward(query, key, value, masks, opts: AttentionOptions, impl: str):
 
 def _backward(d_out, query, key, value, out_for_delta, lse, masks, opts: AttentionOptions, impl: str):
   if impl == "triton":
-    from ffi import jax_launch  # noqa: PLC0415
+    from jqat.ffi import jax_launch  # noqa: PLC0415
     return jax_launch.attention_backward(d_out, query, key, value, out_for_delta, lse, opts, masks)
   return reference.backward(d_out, query, key, value, out_for_delta, lse, scale=opts.scale, is_causal=opts.is_causal,
                             cfg=opts.config, masks=masks, local_window_size=opts.local_window_size,

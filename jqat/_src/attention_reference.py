@@ -17,8 +17,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from ffi.options import QATConfig
 from jqat import nvfp4
+from jqat.ffi.options import QATConfig
 
 _HI = lax.Precision.HIGHEST
 BACKWARD_BLOCK_K = 128  # keys per backward tile: bounds its [B, K, G, Tq, block] intermediates

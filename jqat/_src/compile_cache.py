@@ -6,7 +6,7 @@ import os
 
 import jax
 
-from ffi.triton_call import cache_root, private_dir
+from jqat.ffi.triton_call import cache_root, private_dir
 
 
 def enable_compilation_cache(path: str | os.PathLike | None = None) -> str | None:

@@ -113,7 +113,7 @@ def rope_qdq(x, cache, positions, *, quantization="fp4", group_size=32, scale_fo
     return x
   heads = x.shape[1] if mode.per_token else 1
   if impl == "triton":
-    from ffi import jax_launch  # noqa: PLC0415  (GPU only: jax-triton needs CUDA to import)
+    from jqat.ffi import jax_launch  # noqa: PLC0415  (GPU only: jax-triton needs CUDA to import)
     return jax_launch.rope_qdq(x, cache, positions.reshape(-1), heads=heads, group=mode.group, fp8=mode.fp8,
                                e4m3_scale=mode.e4m3_scale, amax_floor=mode.floor)
   row_positions = jnp.repeat(positions.reshape(-1), heads)

@@ -12,7 +12,7 @@ import numbers
 
 import numpy as np
 
-from ffi.options import AttentionOptions, QATConfig
+from jqat.ffi.options import AttentionOptions, QATConfig
 
 FLOAT_DTYPES = ("bfloat16", "float16", "float32")
 BLOCK_N_CHOICES = (16, 32, 64, 128, 256)  # powers of two (Triton tiles) from one fq(P) block up
@@ -128,7 +128,7 @@ def causal_alignment(value) -> str:
 def mask_operands(query, key, query_seq_lengths=None, key_value_seq_lengths=None, q_segment_ids=None,
                   kv_segment_ids=None, *, layout: str = "BTNH") -> tuple:
   """Checks the array masks against query [B, Tq, ...] and key [B, Tk, ...] (``layout`` as in
-  :func:`attention_inputs`); returns them in ``ffi.options.MASK_OPERANDS`` order (None where absent).
+  :func:`attention_inputs`); returns them in ``jqat.ffi.options.MASK_OPERANDS`` order (None where absent).
 
   Lengths are integer [B], segment ids integer [B, Tq] and [B, Tk], given together. The caller casts them to
   int32 (values must fit: lengths and ids are compared, never used as addresses).

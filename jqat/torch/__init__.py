@@ -3,7 +3,7 @@
 Layout is BHSD, as in ``torch.nn.functional.scaled_dot_product_attention``:
 ``q [B, H, Sq, D]``, ``k, v [B, Hkv, Skv, D]``, ``lse [B, H, Sq]`` fp32.
 
-- CUDA tensors run the launch plans of ``ffi.plan`` -- the very kernels the JAX API
+- CUDA tensors run the launch plans of ``jqat.ffi.plan`` -- the very kernels the JAX API
   runs inside XLA -- on torch's current CUDA stream (or ``current_stream``), with BHSD
   tensors passed as strided BTNH views: no host copies, no extra device copies. Outputs
   and scratch come from torch's caching allocator on the stream the work is ordered on.

@@ -2,7 +2,7 @@
 
 Layout BHSD as in ``F.scaled_dot_product_attention``: q ``[B, H, Sq, D]``, k, v
 ``[B, Hkv, Skv, D]``, lse ``[B, H, Sq]`` fp32. CUDA tensors execute the launch plans of
-``ffi.plan`` (the kernels the JAX API runs inside XLA) on torch's current stream,
+``jqat.ffi.plan`` (the kernels the JAX API runs inside XLA) on torch's current stream,
 passing BHSD tensors as BTNH views; CPU tensors go through DLPack to the XLA reference.
 
 ``jqat::attention_fwd`` and ``jqat::attention_bwd`` are ``torch.library`` custom ops with
@@ -18,9 +18,9 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from ffi.options import DEFAULT_BLOCK_N, AttentionOptions, QATConfig
 from jqat._src import attention as _api
 from jqat._src import validate
+from jqat.ffi.options import DEFAULT_BLOCK_N, AttentionOptions, QATConfig
 from jqat.torch import _tensors as tt
 
 
@@ -67,8 +67,8 @@ def _mask_views(masks, launch):
 
 
 def _launcher():
-  from ffi import plan as plans  # noqa: PLC0415  (imports triton; only needed on CUDA)
-  from ffi import torch_launch  # noqa: PLC0415
+  from jqat.ffi import plan as plans  # noqa: PLC0415  (imports triton; only needed on CUDA)
+  from jqat.ffi import torch_launch  # noqa: PLC0415
 
   return plans, torch_launch
 
@@ -122,7 +122,7 @@ def backward(do, q, k, v, o_for_delta, lse, opts: AttentionOptions, *, out=None,
   """BHSD (dq, dk, dv) of validated inputs on the current stream; masks as in :func:`forward`.
 
   out: optional (dq, dk, dv) buffers to write (on CUDA with the strides of the dense q, k, v); workspace:
-  optional 1-D uint8 scratch (:func:`ffi.torch_launch.workspace_bytes` of the plan), else allocated.
+  optional 1-D uint8 scratch (:func:`jqat.ffi.torch_launch.workspace_bytes` of the plan), else allocated.
   """
   if q.device.type == "cpu":
     grads = _xla_backward(opts)(*(tt.to_jax(t) for t in (do, q, k, v, o_for_delta, lse)), _jax_masks(masks))

@@ -13,9 +13,9 @@ from __future__ import annotations
 import torch
 
 import jqat
-from ffi.options import AttentionOptions
 from jqat._src import rope_qdq as _rope_api
 from jqat._src import validate
+from jqat.ffi.options import AttentionOptions
 from jqat.torch import _attention
 from jqat.torch import _tensors as tt
 
@@ -140,7 +140,7 @@ class Nvfp4AttentionQatBackward:
   def scratch_workspace_bytes(self) -> int:
     """Bytes of the plan's scratch (fq(Q), fq(K), fq(V) and delta [B, H, Sq] fp32, 256-byte aligned each)."""
     self._require_checked()
-    from ffi import torch_launch  # noqa: PLC0415
+    from jqat.ffi import torch_launch  # noqa: PLC0415
 
     return torch_launch.workspace_bytes(self._plan)
 
@@ -149,7 +149,7 @@ class Nvfp4AttentionQatBackward:
     self._require_checked()
     if self.device.type != "cuda":
       return self
-    from ffi import torch_launch  # noqa: PLC0415
+    from jqat.ffi import torch_launch  # noqa: PLC0415
 
     q, k, v, o_hp, do, lse = self._planned
     _, views = _attention.backward_plan(do, q, k, v, o_hp, lse, self.opts)
@@ -269,8 +269,8 @@ class RopeQDQInplace:
 
   def _launch(self, x, cache, positions, *, warmup: bool = False):
     """The plan of one call (CUDA), executed over x itself."""
-    from ffi import plan as plans  # noqa: PLC0415  (imports triton; only needed on CUDA)
-    from ffi import torch_launch  # noqa: PLC0415
+    from jqat.ffi import plan as plans  # noqa: PLC0415  (imports triton; only needed on CUDA)
+    from jqat.ffi import torch_launch  # noqa: PLC0415
 
     m = self.mode
     positions = positions.reshape(-1)
