@@ -16,6 +16,8 @@ figure of the warm-start target, under 3 s on an H200), the Triton kernels and X
 cache hits/misses before it, and then traces a second, different jitted function of the
 same shapes (its kernels are already in memory: expected 0 compiled). ``--implementation
 xla`` runs the same on any backend (no Triton) to check the XLA cache alone.
+Each child also prints its phases (import jax, backend start, import jqat, inputs,
+trace + lowering, XLA compile or cache load, first run) so the warm start can be broken down.
 """
 
 from __future__ import annotations
@@ -31,8 +33,16 @@ import time
 CHILD = r"""
 import time, os, sys
 t0 = time.perf_counter()
+phases = {}
+def phase(name, t=[t0]):
+  now = time.perf_counter(); phases[name] = now - t[0]; t[0] = now
 import jax, jax.numpy as jnp
+phase("import_jax")
+jax.devices()
+phase("backend_init")
 import jqat
+jqat.attention
+phase("import_jqat")
 events = []
 jax.monitoring.register_event_listener(lambda event, **_: events.append(event.rsplit("/", 1)[-1]))
 if os.environ["XLA_CACHE"] == "1":
@@ -40,9 +50,16 @@ if os.environ["XLA_CACHE"] == "1":
 impl = os.environ["IMPLEMENTATION"]
 kernels = lambda: len(getattr(sys.modules.get("jax_triton.triton_lib"), "_COMPILED_KERNEL_CACHE", ()))
 q = jnp.ones((1, 1024, 8, 128), jnp.bfloat16) * 0.1
+jax.block_until_ready(q)
+phase("inputs")
 loss = lambda q, k, v: jnp.sum(jqat.attention(q, k, v, is_causal=True, implementation=impl).astype(jnp.float32))
-g = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, q, q)
+lowered = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, q, q)
+phase("trace_and_lower")
+compiled = lowered.compile()
+phase("compile")
+g = compiled(q, q, q)
 jax.block_until_ready(g)
+phase("first_run")
 first = time.perf_counter() - t0
 n0, hits, misses = kernels(), events.count("cache_hits"), events.count("cache_misses")
 t1 = time.perf_counter()
@@ -50,6 +67,7 @@ attn = lambda q, k, v: jqat.attention(q, k, v, is_causal=True, implementation=im
 loss2 = lambda q, k, v: 2.0 * jnp.sum(attn(q, k, v) ** 2)
 jax.block_until_ready(jax.jit(jax.grad(loss2, argnums=(0, 1, 2)))(q, q, q))
 second_fn = time.perf_counter() - t1
+print("PHASES", " ".join(f"{k}={v:.4f}" for k, v in phases.items()))
 print("RESULT", first, n0, hits, misses, second_fn, kernels() - n0)
 """
 
@@ -66,7 +84,9 @@ def run_child(env):
   if out.returncode:
     sys.exit(f"child process failed:\n{out.stderr}")
   line = [l for l in out.stdout.splitlines() if l.startswith("RESULT")][-1].split()
-  return {"process_wall_s": wall, **{name: cast(v) for (name, cast), v in zip(_RESULT_FIELDS, line[1:], strict=True)}}
+  phases = [l for l in out.stdout.splitlines() if l.startswith("PHASES")][-1].split()[1:]
+  return {"process_wall_s": wall, **{name: cast(v) for (name, cast), v in zip(_RESULT_FIELDS, line[1:], strict=True)},
+          "phases_s": {k: float(v) for k, v in (p.split("=") for p in phases)}}
 
 
 def main():
@@ -93,6 +113,8 @@ def main():
           f"{r['kernels_compiled_before_first_result']:>16} "
           f"{xla:>15} {r['second_function_same_shapes_s']:>8.2f} "
           f"{r['kernels_compiled_by_second_function']:>14}")
+  for name in ("cold", "warm", "warm_kernel_cache_only"):
+    print(f"{name:<23} phases: " + ", ".join(f"{k} {v:.2f}" for k, v in result[name]["phases_s"].items()))
   print("files per cache:", result["cache_files"])
   with open(args.out, "w") as f:
     json.dump(result, f, indent=1)

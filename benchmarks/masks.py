@@ -11,6 +11,9 @@ benchmarks/attention.py (median of repeats of back-to-back calls, synchronized a
 - window: (1, S, 16, 128) causal with a ``window``-token window (``local_window_size=(window - 1, 0)``)
   against full non-causal attention scaled by the visible fraction of the S x S score matrix.
   Target: window / (fraction * full) <= 1.3.
+
+Launch configs can be varied with ``JQAT_ATTN_FWD_CONFIG`` / ``JQAT_ATTN_BWD_CONFIG`` (ffi/plan.py);
+they apply to the baselines too.
 """
 
 from __future__ import annotations
@@ -77,12 +80,18 @@ def main():
   ap.add_argument("--window", type=int, default=1024)
   ap.add_argument("--iters", type=int, default=10)
   ap.add_argument("--repeats", type=int, default=5)
+  ap.add_argument("--cases", default="packed,window", help="comma-separated subset of: packed, window")
   args = ap.parse_args()
   jqat.enable_compilation_cache()
-  rows = [packed(args.seq, args.doc, False, args.iters, args.repeats),
-          packed(args.seq, args.doc, True, args.iters, args.repeats),
-          window(args.seq, args.window, args.iters, args.repeats)]
-  result = {"device": str(jax.devices()[0]), "heads": HEADS, "head_dim": HEAD_DIM, "target": TARGET, "rows": rows}
+  cases = set(args.cases.split(","))
+  rows = []
+  if "packed" in cases:
+    rows += [packed(args.seq, args.doc, causal, args.iters, args.repeats) for causal in (False, True)]
+  if "window" in cases:
+    rows.append(window(args.seq, args.window, args.iters, args.repeats))
+  env = {k: os.environ.get(k) for k in ("JQAT_ATTN_FWD_CONFIG", "JQAT_ATTN_BWD_CONFIG")}
+  result = {"device": str(jax.devices()[0]), "launch_config_env": env, "heads": HEADS, "head_dim": HEAD_DIM,
+            "target": TARGET, "rows": rows}
   with open(args.out, "w") as f:
     json.dump(result, f, indent=1)
   print(f"{'case':<28} {'baseline':<26} {'fwd ms':>8} {'base':>8} {'ratio':>6} {'f+b ms':>8} {'base':>8} "
