@@ -17,7 +17,7 @@ cache hits/misses before it, and then traces a second, different jitted function
 same shapes (its kernels are already in memory: expected 0 compiled). ``--implementation
 xla`` runs the same on any backend (no Triton) to check the XLA cache alone.
 Each child also prints its phases (import jax, backend start, import jqat, inputs,
-trace + lowering, XLA compile or cache load, first run) so the warm start can be broken down.
+a first tiny XLA op, trace + lowering, XLA compile or cache load, first run) so the warm start can be broken down.
 """
 
 from __future__ import annotations
@@ -52,6 +52,8 @@ kernels = lambda: len(getattr(sys.modules.get("jax_triton.triton_lib"), "_COMPIL
 q = jnp.ones((1, 1024, 8, 128), jnp.bfloat16) * 0.1
 jax.block_until_ready(q)
 phase("inputs")
+jax.block_until_ready(jax.jit(lambda x: x * 2)(q))  # the runtime's own first-launch cost, apart from jqat's
+phase("first_xla_op")
 loss = lambda q, k, v: jnp.sum(jqat.attention(q, k, v, is_causal=True, implementation=impl).astype(jnp.float32))
 lowered = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, q, q)
 phase("trace_and_lower")
