@@ -35,7 +35,11 @@ def ulysses_attention(query, key, value, *, axis_name, **kwargs):
   query: [B, T/P, N, D] local shard of the sequence; key, value: [B, S/P, K, D]
   (shards in device order along ``axis_name``). N and K must be divisible by P (GQA:
   a device takes query heads [i*N/P, (i+1)*N/P) and the KV heads they read).
-  kwargs: the keywords of :func:`jqat.attention` (``is_causal``, ``scale``, ``implementation``, ...).
+  kwargs: the keywords of :func:`jqat.attention` (``is_causal``, ``scale``, ``implementation``, masks, ...).
+    Masks: ``q_segment_ids`` [B, T/P] and ``kv_segment_ids`` [B, S/P] are local shards like the
+    tensors (all-gathered here: int32, T/P values per row); ``query_seq_lengths`` and
+    ``key_value_seq_lengths`` [B] are the global lengths, the same on every device;
+    ``local_window_size`` and ``causal_alignment`` refer to global positions.
   Returns out: [B, T/P, N, D], the local sequence shard. Differentiable: the backward runs
   the mirror all-to-alls; nothing is gathered. Bitwise what the unsharded call gives for
   the same rows, since each device attends over whole sequences of its heads.
@@ -46,6 +50,15 @@ def ulysses_attention(query, key, value, *, axis_name, **kwargs):
     if heads % size:
       raise ValueError(f"ulysses_attention: {name} heads ({heads}) must be divisible by the size of axis "
                        f"{axis_name!r} ({size}); with fewer KV heads, repeat them to a multiple of {size} first")
+  for name, x, length in (("q_segment_ids", kwargs.get("q_segment_ids"), query.shape[1]),
+                          ("kv_segment_ids", kwargs.get("kv_segment_ids"), key.shape[1])):
+    if x is None:
+      continue
+    if getattr(x, "ndim", None) != 2 or x.shape[1] != length:
+      raise ValueError(f"ulysses_attention: {name} must be the local shard [B, {length}] of the sequence's segment "
+                       f"ids, like the tensors; got shape {getattr(x, 'shape', type(x).__name__)}")
+    # Each device attends over whole sequences: it needs every position's segment id.
+    kwargs[name] = lax.all_gather(x, axis_name, axis=1, tiled=True)
   # [B, T/P, heads, D] <-> [B, T, heads/P, D]: chunk i of the heads goes to device i.
   to_heads = lambda x: lax.all_to_all(x, axis_name, split_axis=2, concat_axis=1, tiled=True)
   out = _attention(to_heads(query), to_heads(key), to_heads(value), **kwargs)
@@ -65,7 +78,8 @@ def attention(query, key, value, *, mesh, batch_axis=None, head_axis=None, seq_a
   decided here). batch_axis / head_axis / seq_axis: a mesh axis name, a tuple of names
   or None (replicated along that dimension). With ``seq_axis`` the call is
   :func:`ulysses_attention` per (batch, head) shard; without it, local attention.
-  kwargs: the keywords of :func:`jqat.attention`.
+  kwargs: the keywords of :func:`jqat.attention`, masks included (global arrays: segment ids are
+    sharded as ``P(batch_axis, seq_axis)``, lengths as ``P(batch_axis)``).
   Returns out: [B, T, N, D] sharded as ``P(batch_axis, seq_axis, head_axis)``. Mesh axes
   not named hold replicas of the computation (and their gradients are all-reduced).
   """
@@ -90,13 +104,20 @@ def attention(query, key, value, *, mesh, batch_axis=None, head_axis=None, seq_a
                        f"{parts}")
   spec = P(batch_axis, seq_axis, head_axis)
 
-  def local(q, k, v):
+  # Mask arrays travel as shard_map operands, sharded like the rows they describe.
+  mask_specs = {"query_seq_lengths": P(batch_axis), "key_value_seq_lengths": P(batch_axis),
+                "q_segment_ids": P(batch_axis, seq_axis), "kv_segment_ids": P(batch_axis, seq_axis)}
+  arrays = {name: kwargs.pop(name) for name in mask_specs if kwargs.get(name) is not None}
+  validate.mask_operands(query, key, **arrays)  # global shapes, before anything is sharded
+
+  def local(q, k, v, masks):
     if seq_axis is None:
-      return _attention(q, k, v, **kwargs)
-    return ulysses_attention(q, k, v, axis_name=seq_axis, **kwargs)
+      return _attention(q, k, v, **masks, **kwargs)
+    return ulysses_attention(q, k, v, axis_name=seq_axis, **masks, **kwargs)
 
   # Fully manual over every mesh axis: the custom calls see local shapes and need no
   # partitioning rule. Axes not named hold replicas, whose input gradients the backward
   # sums (an all-reduce): give a mesh of the axes in use.
-  fn = _shard_map(local, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, **_NO_CHECK)
-  return fn(query, key, value)
+  in_specs = (spec, spec, spec, {name: mask_specs[name] for name in arrays})
+  fn = _shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=spec, **_NO_CHECK)
+  return fn(query, key, value, arrays)
