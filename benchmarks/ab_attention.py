@@ -1,0 +1,64 @@
+"""A/B timing of jqat attention: whichever jqat is importable, on fixed shapes, for comparing two trees.
+
+  PYTHONPATH=<tree A> python benchmarks/ab_attention.py --out a.json
+  PYTHONPATH=<tree B> python benchmarks/ab_attention.py --out b.json
+
+Forward and fwd+bwd (``jax.jit(jax.grad(...))``) ms through ``jqat.attention(implementation="triton")``
+with every QAT switch on and default keywords, timed as benchmarks/attention.py does (``time_ms``).
+Alternate the trees in one device session (A, B, A, B) so clock and thermal drift shows up as spread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+
+import jqat
+
+# (B, N, K, S, D, causal)
+SHAPES = [(1, 16, 16, 4096, 128, False), (1, 16, 16, 4096, 128, True), (2, 16, 16, 4096, 64, False),
+          (8, 16, 16, 1024, 128, True)]
+
+
+def time_ms(fn, args, iters, repeats):
+  import statistics
+  import time
+
+  jax.block_until_ready(fn(*args))
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    for _ in range(iters):
+      out = fn(*args)
+    jax.block_until_ready(out)
+    times.append((time.perf_counter() - t0) / iters)
+  return statistics.median(times) * 1e3
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--out", required=True)
+  ap.add_argument("--iters", type=int, default=20)
+  ap.add_argument("--repeats", type=int, default=7)
+  args = ap.parse_args()
+  rows = []
+  for b, n, kh, s, d, causal in SHAPES:
+    ks = jax.random.split(jax.random.key(s + d), 3)
+    q = jax.random.normal(ks[0], (b, s, n, d), jnp.float32).astype(jnp.bfloat16)
+    k, v = (jax.random.normal(kk, (b, s, kh, d), jnp.float32).astype(jnp.bfloat16) for kk in ks[1:])
+    attn = lambda q, k, v, causal=causal: jqat.attention(q, k, v, is_causal=causal, implementation="triton")
+    fwd = jax.jit(attn)
+    grad = jax.jit(jax.grad(lambda q, k, v, attn=attn: jnp.sum(attn(q, k, v).astype(jnp.float32)), argnums=(0, 1, 2)))
+    rows.append({"shape": [b, n, kh, s, d, causal], "fwd_ms": time_ms(fwd, (q, k, v), args.iters, args.repeats),
+                 "fwd_bwd_ms": time_ms(grad, (q, k, v), args.iters, args.repeats)})
+    print(rows[-1], flush=True)
+  with open(args.out, "w") as f:
+    json.dump({"jqat": os.path.dirname(jqat.__file__), "device": str(jax.devices()[0]), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+  main()
