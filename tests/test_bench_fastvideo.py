@@ -14,8 +14,17 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "benchmarks")
-sys.path.insert(0, BENCH)
-import fastvideo  # noqa: E402
+
+
+def _load_bench(name):
+  """A benchmarks/ script as a module, without putting benchmarks/ on sys.path for the rest of the suite."""
+  spec = importlib.util.spec_from_file_location(f"bench_{name}", os.path.join(BENCH, f"{name}.py"))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+fastvideo = _load_bench("fastvideo")
 
 TOP = "fastvideo_kernel-9.9.9"
 PKG = f"{TOP}/python/fastvideo_kernel/triton_kernels"
@@ -129,13 +138,6 @@ def test_real_sdist_loads(tmp_path):
   )
 
 
-def _bench_attention():
-  spec = importlib.util.spec_from_file_location("bench_attention", os.path.join(BENCH, "attention.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
-
-
 def test_attention_help_runs():
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
   out = subprocess.run(
@@ -151,7 +153,7 @@ def test_attention_help_runs():
 
 
 def test_attention_shapes_and_fastvideo_failures_are_reasons(tmp_path):
-  bench = _bench_attention()
+  bench = _load_bench("attention")
   assert bench.FULL[:2] == [(1, 16, 16, 4096, 128, False), (1, 16, 16, 4096, 128, True)]
   assert len(bench.FULL) == 8 and set(bench.QUICK) <= set(bench.FULL)
   assert any(s[3] == 16384 for s in bench.QUICK)
@@ -170,7 +172,7 @@ def test_attention_shapes_and_fastvideo_failures_are_reasons(tmp_path):
 
 def test_attention_plot_with_missing_columns(tmp_path):
   pytest.importorskip("matplotlib")
-  bench = _bench_attention()
+  bench = _load_bench("attention")
   rows = [
     dict(B=1, N=16, K=16, S=4096, D=128, causal=False, jqat_fwdbwd_ms=2.3, cudnn_fwdbwd_ms=0.9, sdpa_fwdbwd_ms=1.0),
     dict(B=1, N=32, K=8, S=8192, D=128, causal=True, jqat_fwdbwd_ms=10.1, fastvideo_error="no GQA"),
