@@ -40,12 +40,15 @@ class _Child:
     try:
       self._proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-      self._proc.kill()
-      self._proc.wait()
+      self.kill()
       raise
     self._out.seek(0)
     self._err.seek(0)
     return subprocess.CompletedProcess(self._proc.args, self._proc.returncode, self._out.read(), self._err.read())
+
+  def kill(self) -> None:
+    self._proc.kill()
+    self._proc.wait()
 
 
 def _run(code: str, devices: int, timeout: float) -> subprocess.CompletedProcess:
@@ -80,6 +83,12 @@ def start_json(module: str, function: str, *, devices: int = 8) -> None:
   key = (module, function, devices)
   if key not in _STARTED:
     _STARTED[key] = _Child(_json_code(module, function), devices)
+
+
+def stop_started() -> None:
+  """Kills children that ``start_json`` started and no test collected (a session stopped early, ``-x``)."""
+  while _STARTED:
+    _STARTED.popitem()[1].kill()
 
 
 def run_json(module: str, function: str, *, devices: int = 8, timeout: float = 600) -> object:
