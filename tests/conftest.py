@@ -46,6 +46,23 @@ def pytest_pyfunc_call(pyfuncitem):
   return True
 
 
+def pytest_collection_finish(session):
+  """The 8-device sharding child of tests/test_parallel.py (~80 s on 2 cores) starts as soon as the
+  selection needs it and runs beside the other tests, which mostly compile on one core; its fixture
+  then collects it (tests/multidevice.py)."""
+  if session.config.option.collectonly:
+    return
+  if any("child_results" in getattr(item, "fixturenames", ()) for item in session.items):
+    import multidevice
+
+    multidevice.start_json("test_parallel", "run_cases")
+
+
+def pytest_sessionfinish(session):
+  if "multidevice" in sys.modules:
+    sys.modules["multidevice"].stop_started()
+
+
 def pytest_collection_modifyitems(config, items):
   if HAS_GPU:
     return
