@@ -47,15 +47,18 @@ def pytest_pyfunc_call(pyfuncitem):
 
 
 def pytest_collection_finish(session):
-  """The 8-device sharding child of tests/test_parallel.py (~80 s on 2 cores) starts as soon as the
-  selection needs it and runs beside the other tests, which mostly compile on one core; its fixture
-  then collects it (tests/multidevice.py)."""
+  """The 8-device children (``run_cases`` of each module whose tests take the ``child_results`` fixture:
+  tests/test_parallel.py ~80 s on 2 cores, tests/test_shard_map_xla.py) start as soon as the selection
+  needs them and run beside the other tests, which mostly compile on one core; each module's fixture then
+  collects its child (tests/multidevice.py)."""
   if session.config.option.collectonly:
     return
-  if any("child_results" in getattr(item, "fixturenames", ()) for item in session.items):
+  modules = {item.module.__name__ for item in session.items if "child_results" in getattr(item, "fixturenames", ())}
+  if modules:
     import multidevice
 
-    multidevice.start_json("test_parallel", "run_cases")
+    for module in sorted(modules):
+      multidevice.start_json(module, "run_cases")
 
 
 def pytest_sessionfinish(session):

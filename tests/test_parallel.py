@@ -373,6 +373,13 @@ def case_train_lm_mesh():
   assert np.isfinite(curves["loss"]).all() and np.isfinite(curves["val_loss"]).all(), curves
 
 
+def case_masks():
+  """Masks through Ulysses and the mesh entry point (tests/test_parallel_masks.py), in this child."""
+  from test_parallel_masks import case_masks as check
+
+  assert len(check()) == 5
+
+
 CASES = [name for name in list(globals()) if name.startswith("case_")]
 
 

@@ -1,13 +1,12 @@
 """Masks through jqat.parallel: Ulysses with sequence-sharded segment ids, and the mesh entry point.
 
-CPU twin on 8 virtual devices (XLA reference path) and the Triton path on two GPUs: forward and gradients
-against the unsharded call.
+The CPU twin on 8 virtual devices (XLA reference path) runs in tests/test_parallel.py's 8-device child
+(``case_masks`` there); here, the Triton path on two GPUs. Forward and gradients against the unsharded call.
 """
 
 import numpy as np
 import pytest
 from conftest import HAS_GPU
-from multidevice import run_json
 
 
 def case_masks(implementation="xla", mesh_shape=(2, 4)):
@@ -63,11 +62,6 @@ def case_masks(implementation="xla", mesh_shape=(2, 4)):
   else:
     raise AssertionError("no error for a short q_segment_ids")
   return checked
-
-
-def test_masks_through_ulysses_and_mesh_on_8_cpu_devices():
-  checked = run_json("test_parallel_masks", "case_masks", timeout=600)
-  assert len(checked) == 5, checked
 
 
 @pytest.mark.gpu
