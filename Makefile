@@ -1,6 +1,7 @@
 # Two entry points, each doing its own set-up on a fresh machine:
 #   make demo   - the training demo (examples/train_lm.py)
-#   make test   - the test suite (CPU tests always; GPU tests when a GPU is present)
+#   make test   - the test suite (CPU tests always; GPU tests when a GPU is present), as two pytest
+#                 processes side by side (tests/run_in_shards.py); ARGS pass through to pytest
 #   make lint   - ruff (config in pyproject.toml)
 PYTHON ?= python3
 VENV ?= .venv
@@ -20,7 +21,7 @@ demo: $(VENV)/.installed-$(REQS)
 	$(PY) examples/train_lm.py $(ARGS)
 
 test: $(VENV)/.installed-$(REQS)
-	$(PY) -m pytest -q --durations=15 tests $(ARGS)
+	$(PY) tests/run_in_shards.py --durations=15 $(ARGS)
 
 lint: $(VENV)/.installed-$(REQS)
 	$(PY) -m ruff check .
