@@ -44,9 +44,11 @@ def main():
   ap.add_argument("--out", required=True)
   ap.add_argument("--iters", type=int, default=20)
   ap.add_argument("--repeats", type=int, default=7)
+  ap.add_argument("--shapes", default="all", help="'all' or comma-separated indices into SHAPES")
   args = ap.parse_args()
+  chosen = SHAPES if args.shapes == "all" else [SHAPES[int(i)] for i in args.shapes.split(",")]
   rows = []
-  for b, n, kh, s, d, causal in SHAPES:
+  for b, n, kh, s, d, causal in chosen:
     ks = jax.random.split(jax.random.key(s + d), 3)
     q = jax.random.normal(ks[0], (b, s, n, d), jnp.float32).astype(jnp.bfloat16)
     k, v = (jax.random.normal(kk, (b, s, kh, d), jnp.float32).astype(jnp.bfloat16) for kk in ks[1:])
