@@ -9,6 +9,10 @@ Masks (all compose by AND; named as in ``jax.nn.dot_product_attention`` where it
 diagonal, ``query_seq_lengths`` / ``key_value_seq_lengths`` int32 [B] (padding), and
 ``q_segment_ids`` [B, Tq] / ``kv_segment_ids`` [B, Tk] int32 (a query sees only keys of its own
 segment: packed documents). A row that sees no key gives O = 0, lse = -inf and zero gradients.
+
+Numerics modes (defined in docs/NUMERICS.md): ``p_scale`` "block" (SPEC section 3) or "row"
+(two-level fq(P) relative to the row max; the forward then also returns ``row_max`` [B, N, Tq]
+fp32, which the backward takes).
 """
 
 from __future__ import annotations
@@ -42,27 +46,30 @@ def _masks(query, key, query_seq_lengths, key_value_seq_lengths, q_segment_ids, 
 
 
 def _forward(query, key, value, masks, opts: AttentionOptions, impl: str):
+  """``(O, O', lse, row_max)``; row_max is None unless ``p_scale == "row"``."""
   if impl == "triton":
     from jqat.ffi import jax_launch  # noqa: PLC0415  (GPU only: jax-triton needs CUDA to import)
-    return jax_launch.attention_forward(query, key, value, opts, masks)
-  return reference.forward(query, key, value, scale=opts.scale, is_causal=opts.is_causal, block_n=opts.block_n,
-                           cfg=opts.config, masks=masks, local_window_size=opts.local_window_size,
-                           causal_alignment=opts.causal_alignment)
+    out = jax_launch.attention_forward(query, key, value, opts, masks)
+  else:
+    out = reference.forward(query, key, value, scale=opts.scale, is_causal=opts.is_causal, block_n=opts.block_n,
+                            cfg=opts.config, masks=masks, local_window_size=opts.local_window_size,
+                            causal_alignment=opts.causal_alignment, p_scale=opts.p_scale)
+  return tuple(out) + (None,) * (4 - len(out))
 
 
-def _backward(d_out, query, key, value, out_for_delta, lse, masks, opts: AttentionOptions, impl: str):
+def _backward(d_out, query, key, value, out_for_delta, lse, row_max, masks, opts: AttentionOptions, impl: str):
   if impl == "triton":
     from jqat.ffi import jax_launch  # noqa: PLC0415
-    return jax_launch.attention_backward(d_out, query, key, value, out_for_delta, lse, opts, masks)
+    return jax_launch.attention_backward(d_out, query, key, value, out_for_delta, lse, opts, masks, row_max=row_max)
   return reference.backward(d_out, query, key, value, out_for_delta, lse, scale=opts.scale, is_causal=opts.is_causal,
                             cfg=opts.config, masks=masks, local_window_size=opts.local_window_size,
-                            causal_alignment=opts.causal_alignment)
+                            causal_alignment=opts.causal_alignment, p_scale=opts.p_scale, row_max=row_max)
 
 
 def attention_forward(query, key, value, *, scale=None, is_causal=False, implementation=None,
                       block_n=DEFAULT_BLOCK_N, config: QATConfig = _ALL_ON, query_seq_lengths=None,
                       key_value_seq_lengths=None, q_segment_ids=None, kv_segment_ids=None, local_window_size=None,
-                      causal_alignment="top_left"):
+                      causal_alignment="top_left", p_scale="block"):
   """The explicit QAT forward.
 
   query: [B, Tq, N, D]; key, value: [B, Tk, K, D]; bf16 (fp16/fp32 accepted).
@@ -70,25 +77,31 @@ def attention_forward(query, key, value, *, scale=None, is_causal=False, impleme
   Returns ``(out [B, Tq, N, D], out_high_precision [B, Tq, N, D], lse [B, N, Tq] fp32)``:
   O uses the quantized probabilities, O' the BF16 ones (for the backward's delta),
   lse is the natural-log softmax statistic (-inf for a row that sees no key).
+  p_scale: "block" or "row" (docs/NUMERICS.md). With "row" a fourth output,
+  ``row_max [B, N, Tq] fp32`` (the final row max of the scaled scores, -inf for a row that sees no key),
+  is returned: :func:`attention_backward` needs it.
   """
   validate.attention_inputs(query, key, value)
   d = query.shape[-1]
   opts = validate.attention_options(scale_value=scale, is_causal=is_causal, block_n_value=block_n, head_dim=d,
                                     config=config, local_window_size_value=local_window_size,
-                                    causal_alignment_value=causal_alignment)
+                                    causal_alignment_value=causal_alignment, p_scale_value=p_scale)
   masks = _masks(query, key, query_seq_lengths, key_value_seq_lengths, q_segment_ids, kv_segment_ids)
-  return _forward(query, key, value, masks, opts, _resolve(implementation, d))
+  out = _forward(query, key, value, masks, opts, _resolve(implementation, d))
+  return out if opts.p_scale == "row" else out[:3]
 
 
 def attention_backward(d_out, query, key, value, out_for_delta, lse, *, scale=None, is_causal=False,
                        implementation=None, config: QATConfig = _ALL_ON, query_seq_lengths=None,
                        key_value_seq_lengths=None, q_segment_ids=None, kv_segment_ids=None, local_window_size=None,
-                       causal_alignment="top_left"):
+                       causal_alignment="top_left", p_scale="block", row_max=None):
   """The explicit QAT backward: ``(dQ, dK, dV)`` in the dtypes of query, key, value (SPEC section 3).
 
   d_out, out_for_delta: [B, Tq, N, D] in the query dtype; query [B, Tq, N, D]; key, value [B, Tk, K, D];
   lse: [B, N, Tq] fp32. ``out_for_delta`` is O' from :func:`attention_forward`
   (or O, for the paper's "naive FP4 forward + BF16 backward" ablation). Masks: those of the forward.
+  p_scale: as in :func:`attention_forward`; with "row", ``row_max`` [B, N, Tq] fp32 is the forward's
+  fourth output (required), else it must be None.
   """
   validate.attention_inputs(query, key, value)
   for name, x in (("d_out", d_out), ("out_for_delta", out_for_delta)):
@@ -104,9 +117,10 @@ def attention_backward(d_out, query, key, value, out_for_delta, lse, *, scale=No
   d = query.shape[-1]
   opts = validate.attention_options(scale_value=scale, is_causal=is_causal, block_n_value=DEFAULT_BLOCK_N,
                                     head_dim=d, config=config, local_window_size_value=local_window_size,
-                                    causal_alignment_value=causal_alignment)
+                                    causal_alignment_value=causal_alignment, p_scale_value=p_scale)
+  row_max = validate.row_max(row_max, query, opts.p_scale)
   masks = _masks(query, key, query_seq_lengths, key_value_seq_lengths, q_segment_ids, kv_segment_ids)
-  return _backward(d_out, query, key, value, out_for_delta, lse, masks, opts, _resolve(implementation, d))
+  return _backward(d_out, query, key, value, out_for_delta, lse, row_max, masks, opts, _resolve(implementation, d))
 
 
 @jax.custom_jvp
@@ -128,9 +142,9 @@ def _attention(query, key, value, masks, opts: AttentionOptions, impl: str):
 
 
 def _attention_fwd(query, key, value, masks, opts, impl):
-  out, out_hp, lse = _forward(query, key, value, masks, opts, impl)
+  out, out_hp, lse, row_max = _forward(query, key, value, masks, opts, impl)
   # The softmax-gradient term must use O' (P @ V_hat); O = fq(P) @ V_hat only for the ablation.
-  return out, (query, key, value, out_hp if opts.config.high_precision_delta else out, lse, masks)
+  return out, (query, key, value, out_hp if opts.config.high_precision_delta else out, lse, row_max, masks)
 
 
 def _attention_bwd(opts, impl, res, d_out):
@@ -146,7 +160,7 @@ _attention.defvjp(_attention_fwd, _attention_bwd)
 def attention(query, key, value, *, scale=None, is_causal=False, implementation=None, block_n=DEFAULT_BLOCK_N,
               quantize_qkv=True, quantize_p=True, high_precision_delta=True, quantize_p_backward=True,
               query_seq_lengths=None, key_value_seq_lengths=None, q_segment_ids=None, kv_segment_ids=None,
-              local_window_size=None, causal_alignment="top_left"):
+              local_window_size=None, causal_alignment="top_left", p_scale="block"):
   """NVFP4 quantization-aware-training attention (Attn-QAT), differentiable (first order).
 
   query: [B, Tq, N, D]; key, value: [B, Tk, K, D] (N % K == 0 for GQA/MQA; D % 16 == 0); bf16
@@ -160,6 +174,8 @@ def attention(query, key, value, *, scale=None, is_causal=False, implementation=
   block_n: KV tile of the forward, one of 16, 32, 64, 128, 256 (the quantized P depends on it;
     both implementations use the same value).
   The four switches reproduce the paper's ablations; all False is BF16 flash attention.
+  p_scale: "block" (per-16 E4M3 scales only, SPEC section 3) or "row" (two-level: probabilities scaled
+    by their row max first, so long diffuse rows keep their dV; docs/NUMERICS.md).
   Returns out: [B, Tq, N, D] in the query dtype. Gradients are straight-through
   for Q, K, V and follow SPEC section 3; higher-order derivatives raise.
   """
@@ -168,6 +184,6 @@ def attention(query, key, value, *, scale=None, is_causal=False, implementation=
   config = validate.qat_config(quantize_qkv, quantize_p, high_precision_delta, quantize_p_backward)
   opts = validate.attention_options(scale_value=scale, is_causal=is_causal, block_n_value=block_n, head_dim=d,
                                     config=config, local_window_size_value=local_window_size,
-                                    causal_alignment_value=causal_alignment)
+                                    causal_alignment_value=causal_alignment, p_scale_value=p_scale)
   masks = _masks(query, key, query_seq_lengths, key_value_seq_lengths, q_segment_ids, kv_segment_ids)
   return _attention(query, key, value, masks, opts, _resolve(implementation, d))

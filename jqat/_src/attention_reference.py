@@ -10,6 +10,11 @@ NaN is never hidden: a NaN in any input reaches every output that depends on
 it, and no other. Masked (query, key) pairs contribute exactly nothing, not
 ``0 * NaN``; only ``lse == -inf`` means "this row sees no key".
 Zero-size B, Tq, Tk or N give empty results (Tk = 0: O = O' = 0, lse = -inf).
+
+``p_scale`` picks how fq(P) is scaled (docs/NUMERICS.md): "block" is SPEC section 3;
+"row" quantizes ``R * exp(S - m)`` (R = ``P_ROW_RANGE`` = 6 * 448) and folds 1/R into the
+normalization, in the forward with the running max, in the backward with the forward's final
+row max ``row_max`` (an extra forward output and backward input, row mode only).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jqat import nvfp4
-from jqat.ffi.options import QATConfig
+from jqat.ffi.options import P_ROW_RANGE, QATConfig
 
 _HI = lax.Precision.HIGHEST
 BACKWARD_BLOCK_K = 128  # keys per backward tile: bounds its [B, K, G, Tq, block] intermediates
@@ -138,8 +143,10 @@ def _dot(spec, a, b, visible):
 
 
 def forward(q, k, v, *, scale, is_causal, block_n, cfg: QATConfig, masks=NO_MASKS, local_window_size=None,
-            causal_alignment="top_left"):
-  """Returns ``O [B,Tq,N,D]``, ``O' [B,Tq,N,D]`` (query dtype) and ``lse [B,N,Tq]`` FP32.
+            causal_alignment="top_left", p_scale="block"):
+  """Returns ``O [B,Tq,N,D]``, ``O' [B,Tq,N,D]`` (query dtype) and ``lse [B,N,Tq]`` FP32; with
+  ``p_scale == "row"`` also ``row_max [B,N,Tq]`` FP32, the final row max m of the scaled scores
+  (natural units, -inf for a row that sees no key), which the row-mode backward needs.
 
   masks, local_window_size, causal_alignment: as in :func:`visible`.
   Intermediates are O(Tq * block_n) per (batch, head): one KV tile at a time.
@@ -149,6 +156,7 @@ def forward(q, k, v, *, scale, is_causal, block_n, cfg: QATConfig, masks=NO_MASK
   b, tq, n, d = q.shape
   tk = k.shape[1]
   qh, kt, vt = _inputs(q, k, v, cfg)
+  row = p_scale == "row"
 
   def step(carry, tile):
     m, l, acc, acc_hp = carry
@@ -159,7 +167,12 @@ def forward(q, k, v, *, scale, is_causal, block_n, cfg: QATConfig, masks=NO_MASK
     m_new = jnp.maximum(m, jnp.max(s, axis=-1))  # NaN in a visible score poisons the row
     m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # rows with nothing visible yet
     p_tilde = jnp.where(valid, jnp.exp(s - m_safe[..., None]), 0.0)
-    p_out = _fq(p_tilde, mask=valid) if cfg.quantize_p else _bf16(p_tilde)
+    if not cfg.quantize_p:
+      p_out = _bf16(p_tilde)
+    elif row:  # two-level: exact E2M1 x E4M3 values of R * p_tilde; 1/R is folded into the final 1/(R l)
+      p_out = _fq(P_ROW_RANGE * p_tilde, mask=valid)
+    else:
+      p_out = _fq(p_tilde, mask=valid)
     alpha = jnp.exp(m - m_safe)
     l = alpha * l + jnp.sum(p_tilde, axis=-1)
     guard = valid if _masked(masks, static) else None
@@ -174,6 +187,10 @@ def forward(q, k, v, *, scale, is_causal, block_n, cfg: QATConfig, masks=NO_MASK
   (m, l, acc, acc_hp), _ = lax.scan(step, init, (_tiles(kt, block_n), _tiles(vt, block_n), starts))
   empty = l == 0.0  # no visible key: O = O' = 0, lse = -inf (a NaN l is not empty)
   inv = jnp.where(empty, 0.0, 1.0 / jnp.where(empty, 1.0, l))[..., None]
+  # Row mode: O = acc / (R l), one FP32 product and one division, as the kernel does.
+  inv_q = inv
+  if row and cfg.quantize_p:
+    inv_q = jnp.where(empty, 0.0, 1.0 / jnp.where(empty, 1.0, P_ROW_RANGE * l))[..., None]
   lse = jnp.where(empty, -jnp.inf, m + jnp.log(jnp.where(empty, 1.0, l)))
 
   def to_btnh(x):
@@ -183,16 +200,20 @@ def forward(q, k, v, *, scale, is_causal, block_n, cfg: QATConfig, masks=NO_MASK
     x = lax.reduce_precision(x, exponent_bits=fi.nexp, mantissa_bits=fi.nmant)
     return x.transpose(0, 3, 1, 2, 4).reshape(b, tq, n, d).astype(q.dtype)
 
-  return to_btnh(acc * inv), to_btnh(acc_hp * inv), lse.reshape(b, n, tq)
+  out = (to_btnh(acc * inv_q), to_btnh(acc_hp * inv), lse.reshape(b, n, tq))
+  return out + (m.reshape(b, n, tq),) if row else out
 
 
 def backward(do, q, k, v, o_for_delta, lse, *, scale, is_causal, cfg: QATConfig, masks=NO_MASKS,
-             local_window_size=None, causal_alignment="top_left", block_k=BACKWARD_BLOCK_K):
+             local_window_size=None, causal_alignment="top_left", block_k=BACKWARD_BLOCK_K, p_scale="block",
+             row_max=None):
   """Gradients of SPEC section 3 given ``dO, Q, K, V``, the output used for delta and ``lse``.
 
   do, o_for_delta: [B, Tq, N, D]; q: [B, Tq, N, D]; k, v: [B, Tk, K, D]; lse: [B, N, Tq] fp32.
   o_for_delta: O' (Attn-QAT) or O (the ``high_precision_delta=False`` ablation).
   masks, local_window_size, causal_alignment: as in :func:`visible` (those of the forward).
+  row_max: [B, N, Tq] fp32, the forward's ``row_max``; needed (only) with ``p_scale == "row"``, where
+    the dV operand is ``bf16(fq(R * exp(S - m)) * (1 / (R * exp(lse - m))))`` instead of ``fq(P)``.
   block_k: keys per tile (a multiple of 16), so fq(P)'s blocks of 16 keys stay at absolute
     key indices. dK and dV of a key come from its own tile alone, so they do not depend on
     block_k; dQ is accumulated tile by tile in FP32, so block_k changes its summation order
@@ -214,6 +235,13 @@ def backward(do, q, k, v, o_for_delta, lse, *, scale, is_causal, cfg: QATConfig,
   sees = lse_g != -jnp.inf  # only -inf means "sees no key"; a NaN lse must reach P
   lse_safe = jnp.where(sees, lse_g, 0.0)
   block = min(block_k, max(16, -(-tk // 16) * 16))  # no tile wider than the padded keys
+  row = p_scale == "row" and cfg.quantize_p_backward
+  if row:
+    if row_max is None:
+      raise ValueError("p_scale='row' needs row_max, the forward's fourth output")
+    m_safe = jnp.where(sees, row_max.reshape(b, kh, g, tq)[..., None], 0.0)
+    # 1 / (R l) with l = exp(lse - m) the forward's row sum: dV's operand is (R p_tilde)'s fq over R l, ~P.
+    inv_rl = jnp.where(sees, 1.0 / (P_ROW_RANGE * jnp.exp(lse_safe - m_safe)), 0.0)
 
   def step(dq, tile):
     kb, vb, start = tile
@@ -225,7 +253,11 @@ def backward(do, q, k, v, o_for_delta, lse, *, scale, is_causal, cfg: QATConfig,
     ds = _bf16(jnp.where(valid, p * (dp - delta), 0.0))
     dq = dq + _dot("bkgqn,bknd->bkgqd", ds, kb, guard)
     dk = scale * _dot("bkgqn,bkgqd->bknd", ds, qh, guard)
-    p_dv = _fq(p, mask=valid) if cfg.quantize_p_backward else _bf16(p)
+    if row:
+      p_tilde = jnp.where(valid & sees, jnp.exp(s - m_safe), 0.0)
+      p_dv = _bf16(_fq(P_ROW_RANGE * p_tilde, mask=valid) * inv_rl)
+    else:
+      p_dv = _fq(p, mask=valid) if cfg.quantize_p_backward else _bf16(p)
     dv = _dot("bkgqn,bkgqd->bknd", p_dv, do_g, guard)
     return dq, (dk, dv)
 
