@@ -229,3 +229,84 @@ def test_row_mode_through_flax_and_torch():
   for name, t, g in zip(("dQ", "dK", "dV"), (qt, kt, vt), grads):
     assert_reordered_equal(t.grad.float().numpy(), np.swapaxes(_f(g), 1, 2), name=f"torch {name}",
                            dtype=jnp.bfloat16)
+
+
+OFF = dict(quantize_qkv=False, quantize_p=False, high_precision_delta=True, quantize_p_backward=False)
+
+
+# dQ = bf16(dS) @ K and dK = bf16(dS)^T @ Q (SPEC section 3) round dS to bf16 (2^-9 relative) before the
+# sum over keys that would cancel the mean's share exactly: against keys whose common component (3) is 3x
+# their spread, the un-smoothed dQ carries ~3 * 2^-9 of extra rounding (measured 6e-3), dK 5e-4 through
+# the mean's chain rule; dV = bf16(P)^T dO sees the same P up to FP32 noise.
+GRAD_NO_Q = {"dQ": 1.5e-2, "dK": 2e-3, "dV": 1e-5}
+
+
+def test_smooth_k_is_invisible_without_quantization():
+  """Quantization off (FP32 inputs): subtracting the mean key changes O and the gradients only by FP32
+  rounding (each score moves by the constant q.mean, which the softmax removes); padded keys may hold NaN."""
+  rng = np.random.default_rng(5)
+  q, k, v, do = (jnp.asarray(rng.normal(0, 1, s), jnp.float32) for s in ((2, 16, 2, 32), (2, 24, 1, 32),
+                                                                           (2, 24, 1, 32), (2, 16, 2, 32)))
+  k = k + 3.0  # a large common component: what SmoothK removes
+  kv_len = jnp.array([24, 13], jnp.int32)
+  k_nan = k.at[1, 13:].set(jnp.nan)  # never read: must not leak through the mean
+  run = lambda k, smooth: jax.vjp(
+      lambda q, k, v: jqat.attention(q, k, v, implementation="xla", is_causal=True, key_value_seq_lengths=kv_len,
+                                     smooth_k=smooth, **OFF), q, k, v)
+  o_ref, vjp_ref = run(k, False)
+  o, vjp = run(k_nan, True)
+  assert_close(_f(o), _f(o_ref), rel=1e-5, name="O")
+  g_ref, g = vjp_ref(do), vjp(do)
+  for name, a, e in zip(("dQ", "dK", "dV"), g, g_ref):
+    assert np.isfinite(_f(a)).all(), name
+    assert_close(_f(a), _f(e), rel=GRAD_NO_Q[name], name=name)
+  assert (_f(g[1])[1, 13:] == 0).all()  # padded keys: no gradient
+
+
+def test_smooth_k_gradient_is_autodiff_through_the_mean():
+  """With quantization on: jax.grad of jqat.attention(smooth_k=True) equals the explicit backward's dK, which
+  chains the kernel-rule dK of the smoothed keys through the mean; and smoothing changes the quantized O."""
+  q, k, v, do = _inputs(1, 16, 40, 2, 1, 32, seed=6)
+  k = (k.astype(jnp.float32) + 2.0).astype(jnp.bfloat16)
+  kw = dict(implementation="xla", key_value_seq_lengths=jnp.array([33], jnp.int32))
+  loss = lambda q, k, v: jnp.sum(jqat.attention(q, k, v, smooth_k=True, **kw).astype(jnp.float32)
+                                 * do.astype(jnp.float32))
+  grads = jax.grad(loss, (0, 1, 2))(q, k, v)
+  o, o_hp, lse = jqat.attention_forward(q, k, v, smooth_k=True, **kw)
+  want = jqat.attention_backward(do, q, k, v, o_hp, lse, smooth_k=True, **kw)
+  for name, got, exp in zip(("dQ", "dK", "dV"), grads, want):
+    assert_reordered_equal(_f(got), _f(exp), name=name, dtype=jnp.bfloat16)
+  # The chain rule by hand: live keys' dK is dK_s minus its mean over live keys; padded keys get 0.
+  ks = jqat._src.attention.smooth_keys(k, kw["key_value_seq_lengths"])
+  _, dk_s, _ = jqat.attention_backward(do, q, ks, v, o_hp, lse, **kw)
+  dk_s = _f(dk_s)
+  by_hand = np.where(np.arange(40)[None, :, None, None] < 33, dk_s - dk_s[:, :33].mean(1, keepdims=True), 0.0)
+  assert_close(_f(grads[1]), by_hand, rel=1e-2, name="dK by hand")  # bf16 rounding of dK_s and of the result
+  assert not np.array_equal(_f(o), _f(jqat.attention_forward(q, k, v, **kw)[0]))
+
+
+def test_smooth_k_through_torch():
+  """jqat.torch.attention(smooth_k=True) smooths with a torch op: O and dK as jqat's (NaN padded keys too)."""
+  import torch  # noqa: PLC0415
+
+  import jqat.torch  # noqa: PLC0415
+
+  q, k, v, do = _inputs(2, 16, 24, 2, 1, 32, seed=7)
+  k = k.at[1, 20:].set(jnp.nan)
+  kv_len = jnp.array([24, 20], jnp.int32)
+  loss = lambda q, k, v: jnp.sum(jqat.attention(q, k, v, implementation="xla", smooth_k=True,
+                                                key_value_seq_lengths=kv_len).astype(jnp.float32)
+                                 * do.astype(jnp.float32))
+  want, grads = jax.value_and_grad(loss, (0, 1, 2))(q, k, v)
+  to_t = lambda x: torch.from_numpy(np.array(jnp.swapaxes(x, 1, 2).astype(jnp.float32))).to(torch.bfloat16)
+  qt, kt, vt = (to_t(x).requires_grad_() for x in (q, k, v))
+  out = jqat.torch.attention(qt, kt, vt, enable_gqa=True, smooth_k=True,
+                             key_value_seq_lengths=torch.tensor([24, 20], dtype=torch.int32))
+  got = (out.float() * to_t(do).float()).sum()
+  got.backward()
+  # torch's and JAX's FP32 means sum in different orders: a last-bit change of a smoothed key can flip one
+  # of its fq codes (one E2M1 step of one element), so the two agree to the fq-flip bound, not bitwise.
+  assert abs(float(got) - float(want)) <= 1e-3 * abs(float(want))
+  for name, t, g in zip(("dQ", "dK", "dV"), (qt, kt, vt), grads):
+    assert np.isfinite(t.grad.float().numpy()).all(), name
+    assert_close(t.grad.float().numpy(), np.swapaxes(_f(g), 1, 2), rel=1e-2, name=f"torch {name}")

@@ -12,7 +12,8 @@ segment: packed documents). A row that sees no key gives O = 0, lse = -inf and z
 
 Numerics modes (defined in docs/NUMERICS.md): ``p_scale`` "block" (SPEC section 3) or "row"
 (two-level fq(P) relative to the row max; the forward then also returns ``row_max`` [B, N, Tq]
-fp32, which the backward takes).
+fp32, which the backward takes); ``smooth_k`` (subtract the mean key over live keys before the op:
+SageAttention's SmoothK, the softmax is unchanged in exact arithmetic).
 """
 
 from __future__ import annotations
@@ -45,6 +46,25 @@ def _masks(query, key, query_seq_lengths, key_value_seq_lengths, q_segment_ids, 
   return tuple(None if m is None else jnp.asarray(m, jnp.int32) for m in masks)
 
 
+def smooth_keys(key, kv_len=None):
+  """SmoothK: ``key - mean(key)`` over the live keys, per batch, KV head and channel (docs/NUMERICS.md).
+
+  key: [B, Tk, K, D]; kv_len: int32 [B] or None (all Tk keys live). The mean and the difference are FP32,
+  rounded once to key's dtype. Keys at or past kv_len[b] are never read (they may hold NaN): they become 0
+  and count nowhere. Subtracting one vector from every key shifts a query row's scores by one constant,
+  which the softmax removes; it differentiates like any JAX function.
+  """
+  if key.shape[1] == 0:
+    return key
+  kf = key.astype(jnp.float32)
+  if kv_len is None:
+    return (kf - jnp.mean(kf, axis=1, keepdims=True)).astype(key.dtype)
+  live = jnp.arange(key.shape[1])[None, :, None, None] < kv_len[:, None, None, None]
+  count = jnp.maximum(kv_len, 1).astype(jnp.float32)[:, None, None, None]
+  mean = jnp.sum(jnp.where(live, kf, 0.0), axis=1, keepdims=True) / count
+  return jnp.where(live, kf - mean, 0.0).astype(key.dtype)
+
+
 def _forward(query, key, value, masks, opts: AttentionOptions, impl: str):
   """``(O, O', lse, row_max)``; row_max is None unless ``p_scale == "row"``."""
   if impl == "triton":
@@ -69,7 +89,7 @@ def _backward(d_out, query, key, value, out_for_delta, lse, row_max, masks, opts
 def attention_forward(query, key, value, *, scale=None, is_causal=False, implementation=None,
                       block_n=DEFAULT_BLOCK_N, config: QATConfig = _ALL_ON, query_seq_lengths=None,
                       key_value_seq_lengths=None, q_segment_ids=None, kv_segment_ids=None, local_window_size=None,
-                      causal_alignment="top_left", p_scale="block"):
+                      causal_alignment="top_left", p_scale="block", smooth_k=False):
   """The explicit QAT forward.
 
   query: [B, Tq, N, D]; key, value: [B, Tk, K, D]; bf16 (fp16/fp32 accepted).
@@ -80,6 +100,7 @@ def attention_forward(query, key, value, *, scale=None, is_causal=False, impleme
   p_scale: "block" or "row" (docs/NUMERICS.md). With "row" a fourth output,
   ``row_max [B, N, Tq] fp32`` (the final row max of the scaled scores, -inf for a row that sees no key),
   is returned: :func:`attention_backward` needs it.
+  smooth_k: run on :func:`smooth_keys` (key) (pass the same flag to :func:`attention_backward`).
   """
   validate.attention_inputs(query, key, value)
   d = query.shape[-1]
@@ -87,6 +108,8 @@ def attention_forward(query, key, value, *, scale=None, is_causal=False, impleme
                                     config=config, local_window_size_value=local_window_size,
                                     causal_alignment_value=causal_alignment, p_scale_value=p_scale)
   masks = _masks(query, key, query_seq_lengths, key_value_seq_lengths, q_segment_ids, kv_segment_ids)
+  if validate.flag("smooth_k", smooth_k):
+    key = smooth_keys(key, masks[1])
   out = _forward(query, key, value, masks, opts, _resolve(implementation, d))
   return out if opts.p_scale == "row" else out[:3]
 
@@ -94,7 +117,7 @@ def attention_forward(query, key, value, *, scale=None, is_causal=False, impleme
 def attention_backward(d_out, query, key, value, out_for_delta, lse, *, scale=None, is_causal=False,
                        implementation=None, config: QATConfig = _ALL_ON, query_seq_lengths=None,
                        key_value_seq_lengths=None, q_segment_ids=None, kv_segment_ids=None, local_window_size=None,
-                       causal_alignment="top_left", p_scale="block", row_max=None):
+                       causal_alignment="top_left", p_scale="block", row_max=None, smooth_k=False):
   """The explicit QAT backward: ``(dQ, dK, dV)`` in the dtypes of query, key, value (SPEC section 3).
 
   d_out, out_for_delta: [B, Tq, N, D] in the query dtype; query [B, Tq, N, D]; key, value [B, Tk, K, D];
@@ -102,6 +125,7 @@ def attention_backward(d_out, query, key, value, out_for_delta, lse, *, scale=No
   (or O, for the paper's "naive FP4 forward + BF16 backward" ablation). Masks: those of the forward.
   p_scale: as in :func:`attention_forward`; with "row", ``row_max`` [B, N, Tq] fp32 is the forward's
   fourth output (required), else it must be None.
+  smooth_k: the forward's flag; dK is then the gradient of the original key (through :func:`smooth_keys`).
   """
   validate.attention_inputs(query, key, value)
   for name, x in (("d_out", d_out), ("out_for_delta", out_for_delta)):
@@ -120,7 +144,13 @@ def attention_backward(d_out, query, key, value, out_for_delta, lse, *, scale=No
                                     causal_alignment_value=causal_alignment, p_scale_value=p_scale)
   row_max = validate.row_max(row_max, query, opts.p_scale)
   masks = _masks(query, key, query_seq_lengths, key_value_seq_lengths, q_segment_ids, kv_segment_ids)
-  return _backward(d_out, query, key, value, out_for_delta, lse, row_max, masks, opts, _resolve(implementation, d))
+  impl = _resolve(implementation, d)
+  if not validate.flag("smooth_k", smooth_k):
+    return _backward(d_out, query, key, value, out_for_delta, lse, row_max, masks, opts, impl)
+  smoothed, smooth_vjp = jax.vjp(lambda k: smooth_keys(k, masks[1]), key)
+  d_query, d_smoothed, d_value = _backward(d_out, query, smoothed, value, out_for_delta, lse, row_max, masks, opts,
+                                           impl)
+  return d_query, smooth_vjp(d_smoothed)[0], d_value
 
 
 @jax.custom_jvp
@@ -160,7 +190,7 @@ _attention.defvjp(_attention_fwd, _attention_bwd)
 def attention(query, key, value, *, scale=None, is_causal=False, implementation=None, block_n=DEFAULT_BLOCK_N,
               quantize_qkv=True, quantize_p=True, high_precision_delta=True, quantize_p_backward=True,
               query_seq_lengths=None, key_value_seq_lengths=None, q_segment_ids=None, kv_segment_ids=None,
-              local_window_size=None, causal_alignment="top_left", p_scale="block"):
+              local_window_size=None, causal_alignment="top_left", p_scale="block", smooth_k=False):
   """NVFP4 quantization-aware-training attention (Attn-QAT), differentiable (first order).
 
   query: [B, Tq, N, D]; key, value: [B, Tk, K, D] (N % K == 0 for GQA/MQA; D % 16 == 0); bf16
@@ -176,6 +206,8 @@ def attention(query, key, value, *, scale=None, is_causal=False, implementation=
   The four switches reproduce the paper's ablations; all False is BF16 flash attention.
   p_scale: "block" (per-16 E4M3 scales only, SPEC section 3) or "row" (two-level: probabilities scaled
     by their row max first, so long diffuse rows keep their dV; docs/NUMERICS.md).
+  smooth_k: subtract the mean key over live keys (per batch, KV head, channel) before quantizing
+    (:func:`smooth_keys`); the gradient flows through the mean.
   Returns out: [B, Tq, N, D] in the query dtype. Gradients are straight-through
   for Q, K, V and follow SPEC section 3; higher-order derivatives raise.
   """
@@ -186,4 +218,6 @@ def attention(query, key, value, *, scale=None, is_causal=False, implementation=
                                     config=config, local_window_size_value=local_window_size,
                                     causal_alignment_value=causal_alignment, p_scale_value=p_scale)
   masks = _masks(query, key, query_seq_lengths, key_value_seq_lengths, q_segment_ids, kv_segment_ids)
+  if validate.flag("smooth_k", smooth_k):
+    key = smooth_keys(key, masks[1])
   return _attention(query, key, value, masks, opts, _resolve(implementation, d))

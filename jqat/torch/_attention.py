@@ -241,10 +241,24 @@ def _backward_formula(ctx, d_out, d_out_hp, d_lse, d_row_max):
 attention_fwd_op.register_autograd(_backward_formula, setup_context=_setup_context)
 
 
+def smooth_keys(k, kv_len=None):
+  """``jqat.attention``'s SmoothK on BHSD ``k`` [B, Hkv, Skv, D]: minus the FP32 mean over the live keys
+  (``kv_len`` [B] or None), rounded once to k's dtype; keys past kv_len[b] become 0 (docs/NUMERICS.md)."""
+  if k.shape[2] == 0:
+    return k
+  kf = k.float()
+  if kv_len is None:
+    return (kf - kf.mean(dim=2, keepdim=True)).to(k.dtype)
+  live = torch.arange(k.shape[2], device=k.device)[None, None, :, None] < kv_len[:, None, None, None]
+  count = kv_len.clamp(min=1).float()[:, None, None, None]
+  mean = torch.where(live, kf, 0.0).sum(dim=2, keepdim=True) / count
+  return torch.where(live, kf - mean, 0.0).to(k.dtype)
+
+
 def attention(q, k, v, is_causal=False, scale=None, enable_gqa=False, *, block_n=DEFAULT_BLOCK_N,
               quantize_qkv=True, quantize_p=True, high_precision_delta=True, quantize_p_backward=True,
               query_seq_lengths=None, key_value_seq_lengths=None, q_segment_ids=None, kv_segment_ids=None,
-              local_window_size=None, causal_alignment="top_left", p_scale="block"):
+              local_window_size=None, causal_alignment="top_left", p_scale="block", smooth_k=False):
   """NVFP4 quantization-aware-training attention (Attn-QAT) on BHSD tensors, differentiable.
 
   Drop-in for ``F.scaled_dot_product_attention(q, k, v, is_causal=..., scale=..., enable_gqa=...)``
@@ -261,6 +275,8 @@ def attention(q, k, v, is_causal=False, scale=None, enable_gqa=False, *, block_n
     integer (packed documents); local_window_size, causal_alignment: as in ``jqat.attention`` (there
     ``is_causal`` follows ``causal_alignment`` too). Integer masks are passed to the kernels as int32.
   p_scale: "block" or "row" (two-level fq(P), docs/NUMERICS.md), as in ``jqat.attention``.
+  smooth_k: subtract the mean key over live keys first (:func:`smooth_keys`, a torch op: autograd
+    carries its gradient), as in ``jqat.attention``.
 
   Returns O [B, H, Sq, D] in q's dtype. CUDA tensors run the Triton kernels on the current
   stream; CPU tensors run the JAX reference through DLPack. The op is ``torch.ops.jqat.attention_fwd``
@@ -278,6 +294,8 @@ def attention(q, k, v, is_causal=False, scale=None, enable_gqa=False, *, block_n
     if m is not None:
       tt.check_device(name, m, q.device)
   masks = tuple(None if m is None else m.to(torch.int32).contiguous() for m in masks)
+  if validate.flag("smooth_k", smooth_k):
+    k = smooth_keys(k, masks[1])
   window = validate.local_window_size(local_window_size)
   left, right = window if window is not None else (-1, -1)
   return attention_fwd_op(q, k, v, *masks, validate.scale(scale, q.shape[-1]), validate.flag("is_causal", is_causal),
