@@ -256,12 +256,18 @@ def _head_dims(d: int) -> dict:
   return dict(HEAD_DIM=d, D_PAD=triton.next_power_of_2(d))
 
 
+def _check_kernel_options(opts: AttentionOptions) -> None:
+  if opts.qkv_scale == "tensor" and opts.config.quantize_qkv:
+    raise NotImplementedError("qkv_scale='tensor' has no Triton kernels yet; the XLA reference implements it")
+
+
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, target: Target, *,
                       out_strides=None, config: kfwd.ForwardConfig | None = None, masks=NO_MASKS) -> Plan:
   """Plan of the QAT forward: outputs ``o``, ``o_hp`` (``[B, Tq, N, D]``, strides ``out_strides``, default dense)
   and ``lse`` (``[B, N, Tq]`` fp32, dense); with ``opts.p_scale == "row"`` also ``row_max`` (``[B, N, Tq]``
   fp32, dense: the final row max, natural units). q: ``[B, Tq, N, D]``; k, v: ``[B, Tk, K, D]``, N % K == 0.
   masks: optional mask operands in ``MASK_OPERANDS`` order; the present ones are inputs after q, k, v."""
+  _check_kernel_options(opts)
   b, tq, n, d = q.shape
   tk, kh = k.shape[1], k.shape[2]
   strides = tuple(out_strides) if out_strides is not None else Tensor.dense(q.shape, q.dtype).strides
@@ -308,6 +314,7 @@ def attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out_for_d
   masks: as in :func:`attention_forward` (inputs after lse and row_max).
   Scratch: ``delta`` (``[B, N, Tq]`` fp32) and, with ``quantize_qkv``, fq(Q), fq(K), fq(V).
   """
+  _check_kernel_options(opts)
   b, tq, n, d = q.shape
   tk, kh = k.shape[1], k.shape[2]
   buffers = {"do": d_out, "q": q, "k": k, "v": v, "o_for_delta": out_for_delta, "lse": lse,

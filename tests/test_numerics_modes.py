@@ -10,12 +10,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import torch
 from conftest import assert_close, assert_reordered_equal
-from oracle import _bf16_round, _fq64, visible_oracle
+from oracle import _bf16_round, _fq64, attention_grad_oracle, attention_oracle, bits, fq_oracle, visible_oracle
 
 import jqat
+import jqat.torch
 from jqat._src import attention_reference as reference
 from jqat.ffi.options import QATConfig
+from jqat.flax import make_attention_fn
 
 R = 6.0 * 448.0
 # FP32 work against a float64 oracle: bf16 output rounding (2^-9 relative) plus fq(P) codes flipped
@@ -203,11 +206,6 @@ def test_row_mode_keeps_dv_of_long_diffuse_rows():
 
 def test_row_mode_through_flax_and_torch():
   """The Flax adapter and jqat.torch.attention pass p_scale through: the same output and gradients as jqat."""
-  import torch  # noqa: PLC0415
-
-  import jqat.torch  # noqa: PLC0415
-  from jqat.flax import make_attention_fn  # noqa: PLC0415
-
   q, k, v, do = _inputs(1, 24, 40, 2, 2, 32, seed=4)
   want = jqat.attention(q, k, v, implementation="xla", p_scale="row")
   # Not the same program as "block": the outputs differ (else this test could not see a dropped keyword).
@@ -287,10 +285,6 @@ def test_smooth_k_gradient_is_autodiff_through_the_mean():
 
 def test_smooth_k_through_torch():
   """jqat.torch.attention(smooth_k=True) smooths with a torch op: O and dK as jqat's (NaN padded keys too)."""
-  import torch  # noqa: PLC0415
-
-  import jqat.torch  # noqa: PLC0415
-
   q, k, v, do = _inputs(2, 16, 24, 2, 1, 32, seed=7)
   k = k.at[1, 20:].set(jnp.nan)
   kv_len = jnp.array([24, 20], jnp.int32)
@@ -310,3 +304,84 @@ def test_smooth_k_through_torch():
   for name, t, g in zip(("dQ", "dK", "dV"), (qt, kt, vt), grads):
     assert np.isfinite(t.grad.float().numpy()).all(), name
     assert_close(t.grad.float().numpy(), np.swapaxes(_f(g), 1, 2), rel=1e-2, name=f"torch {name}")
+
+
+def fq_tensor_oracle(x, length=None):
+  """NumPy two-level NVFP4 per (batch, head) of x [B, T, H, D]: (fq(enc * x), 1 / enc) in FP32."""
+  x = np.asarray(x, np.float32)
+  ax = np.abs(x)
+  if length is not None:
+    ax = np.where(np.arange(x.shape[1])[None, :, None, None] < np.asarray(length)[:, None, None, None], ax, 0)
+  with np.errstate(invalid="ignore"):
+    amax = ax.max(axis=(1, 3), keepdims=True, initial=0).astype(np.float32)
+    ok = np.isfinite(amax) & (amax > 0)
+    enc = np.where(ok, np.float32(2688) / np.where(ok, amax, np.float32(1)), np.float32(1)).astype(np.float32)
+    y = fq_oracle((enc * x).astype(np.float32))
+  return y, (np.float32(1) / enc).astype(np.float32)
+
+
+def test_tensor_scale_quantizer_is_bitwise_the_oracle():
+  """fq(enc * x) and 1 / enc bit for bit, over magnitudes past 2688 and below the 2^-9 block floor, with
+  lengths, a zero slab, and a NaN and an Inf slab."""
+  rng = np.random.default_rng(8)
+  x = rng.normal(0, 1, (3, 20, 4, 32)).astype(np.float32) * np.float32([1e4, 1.0, 1e-5])[:, None, None, None]
+  x = x.astype(jnp.bfloat16).astype(np.float32)
+  x[0, :, 1] = 0.0
+  x[1, 3, 2, 5] = np.nan
+  x[2, 7, 3, 0] = np.inf
+  length = np.array([20, 11, 5], np.int32)
+  for ln in (None, length):
+    y, dec = reference.fq_tensor(jnp.asarray(x, jnp.bfloat16), None if ln is None else jnp.asarray(ln))
+    wy, wdec = fq_tensor_oracle(x, ln)
+    np.testing.assert_array_equal(bits(np.asarray(y)), bits(wy))
+    np.testing.assert_array_equal(bits(np.asarray(dec)), bits(wdec))
+  # What the second level buys: block scales saturate at 448 (|x| <= 2688) and floor at 2^-9.
+  deq = np.asarray(y) * np.asarray(dec)
+  def err(a, b):
+    live = np.isfinite(x[b]) & (np.arange(20)[:, None, None] < length[b])
+    return np.linalg.norm(np.where(live, a - x[b], 0)) / np.linalg.norm(np.where(live, x[b], 0))
+
+  for b, name in ((0, "large"), (2, "tiny")):
+    assert err(deq[b], b) < 0.15, name  # E2M1's 3 bits: ~0.1 relative
+    assert err(np.asarray(reference._fq(jnp.asarray(x[b:b + 1])))[0], b) > 0.5, name
+
+
+def test_tensor_scale_attention_matches_float64_oracle():
+  """qkv_scale="tensor": forward and gradients against the float64 oracle fed the oracle's two-level Q, K, V
+  (with lengths); NaN in a live key reaches the output; "triton" is refused by name."""
+  rng = np.random.default_rng(9)
+  q = (rng.normal(0, 1, (2, 24, 2, 32)) * 3e3).astype(np.float32)  # past 2688: block scales would saturate
+  k = (rng.normal(0, 1, (2, 40, 1, 32)) * 1e-4).astype(np.float32)  # below the floor: block fq gives 0
+  v = rng.normal(0, 1, (2, 40, 1, 32)).astype(np.float32)
+  do = rng.normal(0, 1, (2, 24, 2, 32)).astype(np.float32)
+  q, k, v, do = (x.astype(jnp.bfloat16).astype(np.float32) for x in (q, k, v, do))
+  kv_len = np.array([40, 29], np.int32)
+  scale = 32**-0.5 * 3.0
+  kw = dict(scale=scale, implementation="xla", qkv_scale="tensor", key_value_seq_lengths=jnp.asarray(kv_len))
+  jq, jk, jv, jdo = (jnp.asarray(x, jnp.bfloat16) for x in (q, k, v, do))
+  o, o_hp, lse = jqat.attention_forward(jq, jk, jv, block_n=16, **kw)
+  dq, dk, dv = jqat.attention_backward(jdo, jq, jk, jv, o_hp, lse, **kw)
+  deq = [np.asarray(y * dec, np.float32) for y, dec in (fq_tensor_oracle(q), fq_tensor_oracle(k, kv_len),
+                                                         fq_tensor_oracle(v, kv_len))]
+  vis = visible_oracle(2, 24, 40, kv_len=kv_len)
+  w_o, w_ohp, w_lse = attention_oracle(*deq, scale=scale, is_causal=False, block_n=16, quantize_qkv=False, vis=vis)
+  assert_close(_f(o), w_o, rel=OUT_BOUND, name="O")
+  assert_close(_f(lse), w_lse, rel=1e-5, name="lse")
+  grads = attention_grad_oracle(do, *deq, _f(o_hp), _f(lse), scale=scale, is_causal=False, quantize_qkv=False,
+                                vis=vis)
+  for name, got, want in zip(("dQ", "dK", "dV"), (dq, dk, dv), grads):
+    assert_close(_f(got), want, rel=GRAD_BOUND, name=name)
+  # NaN in a live key: its (batch, head) slab falls back to block scales and the NaN block reaches O.
+  bad = jk.at[0, 3, 0, 0].set(jnp.nan)
+  assert np.isnan(_f(jqat.attention(jq, bad, jv, **kw))[0]).all()
+  with pytest.raises(RuntimeError, match="triton"):
+    jqat.attention(jq, jk, jv, scale=scale, implementation="triton", qkv_scale="tensor")
+  # The torch shim (CPU tensors: the XLA reference) and the Flax adapter pass it through.
+  want = _f(jqat.attention(jq, jk, jv, **kw))
+  to_t = lambda x: torch.from_numpy(np.array(jnp.swapaxes(x, 1, 2).astype(jnp.float32))).to(torch.bfloat16)
+  got = jqat.torch.attention(to_t(jq), to_t(jk), to_t(jv), scale=scale, enable_gqa=True, qkv_scale="tensor",
+                             key_value_seq_lengths=torch.from_numpy(kv_len))
+  assert_close(np.swapaxes(got.float().numpy(), 1, 2), want, rel=1e-6, name="torch O")
+  fn = make_attention_fn(implementation="xla", qkv_scale="tensor")
+  assert_close(_f(fn(jq, jk, jv)), _f(jqat.attention(jq, jk, jv, implementation="xla", qkv_scale="tensor")),
+               rel=1e-6, name="flax O")

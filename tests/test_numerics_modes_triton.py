@@ -27,6 +27,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 import jqat  # noqa: E402
+import jqat.torch  # noqa: E402
 from jqat._src import attention_reference as reference  # noqa: E402
 from jqat.ffi import plan as plans  # noqa: E402
 from jqat.ffi import torch_launch  # noqa: E402
@@ -147,3 +148,20 @@ def test_row_triton_matches_xla_gpu(causal):
   for name, a, e in zip(("O", "O'", "lse", "row_max", "dQ", "dK", "dV", "vjp dQ", "vjp dK", "vjp dV"),
                         res["triton"], res["xla"]):
     assert_close(a, e, rel=BOUNDS.get(name.removeprefix("vjp "), 2e-3), name=name)
+
+
+@pytest.mark.gpu
+def test_row_torch_cuda_matches_cpu_gpu():
+  """jqat.torch.attention(p_scale="row", smooth_k=True): the CUDA kernels (row_max through the custom op's
+  autograd) against the CPU path (the XLA reference through DLPack)."""
+  gen = torch.Generator().manual_seed(0)
+  shapes = ((2, 8, 700, 128), (2, 2, 700, 128), (2, 2, 700, 128), (2, 8, 700, 128))
+  q, k, v, do = (torch.randn(s, generator=gen).to(torch.bfloat16) for s in shapes)
+  res = {}
+  for device in ("cuda", "cpu"):
+    leaves = [t.to(device).requires_grad_() for t in (q, k, v)]
+    out = jqat.torch.attention(*leaves, is_causal=True, enable_gqa=True, p_scale="row", smooth_k=True)
+    out.backward(do.to(device))
+    res[device] = [_np(t) for t in (out, *(x.grad for x in leaves))]
+  for name, a, e in zip(("O", "dQ", "dK", "dV"), res["cuda"], res["cpu"]):
+    assert_close(a, e, rel=BOUNDS[name], name=name)

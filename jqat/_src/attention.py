@@ -33,10 +33,12 @@ _ALL_ON = QATConfig()  # the default switches: Attn-QAT
 _KERNEL_MAX_HEAD_DIM = 256
 
 
-def _resolve(implementation, head_dim: int) -> str:
+def _resolve(implementation, head_dim: int, opts: AttentionOptions) -> str:
   unsupported = None
   if head_dim > _KERNEL_MAX_HEAD_DIM:
     unsupported = f"the Triton kernels take head dims up to {_KERNEL_MAX_HEAD_DIM}, got {head_dim}"
+  if opts.qkv_scale == "tensor" and opts.config.quantize_qkv:
+    unsupported = "qkv_scale='tensor' has no Triton kernels yet (the XLA reference implements it)"
   return dispatch.resolve(implementation, unsupported=unsupported)
 
 
@@ -73,7 +75,8 @@ def _forward(query, key, value, masks, opts: AttentionOptions, impl: str):
   else:
     out = reference.forward(query, key, value, scale=opts.scale, is_causal=opts.is_causal, block_n=opts.block_n,
                             cfg=opts.config, masks=masks, local_window_size=opts.local_window_size,
-                            causal_alignment=opts.causal_alignment, p_scale=opts.p_scale)
+                            causal_alignment=opts.causal_alignment, p_scale=opts.p_scale,
+                            qkv_scale=opts.qkv_scale)
   return tuple(out) + (None,) * (4 - len(out))
 
 
@@ -83,13 +86,14 @@ def _backward(d_out, query, key, value, out_for_delta, lse, row_max, masks, opts
     return jax_launch.attention_backward(d_out, query, key, value, out_for_delta, lse, opts, masks, row_max=row_max)
   return reference.backward(d_out, query, key, value, out_for_delta, lse, scale=opts.scale, is_causal=opts.is_causal,
                             cfg=opts.config, masks=masks, local_window_size=opts.local_window_size,
-                            causal_alignment=opts.causal_alignment, p_scale=opts.p_scale, row_max=row_max)
+                            causal_alignment=opts.causal_alignment, p_scale=opts.p_scale, row_max=row_max,
+                            qkv_scale=opts.qkv_scale)
 
 
 def attention_forward(query, key, value, *, scale=None, is_causal=False, implementation=None,
                       block_n=DEFAULT_BLOCK_N, config: QATConfig = _ALL_ON, query_seq_lengths=None,
                       key_value_seq_lengths=None, q_segment_ids=None, kv_segment_ids=None, local_window_size=None,
-                      causal_alignment="top_left", p_scale="block", smooth_k=False):
+                      causal_alignment="top_left", p_scale="block", smooth_k=False, qkv_scale="block"):
   """The explicit QAT forward.
 
   query: [B, Tq, N, D]; key, value: [B, Tk, K, D]; bf16 (fp16/fp32 accepted).
@@ -101,23 +105,26 @@ def attention_forward(query, key, value, *, scale=None, is_causal=False, impleme
   ``row_max [B, N, Tq] fp32`` (the final row max of the scaled scores, -inf for a row that sees no key),
   is returned: :func:`attention_backward` needs it.
   smooth_k: run on :func:`smooth_keys` (key) (pass the same flag to :func:`attention_backward`).
+  qkv_scale: "block" or "tensor" (as in :func:`attention`; the same value for the backward).
   """
   validate.attention_inputs(query, key, value)
   d = query.shape[-1]
   opts = validate.attention_options(scale_value=scale, is_causal=is_causal, block_n_value=block_n, head_dim=d,
                                     config=config, local_window_size_value=local_window_size,
-                                    causal_alignment_value=causal_alignment, p_scale_value=p_scale)
+                                    causal_alignment_value=causal_alignment, p_scale_value=p_scale,
+                                    qkv_scale_value=qkv_scale)
   masks = _masks(query, key, query_seq_lengths, key_value_seq_lengths, q_segment_ids, kv_segment_ids)
   if validate.flag("smooth_k", smooth_k):
     key = smooth_keys(key, masks[1])
-  out = _forward(query, key, value, masks, opts, _resolve(implementation, d))
+  out = _forward(query, key, value, masks, opts, _resolve(implementation, d, opts))
   return out if opts.p_scale == "row" else out[:3]
 
 
 def attention_backward(d_out, query, key, value, out_for_delta, lse, *, scale=None, is_causal=False,
                        implementation=None, config: QATConfig = _ALL_ON, query_seq_lengths=None,
                        key_value_seq_lengths=None, q_segment_ids=None, kv_segment_ids=None, local_window_size=None,
-                       causal_alignment="top_left", p_scale="block", row_max=None, smooth_k=False):
+                       causal_alignment="top_left", p_scale="block", row_max=None, smooth_k=False,
+                       qkv_scale="block"):
   """The explicit QAT backward: ``(dQ, dK, dV)`` in the dtypes of query, key, value (SPEC section 3).
 
   d_out, out_for_delta: [B, Tq, N, D] in the query dtype; query [B, Tq, N, D]; key, value [B, Tk, K, D];
@@ -125,7 +132,8 @@ def attention_backward(d_out, query, key, value, out_for_delta, lse, *, scale=No
   (or O, for the paper's "naive FP4 forward + BF16 backward" ablation). Masks: those of the forward.
   p_scale: as in :func:`attention_forward`; with "row", ``row_max`` [B, N, Tq] fp32 is the forward's
   fourth output (required), else it must be None.
-  smooth_k: the forward's flag; dK is then the gradient of the original key (through :func:`smooth_keys`).
+  qkv_scale: the forward's value. smooth_k: the forward's flag; dK is then the gradient of the original key
+  (through :func:`smooth_keys`).
   """
   validate.attention_inputs(query, key, value)
   for name, x in (("d_out", d_out), ("out_for_delta", out_for_delta)):
@@ -141,10 +149,11 @@ def attention_backward(d_out, query, key, value, out_for_delta, lse, *, scale=No
   d = query.shape[-1]
   opts = validate.attention_options(scale_value=scale, is_causal=is_causal, block_n_value=DEFAULT_BLOCK_N,
                                     head_dim=d, config=config, local_window_size_value=local_window_size,
-                                    causal_alignment_value=causal_alignment, p_scale_value=p_scale)
+                                    causal_alignment_value=causal_alignment, p_scale_value=p_scale,
+                                    qkv_scale_value=qkv_scale)
   row_max = validate.row_max(row_max, query, opts.p_scale)
   masks = _masks(query, key, query_seq_lengths, key_value_seq_lengths, q_segment_ids, kv_segment_ids)
-  impl = _resolve(implementation, d)
+  impl = _resolve(implementation, d, opts)
   if not validate.flag("smooth_k", smooth_k):
     return _backward(d_out, query, key, value, out_for_delta, lse, row_max, masks, opts, impl)
   smoothed, smooth_vjp = jax.vjp(lambda k: smooth_keys(k, masks[1]), key)
@@ -190,7 +199,8 @@ _attention.defvjp(_attention_fwd, _attention_bwd)
 def attention(query, key, value, *, scale=None, is_causal=False, implementation=None, block_n=DEFAULT_BLOCK_N,
               quantize_qkv=True, quantize_p=True, high_precision_delta=True, quantize_p_backward=True,
               query_seq_lengths=None, key_value_seq_lengths=None, q_segment_ids=None, kv_segment_ids=None,
-              local_window_size=None, causal_alignment="top_left", p_scale="block", smooth_k=False):
+              local_window_size=None, causal_alignment="top_left", p_scale="block", smooth_k=False,
+              qkv_scale="block"):
   """NVFP4 quantization-aware-training attention (Attn-QAT), differentiable (first order).
 
   query: [B, Tq, N, D]; key, value: [B, Tk, K, D] (N % K == 0 for GQA/MQA; D % 16 == 0); bf16
@@ -208,6 +218,9 @@ def attention(query, key, value, *, scale=None, is_causal=False, implementation=
     by their row max first, so long diffuse rows keep their dV; docs/NUMERICS.md).
   smooth_k: subtract the mean key over live keys (per batch, KV head, channel) before quantizing
     (:func:`smooth_keys`); the gradient flows through the mean.
+  qkv_scale: "block" (E4M3 block scales only) or "tensor" (two-level: an FP32 scale per (batch, head) maps
+    the amax to 6 * 448 above the block scales; docs/NUMERICS.md). "tensor" runs on the XLA reference
+    (``implementation=None`` picks it; "triton" raises).
   Returns out: [B, Tq, N, D] in the query dtype. Gradients are straight-through
   for Q, K, V and follow SPEC section 3; higher-order derivatives raise.
   """
@@ -216,8 +229,9 @@ def attention(query, key, value, *, scale=None, is_causal=False, implementation=
   config = validate.qat_config(quantize_qkv, quantize_p, high_precision_delta, quantize_p_backward)
   opts = validate.attention_options(scale_value=scale, is_causal=is_causal, block_n_value=block_n, head_dim=d,
                                     config=config, local_window_size_value=local_window_size,
-                                    causal_alignment_value=causal_alignment, p_scale_value=p_scale)
+                                    causal_alignment_value=causal_alignment, p_scale_value=p_scale,
+                                    qkv_scale_value=qkv_scale)
   masks = _masks(query, key, query_seq_lengths, key_value_seq_lengths, q_segment_ids, kv_segment_ids)
   if validate.flag("smooth_k", smooth_k):
     key = smooth_keys(key, masks[1])
-  return _attention(query, key, value, masks, opts, _resolve(implementation, d))
+  return _attention(query, key, value, masks, opts, _resolve(implementation, d, opts))

@@ -56,14 +56,48 @@ def _fill(value, shape, *like):
   return out
 
 
-def _inputs(q, k, v, cfg):
-  """FP32 copies of Q, K, V (fake-quantized when enabled), Q grouped as [B, K, G, Tq, D]."""
-  fq = _fq if cfg.quantize_qkv else (lambda t: t)
+def tensor_scale(x, length=None):
+  """The FP32 encode scale of ``qkv_scale="tensor"`` per (batch, head): ``[B, 1, H, 1]``.
+
+  x: [B, T, H, D]; length: int32 [B] or None. amax = max |x| over the (batch, head)'s first ``length[b]``
+  rows (all T without lengths), all D channels; ``enc = 2688 / amax`` (IEEE FP32 division), or 1 when amax
+  is 0 or not finite (a zero slab; an infinite or NaN one, whose blocks then saturate or turn NaN exactly
+  as under "block").
+  """
+  ax = jnp.abs(x.astype(jnp.float32))
+  ax = jnp.where(jnp.isnan(ax), jnp.inf, ax)  # XLA's max may drop a NaN: count it as non-finite explicitly
+  if length is not None:
+    ax = jnp.where(jnp.arange(x.shape[1])[None, :, None, None] < length[:, None, None, None], ax, 0.0)
+  amax = jnp.max(ax, axis=(1, 3), keepdims=True, initial=0.0)
+  ok = jnp.isfinite(amax) & (amax > 0)
+  return jnp.where(ok, P_ROW_RANGE / jnp.where(ok, amax, 1.0), 1.0)
+
+
+def fq_tensor(x, length=None):
+  """Two-level NVFP4 of ``x`` [B, T, H, D] (docs/NUMERICS.md): ``(fq(enc * x), 1 / enc)`` in FP32, with
+  ``enc = tensor_scale(x, length)`` and fq's blocks of 16 along D; ``fq(enc * x) * (1 / enc)`` is the
+  dequantized value. ``enc * x`` is one FP32 product, ``1 / enc`` one correctly rounded division."""
+  enc = tensor_scale(x, length)
+  return _fq(enc * x.astype(jnp.float32)), 1.0 / enc
+
+
+def _inputs(q, k, v, cfg, qkv_scale, masks):
+  """FP32 copies of Q, K, V (fake-quantized when enabled), Q grouped as [B, K, G, Tq, D].
+
+  qkv_scale "tensor": amax over the live query rows (``masks[0]``) and keys (``masks[1]``)."""
   b, tq, n, d = q.shape
   kh = k.shape[2]
-  qh = fq(q).astype(jnp.float32).reshape(b, tq, kh, n // kh, d).transpose(0, 2, 3, 1, 4)
-  kt = fq(k).astype(jnp.float32).transpose(0, 2, 1, 3)  # [B, K, Tk, D]
-  vt = fq(v).astype(jnp.float32).transpose(0, 2, 1, 3)
+
+  def fq(t, length):
+    if not cfg.quantize_qkv:
+      return t
+    if qkv_scale == "tensor":  # dequantized: fq(enc * x) times its (batch, head)'s 1 / enc
+      y, dec = fq_tensor(t, length)
+      return y * dec
+    return _fq(t)
+  qh = fq(q, masks[0]).astype(jnp.float32).reshape(b, tq, kh, n // kh, d).transpose(0, 2, 3, 1, 4)
+  kt = fq(k, masks[1]).astype(jnp.float32).transpose(0, 2, 1, 3)  # [B, K, Tk, D]
+  vt = fq(v, masks[1]).astype(jnp.float32).transpose(0, 2, 1, 3)
   return qh, kt, vt
 
 
@@ -143,19 +177,20 @@ def _dot(spec, a, b, visible):
 
 
 def forward(q, k, v, *, scale, is_causal, block_n, cfg: QATConfig, masks=NO_MASKS, local_window_size=None,
-            causal_alignment="top_left", p_scale="block"):
+            causal_alignment="top_left", p_scale="block", qkv_scale="block"):
   """Returns ``O [B,Tq,N,D]``, ``O' [B,Tq,N,D]`` (query dtype) and ``lse [B,N,Tq]`` FP32; with
   ``p_scale == "row"`` also ``row_max [B,N,Tq]`` FP32, the final row max m of the scaled scores
   (natural units, -inf for a row that sees no key), which the row-mode backward needs.
 
   masks, local_window_size, causal_alignment: as in :func:`visible`.
+  qkv_scale: "block" or "tensor" (:func:`fq_tensor` for Q, K, V; amax over live rows and keys).
   Intermediates are O(Tq * block_n) per (batch, head): one KV tile at a time.
   """
   static = dict(is_causal=is_causal, local_window_size=local_window_size, causal_alignment=causal_alignment)
   present = [x for x in masks if x is not None]
   b, tq, n, d = q.shape
   tk = k.shape[1]
-  qh, kt, vt = _inputs(q, k, v, cfg)
+  qh, kt, vt = _inputs(q, k, v, cfg, qkv_scale, masks)
   row = p_scale == "row"
 
   def step(carry, tile):
@@ -206,7 +241,7 @@ def forward(q, k, v, *, scale, is_causal, block_n, cfg: QATConfig, masks=NO_MASK
 
 def backward(do, q, k, v, o_for_delta, lse, *, scale, is_causal, cfg: QATConfig, masks=NO_MASKS,
              local_window_size=None, causal_alignment="top_left", block_k=BACKWARD_BLOCK_K, p_scale="block",
-             row_max=None):
+             row_max=None, qkv_scale="block"):
   """Gradients of SPEC section 3 given ``dO, Q, K, V``, the output used for delta and ``lse``.
 
   do, o_for_delta: [B, Tq, N, D]; q: [B, Tq, N, D]; k, v: [B, Tk, K, D]; lse: [B, N, Tq] fp32.
@@ -214,6 +249,7 @@ def backward(do, q, k, v, o_for_delta, lse, *, scale, is_causal, cfg: QATConfig,
   masks, local_window_size, causal_alignment: as in :func:`visible` (those of the forward).
   row_max: [B, N, Tq] fp32, the forward's ``row_max``; needed (only) with ``p_scale == "row"``, where
     the dV operand is ``bf16(fq(R * exp(S - m)) * (1 / (R * exp(lse - m))))`` instead of ``fq(P)``.
+  qkv_scale: the forward's (Q, K, V quantized as there; gradients straight-through).
   block_k: keys per tile (a multiple of 16), so fq(P)'s blocks of 16 keys stay at absolute
     key indices. dK and dV of a key come from its own tile alone, so they do not depend on
     block_k; dQ is accumulated tile by tile in FP32, so block_k changes its summation order
@@ -227,7 +263,7 @@ def backward(do, q, k, v, o_for_delta, lse, *, scale, is_causal, cfg: QATConfig,
   b, tq, n, d = q.shape
   tk, kh = k.shape[1], k.shape[2]
   g = n // kh
-  qh, kt, vt = _inputs(q, k, v, cfg)
+  qh, kt, vt = _inputs(q, k, v, cfg, qkv_scale, masks)
   grp = lambda x: x.astype(jnp.float32).reshape(b, tq, kh, g, d).transpose(0, 2, 3, 1, 4)
   do_g = grp(do)
   delta = jnp.sum(grp(o_for_delta) * do_g, axis=-1, keepdims=True)

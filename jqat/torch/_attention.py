@@ -159,16 +159,16 @@ def backward_kernels(do, q, k, v, o_for_delta, lse, opts: AttentionOptions, *, o
 
 
 def _options(scale, is_causal, block_n, quantize_qkv, quantize_p, high_precision_delta, quantize_p_backward,
-             window_left, window_right, causal_alignment, p_scale):
+             window_left, window_right, causal_alignment, p_scale, qkv_scale):
   window = None if window_left < 0 else (window_left, window_right)
   return AttentionOptions(scale, is_causal, block_n,
                           QATConfig(quantize_qkv, quantize_p, high_precision_delta, quantize_p_backward), window,
-                          causal_alignment, p_scale)
+                          causal_alignment, p_scale, qkv_scale)
 
 
 # The ops' static arguments after the tensors (the window as two ints, -1 -1 for none: the schema has no tuples).
 _STATIC = ("scale", "is_causal", "block_n", "quantize_qkv", "quantize_p", "high_precision_delta",
-           "quantize_p_backward", "window_left", "window_right", "causal_alignment", "p_scale")
+           "quantize_p_backward", "window_left", "window_right", "causal_alignment", "p_scale", "qkv_scale")
 
 
 @torch.library.custom_op("jqat::attention_fwd", mutates_args=())
@@ -176,13 +176,13 @@ def attention_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_len: t
                      kv_len: torch.Tensor | None, q_seg: torch.Tensor | None, kv_seg: torch.Tensor | None,
                      scale: float, is_causal: bool, block_n: int, quantize_qkv: bool, quantize_p: bool,
                      high_precision_delta: bool, quantize_p_backward: bool, window_left: int, window_right: int,
-                     causal_alignment: str, p_scale: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                                                   torch.Tensor]:
+                     causal_alignment: str, p_scale: str, qkv_scale: str) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                   torch.Tensor, torch.Tensor]:
   """``(O, O', lse, row_max)``: contiguous BHSD outputs in q's dtype, lse [B, H, Sq] fp32 and row_max [B, H, Sq]
   fp32 with p_scale="row" (an empty [0] tensor with "block": a custom op has a fixed output count)."""
   tt.check_backend(q.device)
   opts = _options(scale, is_causal, block_n, quantize_qkv, quantize_p, high_precision_delta, quantize_p_backward,
-                  window_left, window_right, causal_alignment, p_scale)
+                  window_left, window_right, causal_alignment, p_scale, qkv_scale)
   o, o_hp, lse, *row_max = forward(q, k, v, opts, (q_len, kv_len, q_seg, kv_seg))
   return o, o_hp, lse, row_max[0] if row_max else lse.new_empty((0,))
 
@@ -202,10 +202,11 @@ def attention_bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
                      kv_len: torch.Tensor | None, q_seg: torch.Tensor | None, kv_seg: torch.Tensor | None,
                      scale: float, is_causal: bool, block_n: int, quantize_qkv: bool, quantize_p: bool,
                      high_precision_delta: bool, quantize_p_backward: bool, window_left: int, window_right: int,
-                     causal_alignment: str, p_scale: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     causal_alignment: str, p_scale: str, qkv_scale: str) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                   torch.Tensor]:
   """``(dQ, dK, dV)`` with the layouts of q, k, v (``torch.empty_like``); row_max given with p_scale="row"."""
   opts = _options(scale, is_causal, block_n, quantize_qkv, quantize_p, high_precision_delta, quantize_p_backward,
-                  window_left, window_right, causal_alignment, p_scale)
+                  window_left, window_right, causal_alignment, p_scale, qkv_scale)
   out = tuple(torch.empty_like(t) for t in (q, k, v))
   if q.device.type == "cuda":  # the kernels write gradients with the strides of the (dense) operand they read
     out = tuple(o if tt.is_dense(t) else torch.empty_like(o, memory_format=torch.contiguous_format)
@@ -258,7 +259,8 @@ def smooth_keys(k, kv_len=None):
 def attention(q, k, v, is_causal=False, scale=None, enable_gqa=False, *, block_n=DEFAULT_BLOCK_N,
               quantize_qkv=True, quantize_p=True, high_precision_delta=True, quantize_p_backward=True,
               query_seq_lengths=None, key_value_seq_lengths=None, q_segment_ids=None, kv_segment_ids=None,
-              local_window_size=None, causal_alignment="top_left", p_scale="block", smooth_k=False):
+              local_window_size=None, causal_alignment="top_left", p_scale="block", smooth_k=False,
+              qkv_scale="block"):
   """NVFP4 quantization-aware-training attention (Attn-QAT) on BHSD tensors, differentiable.
 
   Drop-in for ``F.scaled_dot_product_attention(q, k, v, is_causal=..., scale=..., enable_gqa=...)``
@@ -277,6 +279,8 @@ def attention(q, k, v, is_causal=False, scale=None, enable_gqa=False, *, block_n
   p_scale: "block" or "row" (two-level fq(P), docs/NUMERICS.md), as in ``jqat.attention``.
   smooth_k: subtract the mean key over live keys first (:func:`smooth_keys`, a torch op: autograd
     carries its gradient), as in ``jqat.attention``.
+  qkv_scale: "block" or "tensor" (per-(batch, head) FP32 scales above the block scales); "tensor" runs on
+    CPU tensors only for now (no Triton kernels: CUDA tensors raise NotImplementedError before any launch).
 
   Returns O [B, H, Sq, D] in q's dtype. CUDA tensors run the Triton kernels on the current
   stream; CPU tensors run the JAX reference through DLPack. The op is ``torch.ops.jqat.attention_fwd``
@@ -300,4 +304,5 @@ def attention(q, k, v, is_causal=False, scale=None, enable_gqa=False, *, block_n
   left, right = window if window is not None else (-1, -1)
   return attention_fwd_op(q, k, v, *masks, validate.scale(scale, q.shape[-1]), validate.flag("is_causal", is_causal),
                           validate.block_n(block_n), *switches, left, right,
-                          validate.causal_alignment(causal_alignment), validate.p_scale(p_scale))[0]
+                          validate.causal_alignment(causal_alignment), validate.p_scale(p_scale),
+                          validate.qkv_scale(qkv_scale))[0]
