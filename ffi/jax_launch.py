@@ -91,17 +91,21 @@ def _forward_fn(opts: AttentionOptions, config, present: tuple[bool, ...]):
     plan = plans.attention_forward(dense(q), dense(k), dense(v), opts, target(), config=config,
                                    masks=_mask_tensors(present, masks))
     return execute(plan, q, k, v, *masks)
-  return fold_batch(partitioning.partitioned(run, partitioning.attention_forward_spec(present)), 3 + sum(present))
+  spec = partitioning.attention_forward_spec(present, row_max=opts.p_scale == "row")
+  return fold_batch(partitioning.partitioned(run, spec), 3 + sum(present))
 
 
 @functools.cache
 def _backward_fn(opts: AttentionOptions, config, present: tuple[bool, ...]):
-  def run(do, q, k, v, o_for_delta, lse, *masks):
+  row = opts.p_scale == "row"
+
+  def run(do, q, k, v, o_for_delta, lse, *rest):  # rest: row_max (p_scale="row"), then the masks
+    stats, masks = rest[:int(row)], rest[int(row):]
     plan = plans.attention_backward(*map(dense, (do, q, k, v, o_for_delta, lse)), opts, target(), config=config,
-                                    masks=_mask_tensors(present, masks))
-    return execute(plan, do, q, k, v, o_for_delta, lse, *masks)
-  spec = partitioning.attention_backward_spec(present)
-  return fold_batch(partitioning.partitioned(run, spec), 6 + sum(present))
+                                    masks=_mask_tensors(present, masks), row_max=dense(stats[0]) if row else None)
+    return execute(plan, do, q, k, v, o_for_delta, lse, *stats, *masks)
+  spec = partitioning.attention_backward_spec(present, row_max=row)
+  return fold_batch(partitioning.partitioned(run, spec), 6 + row + sum(present))
 
 
 def attention_forward(query, key, value, opts: AttentionOptions, masks=plans.NO_MASKS):
@@ -110,22 +114,26 @@ def attention_forward(query, key, value, opts: AttentionOptions, masks=plans.NO_
   query: [B, Tq, N, D]; key, value: [B, Tk, K, D] (N % K == 0, D % 16 == 0), one float dtype.
   masks: ``(q_len [B], kv_len [B], q_seg [B, Tq], kv_seg [B, Tk])`` int32, each optional (None); they lead
   with B like every other operand, so vmap folds them into the batch too.
-  Returns O, O' [B, Tq, N, D] in the query dtype and lse [B, N, Tq] fp32.
+  Returns O, O' [B, Tq, N, D] in the query dtype and lse [B, N, Tq] fp32; with ``opts.p_scale == "row"``
+  also row_max [B, N, Tq] fp32.
   """
   present = tuple(m is not None for m in masks)
   fn = _forward_fn(opts, plans.forward_config(query.shape[-1]), present)
   return fn(query, key, value, *(m for m in masks if m is not None))
 
 
-def attention_backward(d_out, query, key, value, out_for_delta, lse, opts: AttentionOptions, masks=plans.NO_MASKS):
+def attention_backward(d_out, query, key, value, out_for_delta, lse, opts: AttentionOptions, masks=plans.NO_MASKS, *,
+                       row_max=None):
   """QAT backward on the GPU: ``(dQ, dK, dV)`` in the dtypes of query, key, value.
 
   d_out, out_for_delta: [B, Tq, N, D]; query [B, Tq, N, D]; key, value [B, Tk, K, D];
-  lse: [B, N, Tq] fp32 from :func:`attention_forward`; masks: those of the forward.
+  lse (and, with p_scale="row", row_max): [B, N, Tq] fp32 from :func:`attention_forward`; masks: those of
+  the forward.
   """
   present = tuple(m is not None for m in masks)
   fn = _backward_fn(opts, plans.backward_config(query.shape[-1]), present)
-  return fn(d_out, query, key, value, out_for_delta, lse, *(m for m in masks if m is not None))
+  stats = (row_max,) if opts.p_scale == "row" else ()
+  return fn(d_out, query, key, value, out_for_delta, lse, *stats, *(m for m in masks if m is not None))
 
 
 @functools.cache

@@ -12,6 +12,12 @@ from __future__ import annotations
 import dataclasses
 
 DEFAULT_BLOCK_N = 64  # KV tile of the forward; part of the function (fq(P) depends on the running max per tile)
+P_SCALES = ("block", "row")
+QKV_SCALES = ("block", "tensor")
+# p_scale="row": probabilities in [0, 1] are multiplied by this before fq, so a row's maximum (1) maps to
+# E2M1's 6 times E4M3's 448, the top of NVFP4's range (docs/NUMERICS.md). qkv_scale="tensor" maps each
+# (batch, head) amax of Q, K, V to the same value.
+P_ROW_RANGE = 6.0 * 448.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +44,12 @@ class AttentionOptions:
   causal_alignment: where the diagonal of the causal mask and the window sits when
     Tq != Tk: "top_left" (offset 0, as in JAX) or "bottom_right" (offset Tk - Tq: the
     last query sees the last key, as in chunked prefill).
+  p_scale: how fq(P) is scaled (docs/NUMERICS.md): "block" = E4M3 scales per 16 only (SPEC section 3);
+    "row" = two-level, fq(P_ROW_RANGE * exp(S - m)) with m the row max; the forward's final m is an extra
+    output (``row_max``) that the backward reads. (Not in :class:`QATConfig`, whose fields are the paper's
+    boolean switches.)
+  qkv_scale: "block" (fq(Q), fq(K), fq(V) with E4M3 block scales only) or "tensor" (two-level: an FP32
+    scale per (batch, head) above them, docs/NUMERICS.md). "tensor" runs on the XLA reference only.
 
   The array masks (lengths, segment ids) are operands, not options: see :data:`MASK_OPERANDS`.
   """
@@ -48,6 +60,8 @@ class AttentionOptions:
   config: QATConfig = QATConfig()
   local_window_size: tuple[int, int] | None = None
   causal_alignment: str = "top_left"
+  p_scale: str = "block"
+  qkv_scale: str = "block"
 
 
 # The optional mask operands, in the order every binding passes them (absent ones are left out):

@@ -69,19 +69,19 @@ def _masks(present) -> tuple:
   return tuple(axes for axes, p in zip(_MASK_AXES, present) if p)
 
 
-def attention_forward_spec(present=()) -> OpSpec:
-  """q, k, v and the present mask operands -> O, O', lse."""
+def attention_forward_spec(present=(), row_max: bool = False) -> OpSpec:
+  """q, k, v and the present mask operands -> O, O', lse (and row_max with p_scale="row")."""
   return OpSpec("attention forward",
                 (("query", "btnd"), ("key", "bskd"), ("value", "bskd")) + _masks(present),
-                (("out", "btnd"), ("out_high_precision", "btnd"), ("lse", "bnt")),
+                (("out", "btnd"), ("out_high_precision", "btnd"), ("lse", "bnt")) + (("row_max", "bnt"),) * row_max,
                 frozenset("d"))
 
 
-def attention_backward_spec(present=()) -> OpSpec:
-  """dO, q, k, v, O', lse and the present mask operands -> dq, dk, dv."""
+def attention_backward_spec(present=(), row_max: bool = False) -> OpSpec:
+  """dO, q, k, v, O', lse (and row_max with p_scale="row") and the present mask operands -> dq, dk, dv."""
   return OpSpec("attention backward",
                 (("d_out", "btnd"), ("query", "btnd"), ("key", "bskd"), ("value", "bskd"),
-                 ("out_for_delta", "btnd"), ("lse", "bnt")) + _masks(present),
+                 ("out_for_delta", "btnd"), ("lse", "bnt")) + (("row_max", "bnt"),) * row_max + _masks(present),
                 (("d_query", "btnd"), ("d_key", "bskd"), ("d_value", "bskd")),
                 frozenset("d"))
 

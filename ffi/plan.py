@@ -32,7 +32,7 @@ import os
 
 import triton
 
-from jqat.ffi.options import MASK_OPERANDS, AttentionOptions
+from jqat.ffi.options import MASK_OPERANDS, P_ROW_RANGE, AttentionOptions
 from jqat.kernels_triton import attention_bwd as kbwd
 from jqat.kernels_triton import attention_fwd as kfwd
 from jqat.kernels_triton import nvfp4 as knv
@@ -256,11 +256,18 @@ def _head_dims(d: int) -> dict:
   return dict(HEAD_DIM=d, D_PAD=triton.next_power_of_2(d))
 
 
+def _check_kernel_options(opts: AttentionOptions) -> None:
+  if opts.qkv_scale == "tensor" and opts.config.quantize_qkv:
+    raise NotImplementedError("qkv_scale='tensor' has no Triton kernels yet; the XLA reference implements it")
+
+
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, target: Target, *,
                       out_strides=None, config: kfwd.ForwardConfig | None = None, masks=NO_MASKS) -> Plan:
   """Plan of the QAT forward: outputs ``o``, ``o_hp`` (``[B, Tq, N, D]``, strides ``out_strides``, default dense)
-  and ``lse`` (``[B, N, Tq]`` fp32, dense). q: ``[B, Tq, N, D]``; k, v: ``[B, Tk, K, D]``, N % K == 0.
+  and ``lse`` (``[B, N, Tq]`` fp32, dense); with ``opts.p_scale == "row"`` also ``row_max`` (``[B, N, Tq]``
+  fp32, dense: the final row max, natural units). q: ``[B, Tq, N, D]``; k, v: ``[B, Tk, K, D]``, N % K == 0.
   masks: optional mask operands in ``MASK_OPERANDS`` order; the present ones are inputs after q, k, v."""
+  _check_kernel_options(opts)
   b, tq, n, d = q.shape
   tk, kh = k.shape[1], k.shape[2]
   strides = tuple(out_strides) if out_strides is not None else Tensor.dense(q.shape, q.dtype).strides
@@ -269,40 +276,60 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
   mask_names, mask_args, mask_flags, mask_launches = _masks(masks, b, tq, tk, buffers)
   inputs = ("q", "k", "v") + mask_names
   outputs = ("o", "o_hp", "lse")
-  if q.size == 0 or k.size == 0:  # no rows, or no keys: O = O' = 0, lse = -inf
-    return Plan(buffers, inputs, (), outputs, (), {"o": 0.0, "o_hp": 0.0, "lse": float("-inf")})
+  row = opts.p_scale == "row"
+  if row:
+    buffers["row_max"] = Tensor.dense((b, n, tq), "float32")
+    outputs += ("row_max",)
+  if q.size == 0 or k.size == 0:  # no rows, or no keys: O = O' = 0, lse = row_max = -inf
+    return Plan(buffers, inputs, (), outputs, (), {"o": 0.0, "o_hp": 0.0, "lse": float("-inf"),
+                                                   **({"row_max": float("-inf")} if row else {})})
   cfg = opts.config
   (kk, vv), scratch, launches = _quantized_inputs(("k", "v"), (k, v), cfg.quantize_qkv, target, buffers)
   scratch += tuple(launch.outputs[0] for launch in mask_launches)
   launches += mask_launches
   c = config or forward_config(d)
+  # "block" launches the kernel of SPEC section 3 unchanged; "row" its two-level twin (one more output).
+  kernel, row_flags = (kfwd.attention_fwd_row_kernel, dict(P_ROW_RANGE=P_ROW_RANGE)) if row else \
+      (kfwd.attention_fwd_kernel, {})
   fwd = Launch(
-      "jqat_attention_fwd", kfwd.attention_fwd_kernel, (triton.cdiv(tq, c.block_m), b * n),
+      "jqat_attention_fwd", kernel, (triton.cdiv(tq, c.block_m), b * n),
       (Ref("q"), Ref(kk), Ref(vv), float(opts.scale), tq, tk, n, n // kh, *mask_args, *_s3(q), *_s3(k), *_s3(v),
        *_s3(o)),
       outputs,
       dict(**_head_dims(d), BLOCK_M=c.block_m, BLOCK_N=opts.block_n, **_static_masks(opts), **mask_flags,
            QUANTIZE_Q=cfg.quantize_qkv, QUANTIZE_P=cfg.quantize_p, **target.dot_flags(q.dtype),
-           **target.quant_flags()),
+           **target.quant_flags(), **row_flags),
       c.num_warps, c.num_stages)
   return Plan(buffers, inputs, scratch, outputs, launches + (fwd,))
 
 
 def attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out_for_delta: Tensor, lse: Tensor,
                        opts: AttentionOptions, target: Target, *, config: kbwd.BackwardConfig | None = None,
-                       masks=NO_MASKS) -> Plan:
+                       masks=NO_MASKS, row_max: Tensor | None = None) -> Plan:
   """Plan of the QAT backward: outputs ``dq``, ``dk``, ``dv`` with the strides of q, k, v.
 
   d_out, out_for_delta, q: ``[B, Tq, N, D]``; k, v: ``[B, Tk, K, D]``; lse: ``[B, N, Tq]`` fp32 dense.
-  masks: as in :func:`attention_forward` (inputs after lse).
+  row_max: ``[B, N, Tq]`` fp32 dense, the forward's, given exactly when ``opts.p_scale == "row"``
+  (an input after lse).
+  masks: as in :func:`attention_forward` (inputs after lse and row_max).
   Scratch: ``delta`` (``[B, N, Tq]`` fp32) and, with ``quantize_qkv``, fq(Q), fq(K), fq(V).
   """
+  _check_kernel_options(opts)
   b, tq, n, d = q.shape
   tk, kh = k.shape[1], k.shape[2]
   buffers = {"do": d_out, "q": q, "k": k, "v": v, "o_for_delta": out_for_delta, "lse": lse,
              "dq": q, "dk": k, "dv": v}
+  row = opts.p_scale == "row"
+  if row != (row_max is not None):
+    raise ValueError(f"row_max must be given exactly when p_scale='row' (p_scale={opts.p_scale!r}, row_max={row_max})")
+  stats = ("lse",)
+  if row:
+    if row_max != Tensor.dense((b, n, tq), "float32"):
+      raise ValueError(f"row_max must be a dense float32 tensor of shape {(b, n, tq)}, got {row_max}")
+    buffers["row_max"] = row_max
+    stats += ("row_max",)
   mask_names, mask_args, mask_flags, mask_launches = _masks(masks, b, tq, tk, buffers)
-  inputs = ("do", "q", "k", "v", "o_for_delta", "lse") + mask_names
+  inputs = ("do", "q", "k", "v", "o_for_delta") + stats + mask_names
   outputs = ("dq", "dk", "dv")
   if q.size == 0 or k.size == 0:  # every gradient is an empty sum
     return Plan(buffers, inputs, (), outputs, (), {"dq": 0.0, "dk": 0.0, "dv": 0.0})
@@ -323,10 +350,13 @@ def attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out_for_d
   flags = dict(**_head_dims(d), **_static_masks(opts), **mask_flags, **target.dot_flags(q.dtype))
   dq = Launch("jqat_attention_bwd_dq", kbwd.attention_bwd_dq_kernel, (triton.cdiv(tq, c.dq_block_m), b * n), common,
               ("dq",), dict(BLOCK_M=c.dq_block_m, BLOCK_N=c.dq_block_n, **flags), c.dq_num_warps, c.dq_num_stages)
+  # The dK/dV kernel's m_ptr follows delta; "block" never reads it (lse stands in).
+  kv_args = common[:6] + (Ref(stats[-1]),) + common[6:]
+  row_range = P_ROW_RANGE if row else 0.0
   dkdv = Launch("jqat_attention_bwd_dkdv", kbwd.attention_bwd_dkdv_kernel, (triton.cdiv(tk, c.kv_block_n), b * kh),
-                common, ("dk", "dv"),
+                kv_args, ("dk", "dv"),
                 dict(BLOCK_M=c.kv_block_m, BLOCK_N=c.kv_block_n, QUANTIZE_P=cfg.quantize_p_backward, **flags,
-                     **target.quant_flags()),
+                     **target.quant_flags(), P_ROW_RANGE=row_range),
                 c.kv_num_warps, c.kv_num_stages)
   return Plan(buffers, inputs, scratch + ("delta",), outputs, launches + (delta, dq, dkdv))
 

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jqat._src import validate
 from jqat._src.attention import attention
 from jqat.ffi.options import DEFAULT_BLOCK_N
 
@@ -101,25 +102,29 @@ def _as_lengths(a, c):
   return None
 def make_attention_fn(*, is_causal: bool = False, implementation: str | None = None,
                       block_n: int = DEFAULT_BLOCK_N, quantize_qkv: bool = True, quantize_p: bool = True,
-                      high_precision_delta: bool = True, quantize_p_backward: bool = True):
+                      high_precision_delta: bool = True, quantize_p_backward: bool = True, p_scale: str = "block",
+                      smooth_k: bool = False, qkv_scale: str = "block"):
   """Returns an ``attention_fn`` that runs :func:`jqat.attention` inside a flax attention module.
 
   is_causal: every call is causal, aligned bottom-right (key j visible to query i iff
     j <= i + Tk - Tq): top-left when Tq == Tk, and it hides nothing of a one-query decode
     step, whose cache mask then decides. A call's own ``is_causal=True`` is top-left, as in
     ``jax.nn.dot_product_attention``. Masks are mapped as the module docstring says.
-  implementation, block_n and the four QAT switches are passed to :func:`jqat.attention`;
-  all switches False is BF16 flash attention.
+  implementation, block_n, the four QAT switches, ``p_scale`` ("block" or "row"), ``smooth_k`` and
+  ``qkv_scale`` ("block" or "tensor") (docs/NUMERICS.md) are passed to :func:`jqat.attention`; all switches
+  False is BF16 flash attention.
   """
   for name, value in (("quantize_qkv", quantize_qkv), ("quantize_p", quantize_p),
                       ("high_precision_delta", high_precision_delta),
-                      ("quantize_p_backward", quantize_p_backward), ("is_causal", is_causal)):
+                      ("quantize_p_backward", quantize_p_backward), ("is_causal", is_causal), ("smooth_k", smooth_k)):
     if not isinstance(value, (bool, np.bool_)):
       raise TypeError(f"{name} must be a bool, got {value!r}")
+  validate.p_scale(p_scale)
+  validate.qkv_scale(qkv_scale)
   always_causal = bool(is_causal)
   switches = dict(implementation=implementation, block_n=block_n, quantize_qkv=quantize_qkv,
                   quantize_p=quantize_p, high_precision_delta=high_precision_delta,
-                  quantize_p_backward=quantize_p_backward)
+                  quantize_p_backward=quantize_p_backward, p_scale=p_scale, smooth_k=smooth_k, qkv_scale=qkv_scale)
 
   # The argument names are those flax passes (linen filters them by this signature).
   def jqat_attention_fn(query, key, value, bias=None, mask=None, broadcast_dropout=True, dropout_rng=None,

@@ -8,6 +8,10 @@ and ``delta = rowsum(O_for_delta * dO)`` (``attention_bwd_delta_kernel``):
     dQ = scale * bf16(dS) @ Kh                                   (dQ kernel)
     dK = scale * bf16(dS)^T @ Qh,  dV = fq(P)^T @ dO             (dK/dV kernel)
 
+With ``p_scale="row"`` (``P_ROW_RANGE`` = R = 6 * 448, docs/NUMERICS.md) the dK/dV kernel
+also reads the forward's row max m and uses bf16(fq(R * exp(S - m)) * (1 / (R * l))),
+l = exp(lse - m), in place of fq(P) for dV; dS keeps P.
+
 The dK/dV program of one KV head loops over the query heads that share it
 (GQA), so dK and dV are reduced in a fixed order inside one program. It holds
 P transposed, ``[keys, queries]``: fq(P) runs along keys, i.e. along axis 0 of
@@ -195,12 +199,12 @@ def attention_bwd_dq_kernel(
 
 
 @triton.jit
-def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, kn, offs_m, offs_d, seg_k, q_seg_base,
-               q_lim, kv_lim, off, tq, stride_qt, stride_dt, qk_scale, MASKED: tl.constexpr, HEAD_DIM: tl.constexpr,
-               IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
+def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, m_base, start_m, kn, offs_m, offs_d, seg_k,
+               q_seg_base, q_lim, kv_lim, off, tq, stride_qt, stride_dt, qk_scale, MASKED: tl.constexpr,
+               HEAD_DIM: tl.constexpr, IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
                HAS_SEG: tl.constexpr, QUANTIZE_P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                QK_F32: tl.constexpr, DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr,
-               HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr):
+               HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr, P_ROW_RANGE: tl.constexpr):
   """One query tile's contribution to dK, dV of the key tile ``kn``; P held as [keys, queries]."""
   qm = start_m + offs_m
   row_ok = qm < tq
@@ -211,7 +215,8 @@ def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, kn,
   lse = tl.load(lse_base + qm, mask=qm < q_lim, other=float("-inf"))  # padded rows: P = 0
   delta = tl.load(delta_base + qm, mask=row_ok, other=0.0)
   lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)  # P = 0 for such rows
-  p_t = tl.math.exp2(qk_dot(k, q, QK_F32, DOT_PREC) * qk_scale - lse2[None, :])  # [BLOCK_N, BLOCK_M]
+  s_t = qk_dot(k, q, QK_F32, DOT_PREC) * qk_scale
+  p_t = tl.math.exp2(s_t - lse2[None, :])  # [BLOCK_N, BLOCK_M]
   if MASKED:
     # Masked keys must be exactly +0 before fq(P): they share blocks of 16 with valid keys.
     seg_q = qm
@@ -223,7 +228,16 @@ def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, kn,
   dp_t = qk_dot(v, do, QK_F32, DOT_PREC)
   ds_t = p_t * (dp_t - delta[None, :])
   dk += bf16_dot(ds_t, q, DOT_BF16, DOT_PREC, SOFT_BF16)
-  if QUANTIZE_P:
+  if QUANTIZE_P and P_ROW_RANGE > 0:
+    # Two-level: R * exp(S - m) <= R, the forward's final row max m; rows without keys (lse = -inf) give 0.
+    m = tl.load(m_base + qm, mask=qm < q_lim, other=float("-inf"))
+    m2 = tl.where(lse == float("-inf"), float("inf"), m * LOG2E)
+    pt_t = tl.math.exp2(s_t - m2[None, :])
+    if MASKED:
+      pt_t = tl.where(valid, pt_t, 0.0)
+    inv_rl = tl.where(lse == float("-inf"), 0.0, tl.div_rn(1.0, tl.math.exp2(lse2 - m2) * P_ROW_RANGE))
+    p_t = fq_probs_t(pt_t * P_ROW_RANGE, BLOCK_N, BLOCK_M, HW_E4M3, HW_E2M1) * inv_rl[None, :]
+  elif QUANTIZE_P:
     p_t = fq_probs_t(p_t, BLOCK_N, BLOCK_M, HW_E4M3, HW_E2M1)  # blocks of 16 along keys (axis 0)
   dv += bf16_dot(p_t, do, DOT_BF16, DOT_PREC, SOFT_BF16)
   return dk, dv
@@ -231,7 +245,7 @@ def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, kn,
 
 @triton.jit
 def attention_bwd_dkdv_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, scale, tq, tk, n_heads, group,
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, m_ptr, scale, tq, tk, n_heads, group,
     q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr,
     stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
     stride_db, stride_dt, stride_dn,
@@ -240,11 +254,13 @@ def attention_bwd_dkdv_kernel(
     IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
     HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
     QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr,
-    DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr):
+    DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr, P_ROW_RANGE: tl.constexpr):
   """dK, dV for keys [pid0 * BLOCK_N, +BLOCK_N) of KV head pid1 % K, batch pid1 // K.
 
   Arrays and masks as in ``attention_bwd_dq_kernel``; dk, dv: [B, Tk, K, D] with the
   strides of k and v. Grid: (cdiv(Tk, BLOCK_N), B * K). BLOCK_N % 16 == 0.
+  P_ROW_RANGE: 0 (p_scale="block"; ``m_ptr`` is not read) or R = 6 * 448 ("row": m [B, N, Tq] fp32, the
+  forward's row max in natural units, contiguous like lse).
   """
   # Strides are multiples of 16: visible to the compiler for 16-byte, cp.async-pipelined loads.
   stride_qb, stride_qt, stride_qn = aligned3(stride_qb, stride_qt, stride_qn)
@@ -294,20 +310,21 @@ def attention_bwd_dkdv_kernel(
     do_base = do_ptr + b.to(tl.int64) * stride_db + h.to(tl.int64) * stride_dn
     lse_base = lse_ptr + bh.to(tl.int64) * tq
     delta_base = delta_ptr + bh.to(tl.int64) * tq
+    m_base = m_ptr + bh.to(tl.int64) * tq
     for start_m in range(lo, a, BLOCK_M):
-      dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, kn, offs_m, offs_d, seg_k,
-                          q_seg_base, q_lim, kv_lim, off, tq, stride_qt, stride_dt, qk_scale, True, HEAD_DIM,
+      dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, m_base, start_m, kn, offs_m, offs_d,
+                          seg_k, q_seg_base, q_lim, kv_lim, off, tq, stride_qt, stride_dt, qk_scale, True, HEAD_DIM,
                           IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N, QK_F32,
-                          DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1)
+                          DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE)
     for start_m in range(a, c, BLOCK_M):
-      dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, kn, offs_m, offs_d, seg_k,
-                          q_seg_base, q_lim, kv_lim, off, tq, stride_qt, stride_dt, qk_scale, False, HEAD_DIM,
+      dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, m_base, start_m, kn, offs_m, offs_d,
+                          seg_k, q_seg_base, q_lim, kv_lim, off, tq, stride_qt, stride_dt, qk_scale, False, HEAD_DIM,
                           IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N, QK_F32,
-                          DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1)
+                          DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE)
     for start_m in range(c, hi, BLOCK_M):
-      dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, kn, offs_m, offs_d, seg_k,
-                          q_seg_base, q_lim, kv_lim, off, tq, stride_qt, stride_dt, qk_scale, True, HEAD_DIM,
+      dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, m_base, start_m, kn, offs_m, offs_d,
+                          seg_k, q_seg_base, q_lim, kv_lim, off, tq, stride_qt, stride_dt, qk_scale, True, HEAD_DIM,
                           IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N, QK_F32,
-                          DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1)
+                          DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE)
   tl.store(dk_ptr + k_off, cast_out(dk * scale, dk_ptr, SOFT_BF16), mask=ok)
   tl.store(dv_ptr + v_off, cast_out(dv, dv_ptr, SOFT_BF16), mask=ok)

@@ -8,6 +8,10 @@ quantized probabilities depend on the running max at each tile). It writes
 - ``O'`` = (sum over tiles of bf16(p_tilde) @ V_hat) / l (for the backward's delta),
 - ``lse`` = m + log(l), natural log, FP32, ``[B, N, Tq]``.
 
+With ``p_scale="row"`` (``attention_fwd_row_kernel``, docs/NUMERICS.md) the quantized path
+accumulates fq(R * p_tilde) @ V_hat, R = ``P_ROW_RANGE`` = 6 * 448, and divides by R * l; the
+kernel also writes the final row max m (natural units) for the backward.
+
 K and V arrive already fake-quantized (``fake_quantize_rows_kernel`` writes fq(K),
 fq(V) once, instead of every query block re-quantizing them); Q is quantized
 here, once per program. The softmax runs in base 2 with log2(e) folded into
@@ -67,8 +71,11 @@ def _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs
              IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, HAS_SEG: tl.constexpr,
              QUANTIZE_P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QK_F32: tl.constexpr,
              DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr,
-             HW_E2M1: tl.constexpr):
-  """One KV tile of the online softmax; MASKED for tiles that a mask hides in part (``visible``)."""
+             HW_E2M1: tl.constexpr, P_ROW_RANGE: tl.constexpr):
+  """One KV tile of the online softmax; MASKED for tiles that a mask hides in part (``visible``).
+
+  P_ROW_RANGE: 0 for p_scale="block"; R > 0 quantizes R * p (p <= 1, its row max 1 maps to R = 6 * 448).
+  """
   kn = start_n + offs_n
   k, v = load_kv_tile(k_base, v_base, start_n, offs_n, offs_d, kv_lim, stride_kt, stride_vt, HEAD_DIM, MASKED)
   s = qk_dot(q, k, QK_F32, DOT_PREC) * qk_scale  # log2 units
@@ -86,23 +93,27 @@ def _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs
   l = l * alpha + tl.sum(p, axis=1)
   acc_hp = acc_hp * alpha[:, None] + bf16_dot(p, v, DOT_BF16, DOT_PREC, SOFT_BF16)
   if QUANTIZE_P:
-    p_fq = fq_probs(p, BLOCK_M, BLOCK_N, HW_E4M3, HW_E2M1)  # exact in bf16
+    if P_ROW_RANGE > 0:
+      p_fq = fq_probs(p * P_ROW_RANGE, BLOCK_M, BLOCK_N, HW_E4M3, HW_E2M1)  # still E2M1 x E4M3: exact in bf16
+    else:
+      p_fq = fq_probs(p, BLOCK_M, BLOCK_N, HW_E4M3, HW_E2M1)  # exact in bf16
     acc = acc * alpha[:, None] + bf16_dot(p_fq, v, DOT_BF16, DOT_PREC, SOFT_BF16)
   return acc, acc_hp, m_new, l
 
 
 @triton.jit
-def attention_fwd_kernel(
+def _attention_fwd(
     q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group,
     q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr,
     stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
     stride_ob, stride_ot, stride_on,
-    o_ptr, o_hp_ptr, lse_ptr,
+    o_ptr, o_hp_ptr, lse_ptr, m_ptr,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
     HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
     QUANTIZE_Q: tl.constexpr, QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr,
-    SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr):
+    SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr,
+    P_ROW_RANGE: tl.constexpr):
   """Forward of SPEC section 3 for query rows [pid0 * BLOCK_M, +BLOCK_M) of head pid1 % N, batch pid1 // N.
 
   q: [B, Tq, N, D]; k, v: [B, Tk, K, D] (already fq when QUANTIZE_QKV), N = K * group;
@@ -112,6 +123,8 @@ def attention_fwd_kernel(
   IS_CAUSAL, WINDOW_LEFT/RIGHT (-1: none) and BOTTOM_RIGHT as in ``attention_common.visible``.
   Outputs: o, o_hp [B, Tq, N, D] (strides stride_o*), lse [B, N, Tq] fp32 contiguous.
   Grid: (cdiv(Tq, BLOCK_M), B * N). Flags: ``dot_flags`` and ``nvfp4.quant_flags``.
+  P_ROW_RANGE: 0 ("block"), or R > 0 ("row": fq(R p), O = acc / (R l), and m [B, N, Tq] fp32 (natural
+  units, -inf for an empty row) stored through ``m_ptr``, which is not touched otherwise).
   """
   # Every stride is a multiple of 16 (rows of D % 16 == 0 contiguous elements).
   # jax-triton does not specialize integer arguments, so without these hints the
@@ -167,23 +180,26 @@ def attention_fwd_kernel(
     acc, acc_hp, m, l = _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, seg_q,
                                  kv_seg_base, q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, True, HEAD_DIM,
                                  IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N, QK_F32,
-                                 DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1)
+                                 DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE)
   for start_n in range(a, c, BLOCK_N):
     acc, acc_hp, m, l = _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, seg_q,
                                  kv_seg_base, q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, False, HEAD_DIM,
                                  IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N, QK_F32,
-                                 DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1)
+                                 DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE)
   for start_n in range(c, hi, BLOCK_N):
     acc, acc_hp, m, l = _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, seg_q,
                                  kv_seg_base, q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, True, HEAD_DIM,
                                  IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N, QK_F32,
-                                 DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1)
+                                 DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE)
 
   # No visible key (or a padded query row, which the unmasked tiles do not hide): O = O' = 0, lse = -inf.
   empty = (l == 0.0) | (offs_m >= q_lim)
   inv = tl.where(empty, 0.0, tl.div_rn(1.0, tl.where(empty, 1.0, l)))
   acc_hp = tl.where(empty[:, None], 0.0, acc_hp)  # +0, not acc * 0 (-0 for a padded row's negative sums)
   acc = tl.where(empty[:, None], 0.0, acc)
+  inv_q = inv
+  if QUANTIZE_P and P_ROW_RANGE > 0:  # 1 / (R l): one FP32 product, one correctly rounded division
+    inv_q = tl.where(empty, 0.0, tl.div_rn(1.0, tl.where(empty, 1.0, l * P_ROW_RANGE)))
   lse = tl.where(empty, float("-inf"), (m + tl.math.log2(tl.where(empty, 1.0, l))) * LN2)
   o_off = (b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_on
            + offs_m.to(tl.int64)[:, None] * stride_ot + offs_d[None, :])
@@ -191,7 +207,51 @@ def attention_fwd_kernel(
   out_hp = cast_out(acc_hp * inv[:, None], o_hp_ptr, SOFT_BF16)
   tl.store(o_hp_ptr + o_off, out_hp, mask=out_ok)
   if QUANTIZE_P:
-    tl.store(o_ptr + o_off, cast_out(acc * inv[:, None], o_ptr, SOFT_BF16), mask=out_ok)
+    tl.store(o_ptr + o_off, cast_out(acc * inv_q[:, None], o_ptr, SOFT_BF16), mask=out_ok)
   else:
     tl.store(o_ptr + o_off, out_hp, mask=out_ok)  # bf16(p) on both paths: O = O'
   tl.store(lse_ptr + pid_bh.to(tl.int64) * tq + offs_m, lse, mask=row_ok)
+  if P_ROW_RANGE > 0:
+    tl.store(m_ptr + pid_bh.to(tl.int64) * tq + offs_m, tl.where(empty, float("-inf"), m * LN2), mask=row_ok)
+
+
+@triton.jit
+def attention_fwd_kernel(
+    q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group,
+    q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr,
+    stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
+    stride_ob, stride_ot, stride_on,
+    o_ptr, o_hp_ptr, lse_ptr,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
+    HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
+    QUANTIZE_Q: tl.constexpr, QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr,
+    SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr):
+  """The forward with p_scale="block" (SPEC section 3): outputs o, o_hp, lse. See ``_attention_fwd``."""
+  _attention_fwd(q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr,
+                 seg_sorted_ptr, stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb,
+                 stride_vt, stride_vn, stride_ob, stride_ot, stride_on, o_ptr, o_hp_ptr, lse_ptr, lse_ptr, HEAD_DIM,
+                 D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN,
+                 HAS_SEG, QUANTIZE_Q, QUANTIZE_P, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, 0.0)
+
+
+@triton.jit
+def attention_fwd_row_kernel(
+    q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group,
+    q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr,
+    stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
+    stride_ob, stride_ot, stride_on,
+    o_ptr, o_hp_ptr, lse_ptr, m_ptr,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
+    HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
+    QUANTIZE_Q: tl.constexpr, QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr,
+    SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr,
+    P_ROW_RANGE: tl.constexpr):
+  """The forward with p_scale="row" (P_ROW_RANGE = 6 * 448): outputs o, o_hp, lse and the row max m."""
+  _attention_fwd(q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr,
+                 seg_sorted_ptr, stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb,
+                 stride_vt, stride_vn, stride_ob, stride_ot, stride_on, o_ptr, o_hp_ptr, lse_ptr, m_ptr, HEAD_DIM,
+                 D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN,
+                 HAS_SEG, QUANTIZE_Q, QUANTIZE_P, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1,
+                 P_ROW_RANGE)

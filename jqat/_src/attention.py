@@ -9,6 +9,11 @@ Masks (all compose by AND; named as in ``jax.nn.dot_product_attention`` where it
 diagonal, ``query_seq_lengths`` / ``key_value_seq_lengths`` int32 [B] (padding), and
 ``q_segment_ids`` [B, Tq] / ``kv_segment_ids`` [B, Tk] int32 (a query sees only keys of its own
 segment: packed documents). A row that sees no key gives O = 0, lse = -inf and zero gradients.
+
+Numerics modes (defined in docs/NUMERICS.md): ``p_scale`` "block" (SPEC section 3) or "row"
+(two-level fq(P) relative to the row max; the forward then also returns ``row_max`` [B, N, Tq]
+fp32, which the backward takes); ``smooth_k`` (subtract the mean key over live keys before the op:
+SageAttention's SmoothK, the softmax is unchanged in exact arithmetic).
 """
 
 from __future__ import annotations
@@ -28,10 +33,12 @@ _ALL_ON = QATConfig()  # the default switches: Attn-QAT
 _KERNEL_MAX_HEAD_DIM = 256
 
 
-def _resolve(implementation, head_dim: int) -> str:
+def _resolve(implementation, head_dim: int, opts: AttentionOptions) -> str:
   unsupported = None
   if head_dim > _KERNEL_MAX_HEAD_DIM:
     unsupported = f"the Triton kernels take head dims up to {_KERNEL_MAX_HEAD_DIM}, got {head_dim}"
+  if opts.qkv_scale == "tensor" and opts.config.quantize_qkv:
+    unsupported = "qkv_scale='tensor' has no Triton kernels yet (the XLA reference implements it)"
   return dispatch.resolve(implementation, unsupported=unsupported)
 
 
@@ -41,28 +48,52 @@ def _masks(query, key, query_seq_lengths, key_value_seq_lengths, q_segment_ids, 
   return tuple(None if m is None else jnp.asarray(m, jnp.int32) for m in masks)
 
 
+def smooth_keys(key, kv_len=None):
+  """SmoothK: ``key - mean(key)`` over the live keys, per batch, KV head and channel (docs/NUMERICS.md).
+
+  key: [B, Tk, K, D]; kv_len: int32 [B] or None (all Tk keys live). The mean and the difference are FP32,
+  rounded once to key's dtype. Keys at or past kv_len[b] are never read (they may hold NaN): they become 0
+  and count nowhere. Subtracting one vector from every key shifts a query row's scores by one constant,
+  which the softmax removes; it differentiates like any JAX function.
+  """
+  if key.shape[1] == 0:
+    return key
+  kf = key.astype(jnp.float32)
+  if kv_len is None:
+    return (kf - jnp.mean(kf, axis=1, keepdims=True)).astype(key.dtype)
+  live = jnp.arange(key.shape[1])[None, :, None, None] < kv_len[:, None, None, None]
+  count = jnp.maximum(kv_len, 1).astype(jnp.float32)[:, None, None, None]
+  mean = jnp.sum(jnp.where(live, kf, 0.0), axis=1, keepdims=True) / count
+  return jnp.where(live, kf - mean, 0.0).astype(key.dtype)
+
+
 def _forward(query, key, value, masks, opts: AttentionOptions, impl: str):
+  """``(O, O', lse, row_max)``; row_max is None unless ``p_scale == "row"``."""
   if impl == "triton":
     from jqat.ffi import jax_launch  # noqa: PLC0415  (GPU only: jax-triton needs CUDA to import)
-    return jax_launch.attention_forward(query, key, value, opts, masks)
-  return reference.forward(query, key, value, scale=opts.scale, is_causal=opts.is_causal, block_n=opts.block_n,
-                           cfg=opts.config, masks=masks, local_window_size=opts.local_window_size,
-                           causal_alignment=opts.causal_alignment)
+    out = jax_launch.attention_forward(query, key, value, opts, masks)
+  else:
+    out = reference.forward(query, key, value, scale=opts.scale, is_causal=opts.is_causal, block_n=opts.block_n,
+                            cfg=opts.config, masks=masks, local_window_size=opts.local_window_size,
+                            causal_alignment=opts.causal_alignment, p_scale=opts.p_scale,
+                            qkv_scale=opts.qkv_scale)
+  return tuple(out) + (None,) * (4 - len(out))
 
 
-def _backward(d_out, query, key, value, out_for_delta, lse, masks, opts: AttentionOptions, impl: str):
+def _backward(d_out, query, key, value, out_for_delta, lse, row_max, masks, opts: AttentionOptions, impl: str):
   if impl == "triton":
     from jqat.ffi import jax_launch  # noqa: PLC0415
-    return jax_launch.attention_backward(d_out, query, key, value, out_for_delta, lse, opts, masks)
+    return jax_launch.attention_backward(d_out, query, key, value, out_for_delta, lse, opts, masks, row_max=row_max)
   return reference.backward(d_out, query, key, value, out_for_delta, lse, scale=opts.scale, is_causal=opts.is_causal,
                             cfg=opts.config, masks=masks, local_window_size=opts.local_window_size,
-                            causal_alignment=opts.causal_alignment)
+                            causal_alignment=opts.causal_alignment, p_scale=opts.p_scale, row_max=row_max,
+                            qkv_scale=opts.qkv_scale)
 
 
 def attention_forward(query, key, value, *, scale=None, is_causal=False, implementation=None,
                       block_n=DEFAULT_BLOCK_N, config: QATConfig = _ALL_ON, query_seq_lengths=None,
                       key_value_seq_lengths=None, q_segment_ids=None, kv_segment_ids=None, local_window_size=None,
-                      causal_alignment="top_left"):
+                      causal_alignment="top_left", p_scale="block", smooth_k=False, qkv_scale="block"):
   """The explicit QAT forward.
 
   query: [B, Tq, N, D]; key, value: [B, Tk, K, D]; bf16 (fp16/fp32 accepted).
@@ -70,25 +101,39 @@ def attention_forward(query, key, value, *, scale=None, is_causal=False, impleme
   Returns ``(out [B, Tq, N, D], out_high_precision [B, Tq, N, D], lse [B, N, Tq] fp32)``:
   O uses the quantized probabilities, O' the BF16 ones (for the backward's delta),
   lse is the natural-log softmax statistic (-inf for a row that sees no key).
+  p_scale: "block" or "row" (docs/NUMERICS.md). With "row" a fourth output,
+  ``row_max [B, N, Tq] fp32`` (the final row max of the scaled scores, -inf for a row that sees no key),
+  is returned: :func:`attention_backward` needs it.
+  smooth_k: run on :func:`smooth_keys` (key) (pass the same flag to :func:`attention_backward`).
+  qkv_scale: "block" or "tensor" (as in :func:`attention`; the same value for the backward).
   """
   validate.attention_inputs(query, key, value)
   d = query.shape[-1]
   opts = validate.attention_options(scale_value=scale, is_causal=is_causal, block_n_value=block_n, head_dim=d,
                                     config=config, local_window_size_value=local_window_size,
-                                    causal_alignment_value=causal_alignment)
+                                    causal_alignment_value=causal_alignment, p_scale_value=p_scale,
+                                    qkv_scale_value=qkv_scale)
   masks = _masks(query, key, query_seq_lengths, key_value_seq_lengths, q_segment_ids, kv_segment_ids)
-  return _forward(query, key, value, masks, opts, _resolve(implementation, d))
+  if validate.flag("smooth_k", smooth_k):
+    key = smooth_keys(key, masks[1])
+  out = _forward(query, key, value, masks, opts, _resolve(implementation, d, opts))
+  return out if opts.p_scale == "row" else out[:3]
 
 
 def attention_backward(d_out, query, key, value, out_for_delta, lse, *, scale=None, is_causal=False,
                        implementation=None, config: QATConfig = _ALL_ON, query_seq_lengths=None,
                        key_value_seq_lengths=None, q_segment_ids=None, kv_segment_ids=None, local_window_size=None,
-                       causal_alignment="top_left"):
+                       causal_alignment="top_left", p_scale="block", row_max=None, smooth_k=False,
+                       qkv_scale="block"):
   """The explicit QAT backward: ``(dQ, dK, dV)`` in the dtypes of query, key, value (SPEC section 3).
 
   d_out, out_for_delta: [B, Tq, N, D] in the query dtype; query [B, Tq, N, D]; key, value [B, Tk, K, D];
   lse: [B, N, Tq] fp32. ``out_for_delta`` is O' from :func:`attention_forward`
   (or O, for the paper's "naive FP4 forward + BF16 backward" ablation). Masks: those of the forward.
+  p_scale: as in :func:`attention_forward`; with "row", ``row_max`` [B, N, Tq] fp32 is the forward's
+  fourth output (required), else it must be None.
+  qkv_scale: the forward's value. smooth_k: the forward's flag; dK is then the gradient of the original key
+  (through :func:`smooth_keys`).
   """
   validate.attention_inputs(query, key, value)
   for name, x in (("d_out", d_out), ("out_for_delta", out_for_delta)):
@@ -104,9 +149,17 @@ def attention_backward(d_out, query, key, value, out_for_delta, lse, *, scale=No
   d = query.shape[-1]
   opts = validate.attention_options(scale_value=scale, is_causal=is_causal, block_n_value=DEFAULT_BLOCK_N,
                                     head_dim=d, config=config, local_window_size_value=local_window_size,
-                                    causal_alignment_value=causal_alignment)
+                                    causal_alignment_value=causal_alignment, p_scale_value=p_scale,
+                                    qkv_scale_value=qkv_scale)
+  row_max = validate.row_max(row_max, query, opts.p_scale)
   masks = _masks(query, key, query_seq_lengths, key_value_seq_lengths, q_segment_ids, kv_segment_ids)
-  return _backward(d_out, query, key, value, out_for_delta, lse, masks, opts, _resolve(implementation, d))
+  impl = _resolve(implementation, d, opts)
+  if not validate.flag("smooth_k", smooth_k):
+    return _backward(d_out, query, key, value, out_for_delta, lse, row_max, masks, opts, impl)
+  smoothed, smooth_vjp = jax.vjp(lambda k: smooth_keys(k, masks[1]), key)
+  d_query, d_smoothed, d_value = _backward(d_out, query, smoothed, value, out_for_delta, lse, row_max, masks, opts,
+                                           impl)
+  return d_query, smooth_vjp(d_smoothed)[0], d_value
 
 
 @jax.custom_jvp
@@ -128,9 +181,9 @@ def _attention(query, key, value, masks, opts: AttentionOptions, impl: str):
 
 
 def _attention_fwd(query, key, value, masks, opts, impl):
-  out, out_hp, lse = _forward(query, key, value, masks, opts, impl)
+  out, out_hp, lse, row_max = _forward(query, key, value, masks, opts, impl)
   # The softmax-gradient term must use O' (P @ V_hat); O = fq(P) @ V_hat only for the ablation.
-  return out, (query, key, value, out_hp if opts.config.high_precision_delta else out, lse, masks)
+  return out, (query, key, value, out_hp if opts.config.high_precision_delta else out, lse, row_max, masks)
 
 
 def _attention_bwd(opts, impl, res, d_out):
@@ -146,7 +199,8 @@ _attention.defvjp(_attention_fwd, _attention_bwd)
 def attention(query, key, value, *, scale=None, is_causal=False, implementation=None, block_n=DEFAULT_BLOCK_N,
               quantize_qkv=True, quantize_p=True, high_precision_delta=True, quantize_p_backward=True,
               query_seq_lengths=None, key_value_seq_lengths=None, q_segment_ids=None, kv_segment_ids=None,
-              local_window_size=None, causal_alignment="top_left"):
+              local_window_size=None, causal_alignment="top_left", p_scale="block", smooth_k=False,
+              qkv_scale="block"):
   """NVFP4 quantization-aware-training attention (Attn-QAT), differentiable (first order).
 
   query: [B, Tq, N, D]; key, value: [B, Tk, K, D] (N % K == 0 for GQA/MQA; D % 16 == 0); bf16
@@ -160,6 +214,13 @@ def attention(query, key, value, *, scale=None, is_causal=False, implementation=
   block_n: KV tile of the forward, one of 16, 32, 64, 128, 256 (the quantized P depends on it;
     both implementations use the same value).
   The four switches reproduce the paper's ablations; all False is BF16 flash attention.
+  p_scale: "block" (per-16 E4M3 scales only, SPEC section 3) or "row" (two-level: probabilities scaled
+    by their row max first, so long diffuse rows keep their dV; docs/NUMERICS.md).
+  smooth_k: subtract the mean key over live keys (per batch, KV head, channel) before quantizing
+    (:func:`smooth_keys`); the gradient flows through the mean.
+  qkv_scale: "block" (E4M3 block scales only) or "tensor" (two-level: an FP32 scale per (batch, head) maps
+    the amax to 6 * 448 above the block scales; docs/NUMERICS.md). "tensor" runs on the XLA reference
+    (``implementation=None`` picks it; "triton" raises).
   Returns out: [B, Tq, N, D] in the query dtype. Gradients are straight-through
   for Q, K, V and follow SPEC section 3; higher-order derivatives raise.
   """
@@ -168,6 +229,9 @@ def attention(query, key, value, *, scale=None, is_causal=False, implementation=
   config = validate.qat_config(quantize_qkv, quantize_p, high_precision_delta, quantize_p_backward)
   opts = validate.attention_options(scale_value=scale, is_causal=is_causal, block_n_value=block_n, head_dim=d,
                                     config=config, local_window_size_value=local_window_size,
-                                    causal_alignment_value=causal_alignment)
+                                    causal_alignment_value=causal_alignment, p_scale_value=p_scale,
+                                    qkv_scale_value=qkv_scale)
   masks = _masks(query, key, query_seq_lengths, key_value_seq_lengths, q_segment_ids, kv_segment_ids)
-  return _attention(query, key, value, masks, opts, _resolve(implementation, d))
+  if validate.flag("smooth_k", smooth_k):
+    key = smooth_keys(key, masks[1])
+  return _attention(query, key, value, masks, opts, _resolve(implementation, d, opts))

@@ -10,6 +10,11 @@ NaN is never hidden: a NaN in any input reaches every output that depends on
 it, and no other. Masked (query, key) pairs contribute exactly nothing, not
 ``0 * NaN``; only ``lse == -inf`` means "this row sees no key".
 Zero-size B, Tq, Tk or N give empty results (Tk = 0: O = O' = 0, lse = -inf).
+
+``p_scale`` picks how fq(P) is scaled (docs/NUMERICS.md): "block" is SPEC section 3;
+"row" quantizes ``R * exp(S - m)`` (R = ``P_ROW_RANGE`` = 6 * 448) and folds 1/R into the
+normalization, in the forward with the running max, in the backward with the forward's final
+row max ``row_max`` (an extra forward output and backward input, row mode only).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jqat import nvfp4
-from jqat.ffi.options import QATConfig
+from jqat.ffi.options import P_ROW_RANGE, QATConfig
 
 _HI = lax.Precision.HIGHEST
 BACKWARD_BLOCK_K = 128  # keys per backward tile: bounds its [B, K, G, Tq, block] intermediates
@@ -51,14 +56,48 @@ def _fill(value, shape, *like):
   return out
 
 
-def _inputs(q, k, v, cfg):
-  """FP32 copies of Q, K, V (fake-quantized when enabled), Q grouped as [B, K, G, Tq, D]."""
-  fq = _fq if cfg.quantize_qkv else (lambda t: t)
+def tensor_scale(x, length=None):
+  """The FP32 encode scale of ``qkv_scale="tensor"`` per (batch, head): ``[B, 1, H, 1]``.
+
+  x: [B, T, H, D]; length: int32 [B] or None. amax = max |x| over the (batch, head)'s first ``length[b]``
+  rows (all T without lengths), all D channels; ``enc = 2688 / amax`` (IEEE FP32 division), or 1 when amax
+  is 0 or not finite (a zero slab; an infinite or NaN one, whose blocks then saturate or turn NaN exactly
+  as under "block").
+  """
+  ax = jnp.abs(x.astype(jnp.float32))
+  ax = jnp.where(jnp.isnan(ax), jnp.inf, ax)  # XLA's max may drop a NaN: count it as non-finite explicitly
+  if length is not None:
+    ax = jnp.where(jnp.arange(x.shape[1])[None, :, None, None] < length[:, None, None, None], ax, 0.0)
+  amax = jnp.max(ax, axis=(1, 3), keepdims=True, initial=0.0)
+  ok = jnp.isfinite(amax) & (amax > 0)
+  return jnp.where(ok, P_ROW_RANGE / jnp.where(ok, amax, 1.0), 1.0)
+
+
+def fq_tensor(x, length=None):
+  """Two-level NVFP4 of ``x`` [B, T, H, D] (docs/NUMERICS.md): ``(fq(enc * x), 1 / enc)`` in FP32, with
+  ``enc = tensor_scale(x, length)`` and fq's blocks of 16 along D; ``fq(enc * x) * (1 / enc)`` is the
+  dequantized value. ``enc * x`` is one FP32 product, ``1 / enc`` one correctly rounded division."""
+  enc = tensor_scale(x, length)
+  return _fq(enc * x.astype(jnp.float32)), 1.0 / enc
+
+
+def _inputs(q, k, v, cfg, qkv_scale, masks):
+  """FP32 copies of Q, K, V (fake-quantized when enabled), Q grouped as [B, K, G, Tq, D].
+
+  qkv_scale "tensor": amax over the live query rows (``masks[0]``) and keys (``masks[1]``)."""
   b, tq, n, d = q.shape
   kh = k.shape[2]
-  qh = fq(q).astype(jnp.float32).reshape(b, tq, kh, n // kh, d).transpose(0, 2, 3, 1, 4)
-  kt = fq(k).astype(jnp.float32).transpose(0, 2, 1, 3)  # [B, K, Tk, D]
-  vt = fq(v).astype(jnp.float32).transpose(0, 2, 1, 3)
+
+  def fq(t, length):
+    if not cfg.quantize_qkv:
+      return t
+    if qkv_scale == "tensor":  # dequantized: fq(enc * x) times its (batch, head)'s 1 / enc
+      y, dec = fq_tensor(t, length)
+      return y * dec
+    return _fq(t)
+  qh = fq(q, masks[0]).astype(jnp.float32).reshape(b, tq, kh, n // kh, d).transpose(0, 2, 3, 1, 4)
+  kt = fq(k, masks[1]).astype(jnp.float32).transpose(0, 2, 1, 3)  # [B, K, Tk, D]
+  vt = fq(v, masks[1]).astype(jnp.float32).transpose(0, 2, 1, 3)
   return qh, kt, vt
 
 
@@ -138,17 +177,21 @@ def _dot(spec, a, b, visible):
 
 
 def forward(q, k, v, *, scale, is_causal, block_n, cfg: QATConfig, masks=NO_MASKS, local_window_size=None,
-            causal_alignment="top_left"):
-  """Returns ``O [B,Tq,N,D]``, ``O' [B,Tq,N,D]`` (query dtype) and ``lse [B,N,Tq]`` FP32.
+            causal_alignment="top_left", p_scale="block", qkv_scale="block"):
+  """Returns ``O [B,Tq,N,D]``, ``O' [B,Tq,N,D]`` (query dtype) and ``lse [B,N,Tq]`` FP32; with
+  ``p_scale == "row"`` also ``row_max [B,N,Tq]`` FP32, the final row max m of the scaled scores
+  (natural units, -inf for a row that sees no key), which the row-mode backward needs.
 
   masks, local_window_size, causal_alignment: as in :func:`visible`.
+  qkv_scale: "block" or "tensor" (:func:`fq_tensor` for Q, K, V; amax over live rows and keys).
   Intermediates are O(Tq * block_n) per (batch, head): one KV tile at a time.
   """
   static = dict(is_causal=is_causal, local_window_size=local_window_size, causal_alignment=causal_alignment)
   present = [x for x in masks if x is not None]
   b, tq, n, d = q.shape
   tk = k.shape[1]
-  qh, kt, vt = _inputs(q, k, v, cfg)
+  qh, kt, vt = _inputs(q, k, v, cfg, qkv_scale, masks)
+  row = p_scale == "row"
 
   def step(carry, tile):
     m, l, acc, acc_hp = carry
@@ -159,7 +202,12 @@ def forward(q, k, v, *, scale, is_causal, block_n, cfg: QATConfig, masks=NO_MASK
     m_new = jnp.maximum(m, jnp.max(s, axis=-1))  # NaN in a visible score poisons the row
     m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # rows with nothing visible yet
     p_tilde = jnp.where(valid, jnp.exp(s - m_safe[..., None]), 0.0)
-    p_out = _fq(p_tilde, mask=valid) if cfg.quantize_p else _bf16(p_tilde)
+    if not cfg.quantize_p:
+      p_out = _bf16(p_tilde)
+    elif row:  # two-level: exact E2M1 x E4M3 values of R * p_tilde; 1/R is folded into the final 1/(R l)
+      p_out = _fq(P_ROW_RANGE * p_tilde, mask=valid)
+    else:
+      p_out = _fq(p_tilde, mask=valid)
     alpha = jnp.exp(m - m_safe)
     l = alpha * l + jnp.sum(p_tilde, axis=-1)
     guard = valid if _masked(masks, static) else None
@@ -174,6 +222,10 @@ def forward(q, k, v, *, scale, is_causal, block_n, cfg: QATConfig, masks=NO_MASK
   (m, l, acc, acc_hp), _ = lax.scan(step, init, (_tiles(kt, block_n), _tiles(vt, block_n), starts))
   empty = l == 0.0  # no visible key: O = O' = 0, lse = -inf (a NaN l is not empty)
   inv = jnp.where(empty, 0.0, 1.0 / jnp.where(empty, 1.0, l))[..., None]
+  # Row mode: O = acc / (R l), one FP32 product and one division, as the kernel does.
+  inv_q = inv
+  if row and cfg.quantize_p:
+    inv_q = jnp.where(empty, 0.0, 1.0 / jnp.where(empty, 1.0, P_ROW_RANGE * l))[..., None]
   lse = jnp.where(empty, -jnp.inf, m + jnp.log(jnp.where(empty, 1.0, l)))
 
   def to_btnh(x):
@@ -183,16 +235,21 @@ def forward(q, k, v, *, scale, is_causal, block_n, cfg: QATConfig, masks=NO_MASK
     x = lax.reduce_precision(x, exponent_bits=fi.nexp, mantissa_bits=fi.nmant)
     return x.transpose(0, 3, 1, 2, 4).reshape(b, tq, n, d).astype(q.dtype)
 
-  return to_btnh(acc * inv), to_btnh(acc_hp * inv), lse.reshape(b, n, tq)
+  out = (to_btnh(acc * inv_q), to_btnh(acc_hp * inv), lse.reshape(b, n, tq))
+  return out + (m.reshape(b, n, tq),) if row else out
 
 
 def backward(do, q, k, v, o_for_delta, lse, *, scale, is_causal, cfg: QATConfig, masks=NO_MASKS,
-             local_window_size=None, causal_alignment="top_left", block_k=BACKWARD_BLOCK_K):
+             local_window_size=None, causal_alignment="top_left", block_k=BACKWARD_BLOCK_K, p_scale="block",
+             row_max=None, qkv_scale="block"):
   """Gradients of SPEC section 3 given ``dO, Q, K, V``, the output used for delta and ``lse``.
 
   do, o_for_delta: [B, Tq, N, D]; q: [B, Tq, N, D]; k, v: [B, Tk, K, D]; lse: [B, N, Tq] fp32.
   o_for_delta: O' (Attn-QAT) or O (the ``high_precision_delta=False`` ablation).
   masks, local_window_size, causal_alignment: as in :func:`visible` (those of the forward).
+  row_max: [B, N, Tq] fp32, the forward's ``row_max``; needed (only) with ``p_scale == "row"``, where
+    the dV operand is ``bf16(fq(R * exp(S - m)) * (1 / (R * exp(lse - m))))`` instead of ``fq(P)``.
+  qkv_scale: the forward's (Q, K, V quantized as there; gradients straight-through).
   block_k: keys per tile (a multiple of 16), so fq(P)'s blocks of 16 keys stay at absolute
     key indices. dK and dV of a key come from its own tile alone, so they do not depend on
     block_k; dQ is accumulated tile by tile in FP32, so block_k changes its summation order
@@ -206,7 +263,7 @@ def backward(do, q, k, v, o_for_delta, lse, *, scale, is_causal, cfg: QATConfig,
   b, tq, n, d = q.shape
   tk, kh = k.shape[1], k.shape[2]
   g = n // kh
-  qh, kt, vt = _inputs(q, k, v, cfg)
+  qh, kt, vt = _inputs(q, k, v, cfg, qkv_scale, masks)
   grp = lambda x: x.astype(jnp.float32).reshape(b, tq, kh, g, d).transpose(0, 2, 3, 1, 4)
   do_g = grp(do)
   delta = jnp.sum(grp(o_for_delta) * do_g, axis=-1, keepdims=True)
@@ -214,6 +271,13 @@ def backward(do, q, k, v, o_for_delta, lse, *, scale, is_causal, cfg: QATConfig,
   sees = lse_g != -jnp.inf  # only -inf means "sees no key"; a NaN lse must reach P
   lse_safe = jnp.where(sees, lse_g, 0.0)
   block = min(block_k, max(16, -(-tk // 16) * 16))  # no tile wider than the padded keys
+  row = p_scale == "row" and cfg.quantize_p_backward
+  if row:
+    if row_max is None:
+      raise ValueError("p_scale='row' needs row_max, the forward's fourth output")
+    m_safe = jnp.where(sees, row_max.reshape(b, kh, g, tq)[..., None], 0.0)
+    # 1 / (R l) with l = exp(lse - m) the forward's row sum: dV's operand is (R p_tilde)'s fq over R l, ~P.
+    inv_rl = jnp.where(sees, 1.0 / (P_ROW_RANGE * jnp.exp(lse_safe - m_safe)), 0.0)
 
   def step(dq, tile):
     kb, vb, start = tile
@@ -225,7 +289,11 @@ def backward(do, q, k, v, o_for_delta, lse, *, scale, is_causal, cfg: QATConfig,
     ds = _bf16(jnp.where(valid, p * (dp - delta), 0.0))
     dq = dq + _dot("bkgqn,bknd->bkgqd", ds, kb, guard)
     dk = scale * _dot("bkgqn,bkgqd->bknd", ds, qh, guard)
-    p_dv = _fq(p, mask=valid) if cfg.quantize_p_backward else _bf16(p)
+    if row:
+      p_tilde = jnp.where(valid & sees, jnp.exp(s - m_safe), 0.0)
+      p_dv = _bf16(_fq(P_ROW_RANGE * p_tilde, mask=valid) * inv_rl)
+    else:
+      p_dv = _fq(p, mask=valid) if cfg.quantize_p_backward else _bf16(p)
     dv = _dot("bkgqn,bkgqd->bknd", p_dv, do_g, guard)
     return dq, (dk, dv)
 

@@ -12,7 +12,7 @@ import numbers
 
 import numpy as np
 
-from jqat.ffi.options import AttentionOptions, QATConfig
+from jqat.ffi.options import P_SCALES, QKV_SCALES, AttentionOptions, QATConfig
 
 FLOAT_DTYPES = ("bfloat16", "float16", "float32")
 BLOCK_N_CHOICES = (16, 32, 64, 128, 256)  # powers of two (Triton tiles) from one fq(P) block up
@@ -93,9 +93,37 @@ def scale(value, head_dim: int) -> float:
   return float(value)
 
 
+def p_scale(value, name: str = "p_scale") -> str:
+  if not isinstance(value, str) or value not in P_SCALES:
+    raise ValueError(f"{name} must be one of {P_SCALES} (docs/NUMERICS.md), got {value!r}")
+  return value
+
+
 def qat_config(quantize_qkv, quantize_p, high_precision_delta, quantize_p_backward) -> QATConfig:
   return QATConfig(flag("quantize_qkv", quantize_qkv), flag("quantize_p", quantize_p),
                    flag("high_precision_delta", high_precision_delta), flag("quantize_p_backward", quantize_p_backward))
+
+
+def qkv_scale(value) -> str:
+  if not isinstance(value, str) or value not in QKV_SCALES:
+    raise ValueError(f"qkv_scale must be one of {QKV_SCALES} (docs/NUMERICS.md), got {value!r}")
+  return value
+
+
+def row_max(value, query, p_scale_value: str):
+  """The forward's row max ``[B, N, Tq]`` fp32: required with p_scale="row", refused with "block"."""
+  want = (query.shape[0], query.shape[2], query.shape[1])
+  if p_scale_value == "block":
+    if value is not None:
+      raise ValueError("row_max is the p_scale='row' residual; with p_scale='block' pass row_max=None")
+    return None
+  if value is None:
+    raise ValueError(f"p_scale='row' needs row_max, the fourth output of attention_forward (float32 {want} "
+                     "[B, N, Tq]), got None")
+  if not hasattr(value, "shape") or tuple(value.shape) != want or dtype_name(value) != "float32":
+    raise ValueError(f"row_max must be float32 of shape {want} [B, N, Tq], got {getattr(value, 'dtype', '?')} "
+                     f"{getattr(value, 'shape', value)}")
+  return value
 
 
 CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
@@ -154,11 +182,13 @@ def mask_operands(query, key, query_seq_lengths=None, key_value_seq_lengths=None
 
 
 def attention_options(*, scale_value, is_causal, block_n_value, head_dim: int, config, local_window_size_value=None,
-                      causal_alignment_value="top_left") -> AttentionOptions:
+                      causal_alignment_value="top_left", p_scale_value="block",
+                      qkv_scale_value="block") -> AttentionOptions:
   """Validated :class:`AttentionOptions` from the public keywords."""
   if not isinstance(config, QATConfig):
     raise TypeError(f"config must be a jqat.QATConfig, got {type(config).__name__}")
   for f in ("quantize_qkv", "quantize_p", "high_precision_delta", "quantize_p_backward"):
     flag(f"config.{f}", getattr(config, f))
   return AttentionOptions(scale(scale_value, head_dim), flag("is_causal", is_causal), block_n(block_n_value), config,
-                          local_window_size(local_window_size_value), causal_alignment(causal_alignment_value))
+                          local_window_size(local_window_size_value), causal_alignment(causal_alignment_value),
+                          p_scale(p_scale_value), qkv_scale(qkv_scale_value))

@@ -1,8 +1,8 @@
 """QAT attention on torch tensors: the host functions of both devices and the ``torch.library`` ops.
 
 Layout BHSD as in ``F.scaled_dot_product_attention``: q ``[B, H, Sq, D]``, k, v
-``[B, Hkv, Skv, D]``, lse ``[B, H, Sq]`` fp32. CUDA tensors execute the launch plans of
-``jqat.ffi.plan`` (the kernels the JAX API runs inside XLA) on torch's current stream,
+``[B, Hkv, Skv, D]``, lse (and, with p_scale="row", row_max) ``[B, H, Sq]`` fp32. CUDA tensors
+execute the launch plans of ``jqat.ffi.plan`` (the kernels the JAX API runs inside XLA) on torch's current stream,
 passing BHSD tensors as BTNH views; CPU tensors go through DLPack to the XLA reference.
 
 ``jqat::attention_fwd`` and ``jqat::attention_bwd`` are ``torch.library`` custom ops with
@@ -49,9 +49,9 @@ def _xla_forward(opts: AttentionOptions):
 @functools.cache
 def _xla_backward(opts: AttentionOptions):
   """The XLA reference backward on BHSD arrays, jitted once per options value."""
-  def fn(do, q, k, v, o_for_delta, lse, masks):
+  def fn(do, q, k, v, o_for_delta, lse, row_max, masks):
     do, q, k, v, o_for_delta = (jnp.swapaxes(t, 1, 2) for t in (do, q, k, v, o_for_delta))
-    return _api._backward(do, q, k, v, o_for_delta, lse, masks, opts, "xla")
+    return _api._backward(do, q, k, v, o_for_delta, lse, row_max, masks, opts, "xla")
   return jax.jit(fn)
 
 
@@ -74,27 +74,30 @@ def _launcher():
 
 
 def forward(q, k, v, opts: AttentionOptions, masks=NO_MASKS):
-  """BHSD q, k, v (validated) -> contiguous BHSD O, O' and lse [B, H, Sq] fp32, on the current stream.
+  """BHSD q, k, v (validated) -> contiguous BHSD O, O' and lse [B, H, Sq] fp32, on the current stream;
+  with ``opts.p_scale == "row"`` a fourth output, row_max [B, H, Sq] fp32 (docs/NUMERICS.md).
 
   masks: ``(q_len [B], kv_len [B], q_seg [B, Sq], kv_seg [B, Skv])`` int32 tensors or None (validated)."""
   b, h, sq, d = q.shape
   o = torch.empty((b, h, sq, d), dtype=q.dtype, device=q.device)
   o_hp = torch.empty_like(o)
-  lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
+  stats = [torch.empty((b, h, sq), dtype=torch.float32, device=q.device) for _ in range(1 + (opts.p_scale == "row"))]
   if q.device.type == "cpu":
-    for dst, src in zip((o, o_hp, lse), _xla_forward(opts)(*(tt.to_jax(t) for t in (q, k, v)), _jax_masks(masks))):
+    res = _xla_forward(opts)(*(tt.to_jax(t) for t in (q, k, v)), _jax_masks(masks))
+    for dst, src in zip((o, o_hp, *stats), res):
       dst.copy_(tt.from_jax(src).transpose(1, 2) if src.ndim == 4 else tt.from_jax(src))
   else:
-    forward_kernels(q, k, v, o, o_hp, lse, opts, masks)
-  return o, o_hp, lse
+    forward_kernels(q, k, v, o, o_hp, stats[0], opts, masks, row_max=stats[1] if len(stats) > 1 else None)
+  return (o, o_hp, *stats)
 
 
-def forward_kernels(q, k, v, o, o_hp, lse, opts: AttentionOptions, masks=NO_MASKS):
-  """The forward plan into ``o``, ``o_hp`` (BHSD, equal strides) and ``lse`` (contiguous); CUDA, or CPU
-  tensors under ``TRITON_INTERPRET=1``."""
+def forward_kernels(q, k, v, o, o_hp, lse, opts: AttentionOptions, masks=NO_MASKS, row_max=None):
+  """The forward plan into ``o``, ``o_hp`` (BHSD, equal strides), ``lse`` and, with p_scale="row", ``row_max``
+  (contiguous); CUDA, or CPU tensors under ``TRITON_INTERPRET=1``."""
   plans, launch = _launcher()
   q, k, v = tt.dense(q), tt.dense(k), tt.dense(v)
-  views = dict(q=tt.btnh(q), k=tt.btnh(k), v=tt.btnh(v), o=tt.btnh(o), o_hp=tt.btnh(o_hp), lse=lse)
+  views = dict(q=tt.btnh(q), k=tt.btnh(k), v=tt.btnh(v), o=tt.btnh(o), o_hp=tt.btnh(o_hp), lse=lse,
+               row_max=row_max)
   described, named = _mask_views(masks, launch)
   views.update(named)
   plan = plans.attention_forward(*(launch.describe(views[n]) for n in ("q", "k", "v")), opts, launch.target(q),
@@ -103,40 +106,48 @@ def forward_kernels(q, k, v, o, o_hp, lse, opts: AttentionOptions, masks=NO_MASK
   launch.execute(plan, views)
 
 
-def backward_plan(do, q, k, v, o_for_delta, lse, opts: AttentionOptions, masks=NO_MASKS):
+def backward_plan(do, q, k, v, o_for_delta, lse, opts: AttentionOptions, masks=NO_MASKS, row_max=None):
   """The backward's plan and the BTNH views of its inputs (``q, k, v`` dense, ``do``/``o_for_delta`` with a
-  contiguous last axis, ``lse`` contiguous: copies only where a tensor is not already so)."""
+  contiguous last axis, ``lse`` and ``row_max`` (p_scale="row" only) contiguous: copies only where a tensor is
+  not already so)."""
   plans, launch = _launcher()
   views = dict(do=tt.last_contiguous(do), q=tt.dense(q), k=tt.dense(k), v=tt.dense(v),
                o_for_delta=tt.last_contiguous(o_for_delta))
   views = {n: tt.btnh(t) for n, t in views.items()}
   views["lse"] = lse.contiguous()
+  if row_max is not None:
+    views["row_max"] = row_max.contiguous()
   described, named = _mask_views(masks, launch)
   views.update(named)
   plan = plans.attention_backward(*(launch.describe(views[n]) for n in ("do", "q", "k", "v", "o_for_delta", "lse")),
-                                  opts, launch.target(q), masks=described)
+                                  opts, launch.target(q), masks=described,
+                                  row_max=None if row_max is None else launch.describe(views["row_max"]))
   return plan, views
 
 
-def backward(do, q, k, v, o_for_delta, lse, opts: AttentionOptions, *, out=None, workspace=None, masks=NO_MASKS):
-  """BHSD (dq, dk, dv) of validated inputs on the current stream; masks as in :func:`forward`.
+def backward(do, q, k, v, o_for_delta, lse, opts: AttentionOptions, *, out=None, workspace=None, masks=NO_MASKS,
+             row_max=None):
+  """BHSD (dq, dk, dv) of validated inputs on the current stream; masks as in :func:`forward`; row_max: the
+  forward's fourth output with p_scale="row", else None.
 
   out: optional (dq, dk, dv) buffers to write (on CUDA with the strides of the dense q, k, v); workspace:
   optional 1-D uint8 scratch (:func:`jqat.ffi.torch_launch.workspace_bytes` of the plan), else allocated.
   """
   if q.device.type == "cpu":
-    grads = _xla_backward(opts)(*(tt.to_jax(t) for t in (do, q, k, v, o_for_delta, lse)), _jax_masks(masks))
+    grads = _xla_backward(opts)(*(tt.to_jax(t) for t in (do, q, k, v, o_for_delta, lse)),
+                                None if row_max is None else tt.to_jax(row_max), _jax_masks(masks))
     out = out or tuple(torch.empty_like(t) for t in (q, k, v))
     for dst, src in zip(out, grads):
       dst.copy_(tt.from_jax(src).transpose(1, 2))
     return tuple(out)
-  return backward_kernels(do, q, k, v, o_for_delta, lse, opts, out=out, workspace=workspace, masks=masks)
+  return backward_kernels(do, q, k, v, o_for_delta, lse, opts, out=out, workspace=workspace, masks=masks,
+                          row_max=row_max)
 
 
 def backward_kernels(do, q, k, v, o_for_delta, lse, opts: AttentionOptions, *, out=None, workspace=None,
-                     masks=NO_MASKS):
+                     masks=NO_MASKS, row_max=None):
   """The backward plan (arguments as :func:`backward`); CUDA, or CPU tensors under ``TRITON_INTERPRET=1``."""
-  plan, views = backward_plan(do, q, k, v, o_for_delta, lse, opts, masks)
+  plan, views = backward_plan(do, q, k, v, o_for_delta, lse, opts, masks, row_max)
   _, launch = _launcher()
   if out is None:
     out = tuple(tt.btnh(g) for g in launch.allocate(plan, plan.outputs, q.device).values())
@@ -148,16 +159,16 @@ def backward_kernels(do, q, k, v, o_for_delta, lse, opts: AttentionOptions, *, o
 
 
 def _options(scale, is_causal, block_n, quantize_qkv, quantize_p, high_precision_delta, quantize_p_backward,
-             window_left, window_right, causal_alignment):
+             window_left, window_right, causal_alignment, p_scale, qkv_scale):
   window = None if window_left < 0 else (window_left, window_right)
   return AttentionOptions(scale, is_causal, block_n,
                           QATConfig(quantize_qkv, quantize_p, high_precision_delta, quantize_p_backward), window,
-                          causal_alignment)
+                          causal_alignment, p_scale, qkv_scale)
 
 
 # The ops' static arguments after the tensors (the window as two ints, -1 -1 for none: the schema has no tuples).
 _STATIC = ("scale", "is_causal", "block_n", "quantize_qkv", "quantize_p", "high_precision_delta",
-           "quantize_p_backward", "window_left", "window_right", "causal_alignment")
+           "quantize_p_backward", "window_left", "window_right", "causal_alignment", "p_scale", "qkv_scale")
 
 
 @torch.library.custom_op("jqat::attention_fwd", mutates_args=())
@@ -165,39 +176,47 @@ def attention_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_len: t
                      kv_len: torch.Tensor | None, q_seg: torch.Tensor | None, kv_seg: torch.Tensor | None,
                      scale: float, is_causal: bool, block_n: int, quantize_qkv: bool, quantize_p: bool,
                      high_precision_delta: bool, quantize_p_backward: bool, window_left: int, window_right: int,
-                     causal_alignment: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-  """``(O, O', lse)``: contiguous BHSD outputs in q's dtype and lse [B, H, Sq] fp32; optional int32 masks."""
+                     causal_alignment: str, p_scale: str, qkv_scale: str) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                   torch.Tensor, torch.Tensor]:
+  """``(O, O', lse, row_max)``: contiguous BHSD outputs in q's dtype, lse [B, H, Sq] fp32 and row_max [B, H, Sq]
+  fp32 with p_scale="row" (an empty [0] tensor with "block": a custom op has a fixed output count)."""
   tt.check_backend(q.device)
   opts = _options(scale, is_causal, block_n, quantize_qkv, quantize_p, high_precision_delta, quantize_p_backward,
-                  window_left, window_right, causal_alignment)
-  return forward(q, k, v, opts, (q_len, kv_len, q_seg, kv_seg))
+                  window_left, window_right, causal_alignment, p_scale, qkv_scale)
+  o, o_hp, lse, *row_max = forward(q, k, v, opts, (q_len, kv_len, q_seg, kv_seg))
+  return o, o_hp, lse, row_max[0] if row_max else lse.new_empty((0,))
 
 
 @attention_fwd_op.register_fake
 def _(q, k, v, q_len, kv_len, q_seg, kv_seg, *static):
   o = q.new_empty(q.shape)  # contiguous, as forward() allocates
-  return o, torch.empty_like(o), q.new_empty(q.shape[:3], dtype=torch.float32)
+  row = static[_STATIC.index("p_scale")] == "row"
+  return (o, torch.empty_like(o), q.new_empty(q.shape[:3], dtype=torch.float32),
+          q.new_empty(q.shape[:3] if row else (0,), dtype=torch.float32))
 
 
 @torch.library.custom_op("jqat::attention_bwd", mutates_args=())
 def attention_bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     o_for_delta: torch.Tensor, lse: torch.Tensor, q_len: torch.Tensor | None,
+                     o_for_delta: torch.Tensor, lse: torch.Tensor, row_max: torch.Tensor | None,
+                     q_len: torch.Tensor | None,
                      kv_len: torch.Tensor | None, q_seg: torch.Tensor | None, kv_seg: torch.Tensor | None,
                      scale: float, is_causal: bool, block_n: int, quantize_qkv: bool, quantize_p: bool,
                      high_precision_delta: bool, quantize_p_backward: bool, window_left: int, window_right: int,
-                     causal_alignment: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-  """``(dQ, dK, dV)`` with the layouts of q, k, v (``torch.empty_like``)."""
+                     causal_alignment: str, p_scale: str, qkv_scale: str) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                   torch.Tensor]:
+  """``(dQ, dK, dV)`` with the layouts of q, k, v (``torch.empty_like``); row_max given with p_scale="row"."""
   opts = _options(scale, is_causal, block_n, quantize_qkv, quantize_p, high_precision_delta, quantize_p_backward,
-                  window_left, window_right, causal_alignment)
+                  window_left, window_right, causal_alignment, p_scale, qkv_scale)
   out = tuple(torch.empty_like(t) for t in (q, k, v))
   if q.device.type == "cuda":  # the kernels write gradients with the strides of the (dense) operand they read
     out = tuple(o if tt.is_dense(t) else torch.empty_like(o, memory_format=torch.contiguous_format)
                 for o, t in zip(out, (q, k, v)))
-  return backward(do, q, k, v, o_for_delta, lse, opts, out=out, masks=(q_len, kv_len, q_seg, kv_seg))
+  return backward(do, q, k, v, o_for_delta, lse, opts, out=out, masks=(q_len, kv_len, q_seg, kv_seg),
+                  row_max=row_max)
 
 
 @attention_bwd_op.register_fake
-def _(do, q, k, v, o_for_delta, lse, q_len, kv_len, q_seg, kv_seg, *static):
+def _(do, q, k, v, o_for_delta, lse, row_max, q_len, kv_len, q_seg, kv_seg, *static):
   return tuple(torch.empty_like(t) if tt.is_dense(t) else torch.empty_like(t, memory_format=torch.contiguous_format)
                for t in (q, k, v))
 
@@ -205,27 +224,43 @@ def _(do, q, k, v, o_for_delta, lse, q_len, kv_len, q_seg, kv_seg, *static):
 def _setup_context(ctx, inputs, output):
   q, k, v, *rest = inputs
   masks, static = rest[:4], rest[4:]
-  o, o_hp, lse = output
+  o, o_hp, lse, row_max = output
   high_precision_delta = static[_STATIC.index("high_precision_delta")]
-  ctx.save_for_backward(q, k, v, o_hp if high_precision_delta else o, lse, *masks)
+  ctx.save_for_backward(q, k, v, o_hp if high_precision_delta else o, lse, row_max, *masks)
   ctx.static = tuple(static)
-  ctx.mark_non_differentiable(o_hp, lse)
+  ctx.mark_non_differentiable(o_hp, lse, row_max)
 
 
-def _backward_formula(ctx, d_out, d_out_hp, d_lse):
-  del d_out_hp, d_lse  # O' and lse are statistics of the forward, not differentiated
-  q, k, v, o_for_delta, lse, *masks = ctx.saved_tensors
-  dq, dk, dv = attention_bwd_op(d_out, q, k, v, o_for_delta, lse, *masks, *ctx.static)
+def _backward_formula(ctx, d_out, d_out_hp, d_lse, d_row_max):
+  del d_out_hp, d_lse, d_row_max  # O', lse and row_max are statistics of the forward, not differentiated
+  q, k, v, o_for_delta, lse, row_max, *masks = ctx.saved_tensors
+  row_max = row_max if ctx.static[_STATIC.index("p_scale")] == "row" else None
+  dq, dk, dv = attention_bwd_op(d_out, q, k, v, o_for_delta, lse, row_max, *masks, *ctx.static)
   return (dq, dk, dv) + (None,) * (len(masks) + len(ctx.static))  # integer masks: no gradient
 
 
 attention_fwd_op.register_autograd(_backward_formula, setup_context=_setup_context)
 
 
+def smooth_keys(k, kv_len=None):
+  """``jqat.attention``'s SmoothK on BHSD ``k`` [B, Hkv, Skv, D]: minus the FP32 mean over the live keys
+  (``kv_len`` [B] or None), rounded once to k's dtype; keys past kv_len[b] become 0 (docs/NUMERICS.md)."""
+  if k.shape[2] == 0:
+    return k
+  kf = k.float()
+  if kv_len is None:
+    return (kf - kf.mean(dim=2, keepdim=True)).to(k.dtype)
+  live = torch.arange(k.shape[2], device=k.device)[None, None, :, None] < kv_len[:, None, None, None]
+  count = kv_len.clamp(min=1).float()[:, None, None, None]
+  mean = torch.where(live, kf, 0.0).sum(dim=2, keepdim=True) / count
+  return torch.where(live, kf - mean, 0.0).to(k.dtype)
+
+
 def attention(q, k, v, is_causal=False, scale=None, enable_gqa=False, *, block_n=DEFAULT_BLOCK_N,
               quantize_qkv=True, quantize_p=True, high_precision_delta=True, quantize_p_backward=True,
               query_seq_lengths=None, key_value_seq_lengths=None, q_segment_ids=None, kv_segment_ids=None,
-              local_window_size=None, causal_alignment="top_left"):
+              local_window_size=None, causal_alignment="top_left", p_scale="block", smooth_k=False,
+              qkv_scale="block"):
   """NVFP4 quantization-aware-training attention (Attn-QAT) on BHSD tensors, differentiable.
 
   Drop-in for ``F.scaled_dot_product_attention(q, k, v, is_causal=..., scale=..., enable_gqa=...)``
@@ -241,6 +276,11 @@ def attention(q, k, v, is_causal=False, scale=None, enable_gqa=False, *, block_n
   query_seq_lengths, key_value_seq_lengths: integer [B] (padding); q_segment_ids [B, Sq], kv_segment_ids [B, Skv]
     integer (packed documents); local_window_size, causal_alignment: as in ``jqat.attention`` (there
     ``is_causal`` follows ``causal_alignment`` too). Integer masks are passed to the kernels as int32.
+  p_scale: "block" or "row" (two-level fq(P), docs/NUMERICS.md), as in ``jqat.attention``.
+  smooth_k: subtract the mean key over live keys first (:func:`smooth_keys`, a torch op: autograd
+    carries its gradient), as in ``jqat.attention``.
+  qkv_scale: "block" or "tensor" (per-(batch, head) FP32 scales above the block scales); "tensor" runs on
+    CPU tensors only for now (no Triton kernels: CUDA tensors raise NotImplementedError before any launch).
 
   Returns O [B, H, Sq, D] in q's dtype. CUDA tensors run the Triton kernels on the current
   stream; CPU tensors run the JAX reference through DLPack. The op is ``torch.ops.jqat.attention_fwd``
@@ -258,8 +298,11 @@ def attention(q, k, v, is_causal=False, scale=None, enable_gqa=False, *, block_n
     if m is not None:
       tt.check_device(name, m, q.device)
   masks = tuple(None if m is None else m.to(torch.int32).contiguous() for m in masks)
+  if validate.flag("smooth_k", smooth_k):
+    k = smooth_keys(k, masks[1])
   window = validate.local_window_size(local_window_size)
   left, right = window if window is not None else (-1, -1)
   return attention_fwd_op(q, k, v, *masks, validate.scale(scale, q.shape[-1]), validate.flag("is_causal", is_causal),
                           validate.block_n(block_n), *switches, left, right,
-                          validate.causal_alignment(causal_alignment))[0]
+                          validate.causal_alignment(causal_alignment), validate.p_scale(p_scale),
+                          validate.qkv_scale(qkv_scale))[0]
