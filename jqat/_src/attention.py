@@ -67,13 +67,21 @@ def smooth_keys(key, kv_len=None):
   return jnp.where(live, kf - mean, 0.0).astype(key.dtype)
 
 
+# The reference runs under jit even when called eagerly: dispatched op by op it would compile one XLA program
+# per primitive and shape (about 140 for one call), the XLA path's main cost on CPU.
+_reference_forward = jax.jit(reference.forward, static_argnames=(
+    "scale", "is_causal", "block_n", "cfg", "local_window_size", "causal_alignment", "p_scale", "qkv_scale"))
+_reference_backward = jax.jit(reference.backward, static_argnames=(
+    "scale", "is_causal", "cfg", "local_window_size", "causal_alignment", "block_k", "p_scale", "qkv_scale"))
+
+
 def _forward(query, key, value, masks, opts: AttentionOptions, impl: str):
   """``(O, O', lse, row_max)``; row_max is None unless ``p_scale == "row"``."""
   if impl == "triton":
     from jqat.ffi import jax_launch  # noqa: PLC0415  (GPU only: jax-triton needs CUDA to import)
     out = jax_launch.attention_forward(query, key, value, opts, masks)
   else:
-    out = reference.forward(query, key, value, scale=opts.scale, is_causal=opts.is_causal, block_n=opts.block_n,
+    out = _reference_forward(query, key, value, scale=opts.scale, is_causal=opts.is_causal, block_n=opts.block_n,
                             cfg=opts.config, masks=masks, local_window_size=opts.local_window_size,
                             causal_alignment=opts.causal_alignment, p_scale=opts.p_scale,
                             qkv_scale=opts.qkv_scale)
@@ -84,7 +92,7 @@ def _backward(d_out, query, key, value, out_for_delta, lse, row_max, masks, opts
   if impl == "triton":
     from jqat.ffi import jax_launch  # noqa: PLC0415
     return jax_launch.attention_backward(d_out, query, key, value, out_for_delta, lse, opts, masks, row_max=row_max)
-  return reference.backward(d_out, query, key, value, out_for_delta, lse, scale=opts.scale, is_causal=opts.is_causal,
+  return _reference_backward(d_out, query, key, value, out_for_delta, lse, scale=opts.scale, is_causal=opts.is_causal,
                             cfg=opts.config, masks=masks, local_window_size=opts.local_window_size,
                             causal_alignment=opts.causal_alignment, p_scale=opts.p_scale, row_max=row_max,
                             qkv_scale=opts.qkv_scale)
