@@ -25,7 +25,8 @@ ROOT = os.path.dirname(TESTS)
 # About half of the suite's time on 2 cores: the Triton-interpreter mask and kernel sweeps, the 8-device
 # sharding child, the demo and the Flax adapter.
 FIRST = ("test_masks.py", "test_parallel.py", "test_attention_triton.py", "test_train_lm.py", "test_flax.py",
-         "test_nan.py", "test_validation.py", "test_plan.py", "test_packaging.py", "test_parallel_masks.py")
+         "test_nan.py", "test_validation.py", "test_plan.py", "test_packaging.py", "test_parallel_masks.py",
+         "test_numerics_modes_triton.py")
 NO_TESTS_COLLECTED = 5
 
 
