@@ -16,27 +16,13 @@ import os
 
 import jax
 import jax.numpy as jnp
+from attention import time_ms  # benchmarks/attention.py
 
 import jqat
 
 # (B, N, K, S, D, causal)
 SHAPES = [(1, 16, 16, 4096, 128, False), (1, 16, 16, 4096, 128, True), (2, 16, 16, 4096, 64, False),
           (8, 16, 16, 1024, 128, True)]
-
-
-def time_ms(fn, args, iters, repeats):
-  import statistics
-  import time
-
-  jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    for _ in range(iters):
-      out = fn(*args)
-    jax.block_until_ready(out)
-    times.append((time.perf_counter() - t0) / iters)
-  return statistics.median(times) * 1e3
 
 
 def main():

@@ -15,26 +15,13 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from attention import time_ms  # benchmarks/attention.py
 
 import jqat
-
-
-def _time_ms(fn, args, iters=10, repeats=5):
-  jax.block_until_ready(fn(*args))
-  runs = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    for _ in range(iters):
-      out = fn(*args)
-    jax.block_until_ready(out)
-    runs.append((time.perf_counter() - t0) * 1e3 / iters)
-  return statistics.median(runs)
 
 
 def _rel(a, e):
@@ -68,7 +55,7 @@ def main():
       for p_scale in ("block", "row"):
         fn = jax.jit(functools.partial(_jqat, causal=causal, p_scale=p_scale))
         got = fn(q, k, v, do)
-        row = dict(t=t, heads=args.heads, causal=causal, p_scale=p_scale, fwd_bwd_ms=_time_ms(fn, (q, k, v, do)),
+        row = dict(t=t, heads=args.heads, causal=causal, p_scale=p_scale, fwd_bwd_ms=time_ms(fn, (q, k, v, do), 10, 5),
                    **{f"err_{n}": _rel(g.astype(jnp.float32), w) for n, g, w in zip(("dq", "dk", "dv"), got, want)})
         rows.append(row)
         print(f"T={t:6d} causal={causal!s:5} p_scale={p_scale:5}  fwd+bwd {row['fwd_bwd_ms']:8.2f} ms  "
