@@ -215,6 +215,15 @@ def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, m_base, star
   lse = tl.load(lse_base + qm, mask=qm < q_lim, other=float("-inf"))  # padded rows: P = 0
   delta = tl.load(delta_base + qm, mask=row_ok, other=0.0)
   lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)  # P = 0 for such rows
+  if QUANTIZE_P and P_ROW_RANGE > 0:
+    # Two-level: R * exp(S - m) with m the forward's final row max, formed below as p * (R * l),
+    # l = exp(lse - m): one product per probability (a second exp per probability made "row" 40% slower),
+    # and the rounding of lse cancels between p and l. Rows without keys (lse = -inf) have p = 0, factor 0.
+    # Loaded and formed here, beside lse, so nothing waits on a load between the tile's dots.
+    m = tl.load(m_base + qm, mask=qm < q_lim, other=float("-inf"))
+    empty = lse == float("-inf")
+    rl = tl.where(empty, 1.0, tl.math.exp2(lse2 - m * LOG2E) * P_ROW_RANGE)
+    inv_rl = tl.where(empty, 0.0, tl.div_rn(1.0, rl))
   s_t = qk_dot(k, q, QK_F32, DOT_PREC) * qk_scale
   p_t = tl.math.exp2(s_t - lse2[None, :])  # [BLOCK_N, BLOCK_M]
   if MASKED:
@@ -229,14 +238,7 @@ def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, m_base, star
   ds_t = p_t * (dp_t - delta[None, :])
   dk += bf16_dot(ds_t, q, DOT_BF16, DOT_PREC, SOFT_BF16)
   if QUANTIZE_P and P_ROW_RANGE > 0:
-    # Two-level: R * exp(S - m) <= R, the forward's final row max m; rows without keys (lse = -inf) give 0.
-    m = tl.load(m_base + qm, mask=qm < q_lim, other=float("-inf"))
-    m2 = tl.where(lse == float("-inf"), float("inf"), m * LOG2E)
-    pt_t = tl.math.exp2(s_t - m2[None, :])
-    if MASKED:
-      pt_t = tl.where(valid, pt_t, 0.0)
-    inv_rl = tl.where(lse == float("-inf"), 0.0, tl.div_rn(1.0, tl.math.exp2(lse2 - m2) * P_ROW_RANGE))
-    p_t = fq_probs_t(pt_t * P_ROW_RANGE, BLOCK_N, BLOCK_M, HW_E4M3, HW_E2M1) * inv_rl[None, :]
+    p_t = fq_probs_t(p_t * rl[None, :], BLOCK_N, BLOCK_M, HW_E4M3, HW_E2M1) * inv_rl[None, :]
   elif QUANTIZE_P:
     p_t = fq_probs_t(p_t, BLOCK_N, BLOCK_M, HW_E4M3, HW_E2M1)  # blocks of 16 along keys (axis 0)
   dv += bf16_dot(p_t, do, DOT_BF16, DOT_PREC, SOFT_BF16)
