@@ -6,11 +6,15 @@ on the host; the kernels pass them through unchanged.
 
 from __future__ import annotations
 
+import math
+
 import triton
 import triton.language as tl
 
 LOG2E = tl.constexpr(1.4426950408889634)  # the softmax runs on exp2 with log2(e) folded into the scale
 LN2 = tl.constexpr(0.6931471805599453)
+# log2 of p_scale="row"'s range R = 6 * 448 (ffi.options.P_ROW_RANGE; the kernels assert they were given it).
+LOG2_P_ROW_RANGE = tl.constexpr(math.log2(6.0 * 448.0))
 
 
 def dot_flags(dtype_name: str, interpret: bool = False) -> dict:

@@ -28,6 +28,7 @@ import triton.language as tl
 
 from jqat.kernels_triton.attention_common import (
   LN2,
+  LOG2_P_ROW_RANGE,
   LOG2E,
   aligned3,
   bf16_dot,
@@ -88,15 +89,19 @@ def _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs
     s = tl.where(valid, s, float("-inf"))
   m_new = tl.maximum(m, tl.max(s, axis=1))
   m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
-  p = tl.math.exp2(s - m_safe[:, None])  # exactly +0 where masked (s = -inf)
+  if QUANTIZE_P and P_ROW_RANGE > 0:
+    # "row": the tile is R * exp(s - m) itself, log2(R) folded into the subtracted max, so l sums R * p and
+    # O' takes bf16(R * p); one tile of probabilities stays live, as in block mode (a separate R * p tile
+    # pushed this 255-register kernel into predicate packing, 40% slower).
+    tl.static_assert(P_ROW_RANGE == 6.0 * 448.0, "LOG2_P_ROW_RANGE is log2(6 * 448)")
+    p = tl.math.exp2(s - (m_safe - LOG2_P_ROW_RANGE)[:, None])  # exactly +0 where masked (s = -inf)
+  else:
+    p = tl.math.exp2(s - m_safe[:, None])  # exactly +0 where masked (s = -inf)
   alpha = tl.math.exp2(m - m_safe)
   l = l * alpha + tl.sum(p, axis=1)
   acc_hp = acc_hp * alpha[:, None] + bf16_dot(p, v, DOT_BF16, DOT_PREC, SOFT_BF16)
   if QUANTIZE_P:
-    if P_ROW_RANGE > 0:
-      p_fq = fq_probs(p * P_ROW_RANGE, BLOCK_M, BLOCK_N, HW_E4M3, HW_E2M1)  # still E2M1 x E4M3: exact in bf16
-    else:
-      p_fq = fq_probs(p, BLOCK_M, BLOCK_N, HW_E4M3, HW_E2M1)  # exact in bf16
+    p_fq = fq_probs(p, BLOCK_M, BLOCK_N, HW_E4M3, HW_E2M1)  # exact in bf16 (E2M1 x E4M3)
     acc = acc * alpha[:, None] + bf16_dot(p_fq, v, DOT_BF16, DOT_PREC, SOFT_BF16)
   return acc, acc_hp, m_new, l
 
@@ -197,17 +202,17 @@ def _attention_fwd(
   inv = tl.where(empty, 0.0, tl.div_rn(1.0, tl.where(empty, 1.0, l)))
   acc_hp = tl.where(empty[:, None], 0.0, acc_hp)  # +0, not acc * 0 (-0 for a padded row's negative sums)
   acc = tl.where(empty[:, None], 0.0, acc)
-  inv_q = inv
-  if QUANTIZE_P and P_ROW_RANGE > 0:  # 1 / (R l): one FP32 product, one correctly rounded division
-    inv_q = tl.where(empty, 0.0, tl.div_rn(1.0, tl.where(empty, 1.0, l * P_ROW_RANGE)))
-  lse = tl.where(empty, float("-inf"), (m + tl.math.log2(tl.where(empty, 1.0, l))) * LN2)
+  log_l = tl.math.log2(tl.where(empty, 1.0, l))
+  if QUANTIZE_P and P_ROW_RANGE > 0:  # l sums R * p here: 1 / l is already 1 / (R * sum p)
+    log_l = log_l - LOG2_P_ROW_RANGE
+  lse = tl.where(empty, float("-inf"), (m + log_l) * LN2)
   o_off = (b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_on
            + offs_m.to(tl.int64)[:, None] * stride_ot + offs_d[None, :])
   out_ok = row_ok[:, None] & d_ok[None, :]
   out_hp = cast_out(acc_hp * inv[:, None], o_hp_ptr, SOFT_BF16)
   tl.store(o_hp_ptr + o_off, out_hp, mask=out_ok)
   if QUANTIZE_P:
-    tl.store(o_ptr + o_off, cast_out(acc * inv_q[:, None], o_ptr, SOFT_BF16), mask=out_ok)
+    tl.store(o_ptr + o_off, cast_out(acc * inv[:, None], o_ptr, SOFT_BF16), mask=out_ok)
   else:
     tl.store(o_ptr + o_off, out_hp, mask=out_ok)  # bf16(p) on both paths: O = O'
   tl.store(lse_ptr + pid_bh.to(tl.int64) * tq + offs_m, lse, mask=row_ok)

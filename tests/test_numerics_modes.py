@@ -52,13 +52,14 @@ def row_oracle(q, k, v, do, *, scale, block_n, vis):
       pt = np.where(valid, np.exp(s - m_safe[..., None]), 0.0)
       alpha = np.where(np.isinf(m), 0.0, np.exp(m - m_safe))
       l = alpha * l + pt.sum(-1)
+      # Row mode's tile is R * pt: fq(P) and O' both take it, O and O' both divide by R * l.
       acc = alpha[..., None] * acc + np.einsum("bnqk,bknd->bnqd", _fq64(R * pt, mask=valid), vr[:, sl])
-      acc_hp = alpha[..., None] * acc_hp + np.einsum("bnqk,bknd->bnqd", _bf16_round(pt), vr[:, sl])
+      acc_hp = alpha[..., None] * acc_hp + np.einsum("bnqk,bknd->bnqd", _bf16_round(R * pt), vr[:, sl])
       m = m_new
   empty = l == 0
   safe_l = np.where(empty, 1.0, l)
   o = np.where(empty[..., None], 0.0, acc / (R * safe_l)[..., None]).transpose(0, 2, 1, 3)
-  o_hp = np.where(empty[..., None], 0.0, acc_hp / safe_l[..., None]).transpose(0, 2, 1, 3)
+  o_hp = np.where(empty[..., None], 0.0, acc_hp / (R * safe_l)[..., None]).transpose(0, 2, 1, 3)
   lse = np.where(empty, -np.inf, m + np.log(safe_l))
   # Backward, P materialized; O' (bf16-rounded as stored) for delta.
   valid = np.broadcast_to(vis, s_all.shape)

@@ -19,6 +19,8 @@ row max ``row_max`` (an extra forward output and backward input, row mode only).
 
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 from jax import lax
 
@@ -202,12 +204,11 @@ def forward(q, k, v, *, scale, is_causal, block_n, cfg: QATConfig, masks=NO_MASK
     m_new = jnp.maximum(m, jnp.max(s, axis=-1))  # NaN in a visible score poisons the row
     m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # rows with nothing visible yet
     p_tilde = jnp.where(valid, jnp.exp(s - m_safe[..., None]), 0.0)
-    if not cfg.quantize_p:
-      p_out = _bf16(p_tilde)
-    elif row:  # two-level: exact E2M1 x E4M3 values of R * p_tilde; 1/R is folded into the final 1/(R l)
-      p_out = _fq(P_ROW_RANGE * p_tilde, mask=valid)
-    else:
-      p_out = _fq(p_tilde, mask=valid)
+    if row and cfg.quantize_p:
+      # Two-level: the tile is R * p_tilde (one FP32 product; the kernel folds log2(R) into its exp2), and
+      # l, O' and the fq(P) operand all take it, so 1 / l is 1 / (R * sum p_tilde) for O and O' alike.
+      p_tilde = P_ROW_RANGE * p_tilde
+    p_out = _fq(p_tilde, mask=valid) if cfg.quantize_p else _bf16(p_tilde)
     alpha = jnp.exp(m - m_safe)
     l = alpha * l + jnp.sum(p_tilde, axis=-1)
     guard = valid if _masked(masks, static) else None
@@ -222,11 +223,10 @@ def forward(q, k, v, *, scale, is_causal, block_n, cfg: QATConfig, masks=NO_MASK
   (m, l, acc, acc_hp), _ = lax.scan(step, init, (_tiles(kt, block_n), _tiles(vt, block_n), starts))
   empty = l == 0.0  # no visible key: O = O' = 0, lse = -inf (a NaN l is not empty)
   inv = jnp.where(empty, 0.0, 1.0 / jnp.where(empty, 1.0, l))[..., None]
-  # Row mode: O = acc / (R l), one FP32 product and one division, as the kernel does.
-  inv_q = inv
-  if row and cfg.quantize_p:
-    inv_q = jnp.where(empty, 0.0, 1.0 / jnp.where(empty, 1.0, P_ROW_RANGE * l))[..., None]
-  lse = jnp.where(empty, -jnp.inf, m + jnp.log(jnp.where(empty, 1.0, l)))
+  log_l = jnp.log(jnp.where(empty, 1.0, l))
+  if row and cfg.quantize_p:  # l sums R * p_tilde
+    log_l = log_l - math.log(P_ROW_RANGE)
+  lse = jnp.where(empty, -jnp.inf, m + log_l)
 
   def to_btnh(x):
     # Rounded explicitly: under jit a consumer of O' (the backward's delta) could
@@ -235,7 +235,7 @@ def forward(q, k, v, *, scale, is_causal, block_n, cfg: QATConfig, masks=NO_MASK
     x = lax.reduce_precision(x, exponent_bits=fi.nexp, mantissa_bits=fi.nmant)
     return x.transpose(0, 3, 1, 2, 4).reshape(b, tq, n, d).astype(q.dtype)
 
-  out = (to_btnh(acc * inv_q), to_btnh(acc_hp * inv), lse.reshape(b, n, tq))
+  out = (to_btnh(acc * inv), to_btnh(acc_hp * inv), lse.reshape(b, n, tq))
   return out + (m.reshape(b, n, tq),) if row else out
 
 

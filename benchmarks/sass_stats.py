@@ -1,0 +1,149 @@
+"""Offline SASS statistics of the attention kernels: no GPU needed, only Triton's bundled ptxas and cuobjdump.
+
+  python benchmarks/sass_stats.py [--seq 4096 --heads 16 --head-dim 128] [--causal] [--p-scale row]
+      [--fwd-config block_m=64,num_warps=8] [--bwd-config ...] [--arch 90] [--sass-dir DIR] [--json out.json]
+
+Builds the launch plans of one forward and one backward (``jqat.ffi.plan``: the exact kernels, constexprs and
+launch configurations the bindings run), compiles each launch for ``sm_<arch>`` as jax-triton does (pointers
+16-byte aligned, a scalar argument equal to 1 specialized to a constant), and prints per kernel: registers,
+stack bytes (spills), shared memory, the number of SASS instructions and the instruction mix of each loop
+(a backward branch's body; the KV-tile and query-tile loops are the large ones), with the counts of local
+loads/stores (spills), MUFU, HGMMA and WARPGROUP (wgmma arrive/wait) instructions. Static counts: per thread,
+per loop iteration; they say what the compiler emitted, not how fast it runs (docs/PERFORMANCE.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import subprocess
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from jqat.ffi import plan as P
+from jqat.ffi.options import AttentionOptions
+
+_POINTER = {"bfloat16": "*bf16", "float16": "*fp16", "float32": "*fp32", "int32": "*i32", "int64": "*i64",
+            "int8": "*i8", "uint8": "*u8"}
+_INSTR = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+_KEY_OPS = ("LDL", "STL", "MUFU", "HGMMA", "WARPGROUP", "FMUL", "FFMA", "FSEL", "FSETP", "FMNMX", "LOP3", "SHF", "SEL")
+
+
+def _bin(name: str) -> str:
+  return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+
+
+def compile_launch(plan: P.Plan, launch: P.Launch, arch: int):
+  """The compiled kernel of ``launch`` for ``sm_<arch>``, specialized as jax-triton specializes it."""
+  fn = launch.kernel
+  names = fn.arg_names
+  params = [n for n in names if n not in launch.constexprs]
+  values = list(launch.args) + [P.Ref(o) for o in launch.outputs]
+  if len(params) != len(values):
+    raise ValueError(f"{launch.name}: {len(params)} kernel parameters, {len(values)} plan arguments")
+  signature, constants, attrs = {}, {}, {}
+  for name, value in zip(params, values):
+    if isinstance(value, P.Ref):
+      signature[name] = _POINTER[plan.buffers[value.name].dtype]
+      attrs[(names.index(name),)] = [["tt.divisibility", 16]]
+    elif isinstance(value, float):
+      signature[name] = "fp32"
+    elif value == 1:  # jax-triton turns a scalar 1 into a constant
+      signature[name], constants[name] = "constexpr", 1
+    else:
+      signature[name] = "i32"
+  for name, value in launch.constexprs.items():
+    signature[name], constants[name] = "constexpr", value
+  return triton.compile(ASTSource(fn, signature, constants, attrs), target=GPUTarget("cuda", arch, 32),
+                        options=dict(num_warps=launch.num_warps, num_stages=launch.num_stages))
+
+
+def _opcode(text: str) -> str:
+  text = re.sub(r"^@!?U?P\w+\s+", "", text)  # predicate guard
+  return text.split()[0].split(".")[0]
+
+
+def sass_stats(kernel) -> dict:
+  """Registers, stack, shared memory, instruction count and the mix of every loop of a compiled kernel."""
+  with tempfile.TemporaryDirectory() as tmp:
+    path = os.path.join(tmp, "k.cubin")
+    with open(path, "wb") as f:
+      f.write(kernel.asm["cubin"])
+    usage = subprocess.run([_bin("cuobjdump"), "-res-usage", path], capture_output=True, text=True, check=True).stdout
+    sass = subprocess.run([_bin("cuobjdump"), "-sass", path], capture_output=True, text=True, check=True).stdout
+  res = re.search(r"REG:(\d+).*?STACK:(\d+)", usage, re.S)
+  instrs = [(int(m.group(1), 16), m.group(2)) for m in map(_INSTR.match, sass.splitlines()) if m]
+  loops = []
+  for addr, text in instrs:
+    target = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", text)
+    if target and int(target.group(1), 16) < addr:
+      body = collections.Counter(_opcode(t) for a, t in instrs if int(target.group(1), 16) <= a <= addr)
+      loops.append({"start": hex(int(target.group(1), 16)), "end": hex(addr), "instructions": sum(body.values()),
+                    "mix": {op: body[op] for op in _KEY_OPS if body[op]}})
+  total = collections.Counter(_opcode(t) for _, t in instrs)
+  return {"registers": int(res.group(1)), "stack_bytes": int(res.group(2)), "shared_bytes": kernel.metadata.shared,
+          "instructions": len(instrs), "mix": {op: total[op] for op in _KEY_OPS if total[op]},
+          "loops": [loop for loop in loops if loop["instructions"] >= 100], "sass": sass}
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--batch", type=int, default=1)
+  ap.add_argument("--seq", type=int, default=4096)
+  ap.add_argument("--heads", type=int, default=16)
+  ap.add_argument("--kv-heads", type=int, default=None)
+  ap.add_argument("--head-dim", type=int, default=128)
+  ap.add_argument("--causal", action="store_true")
+  ap.add_argument("--p-scale", default="block", choices=("block", "row"))
+  ap.add_argument("--fwd-config", default="", help='"field=int,...", as JQAT_ATTN_FWD_CONFIG')
+  ap.add_argument("--bwd-config", default="", help='"field=int,...", as JQAT_ATTN_BWD_CONFIG')
+  ap.add_argument("--arch", type=int, default=90, help="compute capability as an integer (90 = H100/H200)")
+  ap.add_argument("--kernels", default="fwd,bwd", help="which plans: fwd, bwd or both")
+  ap.add_argument("--sass-dir", default=None, help="also write each kernel's SASS there")
+  ap.add_argument("--json", default=None)
+  args = ap.parse_args(argv)
+  kh = args.kv_heads or args.heads
+  q = P.Tensor.dense((args.batch, args.seq, args.heads, args.head_dim), "bfloat16")
+  k = P.Tensor.dense((args.batch, args.seq, kh, args.head_dim), "bfloat16")
+  stats = P.Tensor.dense((args.batch, args.heads, args.seq), "float32")
+  opts = AttentionOptions(scale=args.head_dim ** -0.5, is_causal=args.causal, p_scale=args.p_scale)
+  target = P.Target((args.arch // 10, args.arch % 10))
+  fwd_cfg = P.kfwd.ForwardConfig(**{**vars(P.forward_config(args.head_dim)), **P.parse_config(args.fwd_config, "fwd")})
+  bwd_cfg = P.kbwd.BackwardConfig(**{**vars(P.backward_config(args.head_dim)),
+                                     **P.parse_config(args.bwd_config, "bwd")})
+  plans = []
+  if "fwd" in args.kernels:
+    plans.append(P.attention_forward(q, k, k, opts, target, config=fwd_cfg))
+  if "bwd" in args.kernels:
+    plans.append(P.attention_backward(q, q, k, k, q, stats, opts, target, config=bwd_cfg,
+                                      row_max=stats if args.p_scale == "row" else None))
+  report = {"args": vars(args), "kernels": {}}
+  for plan in plans:
+    for launch in plan.launches:
+      if "attention" not in launch.name:
+        continue
+      s = sass_stats(compile_launch(plan, launch, args.arch))
+      if args.sass_dir:
+        os.makedirs(args.sass_dir, exist_ok=True)
+        with open(os.path.join(args.sass_dir, launch.name + ".sass"), "w") as f:
+          f.write(s["sass"])
+      del s["sass"]
+      report["kernels"][launch.name] = {**s, "num_warps": launch.num_warps, "num_stages": launch.num_stages}
+      print(f"{launch.name}: {s['registers']} registers, {s['stack_bytes']} B stack, {s['shared_bytes']} B shared, "
+            f"{s['instructions']} instructions, {launch.num_warps} warps, {launch.num_stages} stages; {s['mix']}")
+      for loop in s["loops"]:
+        print(f"  loop {loop['start']}-{loop['end']}: {loop['instructions']} instructions/iteration {loop['mix']}")
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(report, f, indent=1)
+  return report
+
+
+if __name__ == "__main__":
+  main()
