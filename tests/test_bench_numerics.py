@@ -1,0 +1,112 @@
+"""benchmarks/numerics_modes.py: its tiled exact reference against jax.nn.dot_product_attention's autodiff."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import assert_close
+
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+
+
+def _load_numerics_modes():
+  """The script as a module; benchmarks/ is on sys.path (and its modules imported) only while it loads."""
+  path, modules = list(sys.path), set(sys.modules)
+  try:
+    spec = importlib.util.spec_from_file_location("bench_numerics_modes", os.path.join(BENCH, "numerics_modes.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+  finally:
+    sys.path[:] = path
+    for name in ("attention", "fastvideo", "_timing"):
+      if name not in modules:
+        sys.modules.pop(name, None)
+  return mod
+
+
+bench = _load_numerics_modes()
+
+
+def _inputs(b, tq, tk, n, kh, d, seed):
+  """q, d_out: [b, tq, n, d]; k, v: [b, tk, kh, d]; float32 (NumPy's generator: no per-op compiles)."""
+  rng = np.random.default_rng(seed)
+  q, do = (rng.standard_normal((b, tq, n, d), np.float32) for _ in range(2))
+  k, v = (rng.standard_normal((b, tk, kh, d), np.float32) for _ in range(2))
+  return 3 * q, k, v, do  # logits ~ N(0, 9): peaked rows as well as diffuse ones
+
+
+@functools.partial(jax.jit, static_argnums=4)
+def _autodiff(q, k, v, do, causal):
+  f = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="xla")
+  out, vjp = jax.vjp(f, q, k, v)
+  return out, vjp(do)
+
+
+@functools.partial(jax.jit, static_argnums=4)
+def _autodiff_dense(q, k, v, do, causal):
+  """Plain softmax attention by autodiff in the inputs' dtype (jax.nn.dot_product_attention computes its
+  softmax in FP32 even for FP64 inputs); k, v: one KV head per query head's group, repeated here."""
+  g = q.shape[2] // k.shape[2]
+
+  def f(q, k, v):
+    k, v = jnp.repeat(k, g, axis=2), jnp.repeat(v, g, axis=2)
+    s = jnp.einsum("bqnd,bknd->bnqk", q, k) / np.sqrt(q.shape[-1])
+    if causal:
+      s = jnp.where(jnp.tril(jnp.ones(s.shape[-2:], bool)), s, -jnp.inf)
+    return jnp.einsum("bnqk,bknd->bqnd", jax.nn.softmax(s, axis=-1), v)
+
+  out, vjp = jax.vjp(f, q, k, v)
+  return out, vjp(do)
+
+
+def test_tiled_reference_float32_matches_autodiff():
+  # GQA, causal, Tq odd and not a multiple of block_q (padded rows), three blocks.
+  q, k, v, do = _inputs(b=2, tq=37, tk=37, n=4, kh=2, d=16, seed=0)
+  want_o, want = _autodiff(q, k, v, do, True)
+  got_o, got = bench.exact_attention_vjp(q, k, v, do, is_causal=True, block_q=16, dtype=jnp.float32)
+  # Both FP32 with exact (HIGHEST) products; they differ in summation order and in where the softmax
+  # normalizes (before P @ V here), so a few ulps; a wrong mask, block offset or delta moves the result by O(1).
+  for name, g, w in zip(("out", "dq", "dk", "dv"), (got_o, *got), (want_o, *want)):
+    assert g.dtype == jnp.float32 and g.shape == w.shape
+    assert_close(g, w, rel=2e-6, name=name)
+
+
+def test_tiled_reference_float64_matches_autodiff():
+  # MQA, not causal, Tq != Tk, Tq a multiple of block_q.
+  q, k, v, do = _inputs(b=1, tq=40, tk=24, n=2, kh=1, d=32, seed=1)
+  with jax.enable_x64(True):
+    want_o, want = _autodiff_dense(*(x.astype(np.float64) for x in (q, k, v, do)), False)
+  got_o, got = bench.exact_attention_vjp(q, k, v, do, is_causal=False, block_q=8)
+  # The reference computes in FP64 and rounds once to FP32 on the way out: within FP32's half ulp.
+  for name, g, w in zip(("out", "dq", "dk", "dv"), (got_o, *got), (want_o, *want)):
+    assert g.dtype == jnp.float32 and g.shape == w.shape
+    assert_close(g, w, rel=1e-7, name=name)
+
+
+def test_bad_shapes_and_dtype_are_named():
+  q = jnp.zeros((1, 8, 4, 16))
+  k = jnp.zeros((1, 8, 3, 16))
+  with pytest.raises(ValueError, match="key, value"):
+    bench.exact_attention_vjp(q, k, k, q, is_causal=False)
+  with pytest.raises(ValueError, match="d_out"):
+    bench.exact_attention_vjp(q, q, q, q[:, :4], is_causal=False)
+  with pytest.raises(ValueError, match="dtype"):
+    bench.exact_attention_vjp(q, q, q, q, is_causal=False, dtype=jnp.bfloat16)
+
+
+def test_cli_choices():
+  args = bench.parse_args(
+    ["--lengths", "64,128", "--p-scales", "row", "--smooth-k", "yes", "--qkv-scales", "block,tensor"]
+  )
+  assert args.lengths == [64, 128] and args.p_scales == ["row"] and args.smooth_k == [True]
+  assert args.qkv_scales == ["block", "tensor"] and args.reference_dtype == "float64"
+  for argv in (["--lengths", "0"], ["--p-scales", "rows"], ["--smooth-k", ""], ["--qkv-scales", "tensor,x"]):
+    with pytest.raises(SystemExit, match=argv[0]):
+      bench.parse_args(argv)
