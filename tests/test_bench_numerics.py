@@ -1,4 +1,5 @@
-"""benchmarks/numerics_modes.py: its tiled exact reference against jax.nn.dot_product_attention's autodiff."""
+"""benchmarks/numerics_modes.py's tiled exact reference (against autodiff) and benchmarks/attention.py's plan-based
+memory accounting (against arithmetic on the shapes)."""
 
 from __future__ import annotations
 
@@ -16,11 +17,11 @@ from conftest import assert_close
 BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
 
 
-def _load_numerics_modes():
-  """The script as a module; benchmarks/ is on sys.path (and its modules imported) only while it loads."""
+def _load_bench(name):
+  """A benchmarks/ script as a module; benchmarks/ is on sys.path (and its modules imported) only while it loads."""
   path, modules = list(sys.path), set(sys.modules)
   try:
-    spec = importlib.util.spec_from_file_location("bench_numerics_modes", os.path.join(BENCH, "numerics_modes.py"))
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", os.path.join(BENCH, f"{name}.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
   finally:
@@ -31,7 +32,8 @@ def _load_numerics_modes():
   return mod
 
 
-bench = _load_numerics_modes()
+bench = _load_bench("numerics_modes")
+attention_bench = _load_bench("attention")
 
 
 def _inputs(b, tq, tk, n, kh, d, seed):
@@ -110,3 +112,35 @@ def test_cli_choices():
   for argv in (["--lengths", "0"], ["--p-scales", "rows"], ["--smooth-k", ""], ["--qkv-scales", "tensor,x"]):
     with pytest.raises(SystemExit, match=argv[0]):
       bench.parse_args(argv)
+
+
+def test_memory_accounting_matches_the_shapes():
+  b, n, s, d = 2, 4, 48, 64
+  e, r = b * s * n * d * 2, b * n * s * 4  # one bf16 [B, S, N, D] tensor, one f32 [B, N, S] statistic
+  acct = attention_bench.memory_accounting(b, n, s, d)
+  names = lambda kind: [t["name"] for t in acct[kind]]
+  total = lambda kind: sum(t["bytes"] for t in acct[kind])
+  assert names("inputs") == ["q", "k", "v"] and total("inputs") == 3 * e
+  assert names("outputs") == ["loss", "dq", "dk", "dv"] and total("outputs") == 4 + 3 * e
+  assert names("residuals") == ["o_hp", "lse"] and total("residuals") == e + r
+  # Today's plans: fake-quantize scratch in both directions, delta in the backward. A plan that drops a
+  # buffer (e.g. fq fused into the kernels) changes these lists, and the remedies printed with them.
+  assert sorted(names("forward_transients")) == ["k_hat", "o", "v_hat"] and total("forward_transients") == 3 * e
+  assert sorted(names("backward_transients")) == ["delta", "do", "k_hat", "q_hat", "v_hat"]
+  assert total("backward_transients") == 4 * e + r
+  base = 7 * e + r + 4
+  assert acct["base"] == base and acct["forward_peak"] == 7 * e + r and acct["backward_peak"] == 11 * e + 2 * r + 4
+  assert acct["predicted_ratio"] == (11 * e + 2 * r + 4) / base
+  assert acct["without"]["fq copies"]["ratio"] == (8 * e + 2 * r + 4) / base
+  row = attention_bench.memory_accounting(b, n, s, d, p_scale="row")
+  assert [t["name"] for t in row["residuals"]] == ["o_hp", "lse", "row_max"] and row["base"] == base + r
+
+
+def test_memory_accounting_names_what_breaks_the_budget():
+  """At issue 13's shape the plans predict 1.57x; only the backward's fq copies bring it within 1.2x."""
+  acct = attention_bench.memory_accounting(*attention_bench.MEMORY_SHAPE)
+  assert 1.5 < acct["predicted_ratio"] < 1.6
+  within = [g for g, w in acct["without"].items() if w["ratio"] <= attention_bench.MEMORY_BUDGET]
+  assert within == ["fq copies"]
+  text = "\n".join(attention_bench.format_accounting(acct))
+  assert "q_hat" in text and "1.572x" in text and "within 1.2x" in text
