@@ -15,7 +15,7 @@ Inputs: Q, K, V, dO ~ N(0, 1), D = 128, scale 1/sqrt(D) (diffuse rows: logits ~ 
 dV's error grows with T (fq(P) mostly 0); under "row" it should stay near dQ's and dK's. A mode the Triton
 path refuses (e.g. qkv_scale="tensor" before its kernels exist) prints its reason and the run goes on.
 ``--implementation xla`` runs jqat's XLA reference instead: a CPU dry run of the whole script at small sizes.
-Prints a table and writes JSON.
+Prints a table and writes JSON and a plot (matplotlib, when installed).
 """
 
 from __future__ import annotations
@@ -111,6 +111,8 @@ def exact_attention_vjp(query, key, value, d_out, *, is_causal, scale=None, bloc
     raise ValueError(f"key, value must be [B={b}, Tk, K, D={d}] with N={n} % K == 0, got {key.shape}, {value.shape}")
   if d_out.shape != query.shape:
     raise ValueError(f"d_out must have query's shape {query.shape}, got {d_out.shape}")
+  if not isinstance(block_q, int) or block_q < 1:
+    raise ValueError(f"block_q must be a positive int, got {block_q!r}")
   if jnp.dtype(dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.float64)):
     raise ValueError(f"dtype must be float32 or float64, got {dtype}")
   wide = jnp.dtype(dtype) == jnp.dtype(jnp.float64)
@@ -264,6 +266,39 @@ def main(argv=None):
     ", ".join(f"T={r['t']} causal={r['causal']}: {r['seconds_incl_compile']:.1f}" for r in result["references"]),
   )
   print("wrote", args.out)
+  try:
+    _plot(rows, os.path.splitext(args.out)[0] + ".png")
+  except ImportError:
+    print("matplotlib not installed: no plot")
+
+
+def _plot(rows, path):
+  """One panel per output (O, dQ, dK, dV): relative error vs exact against T, a line per mode and causality."""
+  import matplotlib  # noqa: PLC0415  (optional)
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # noqa: PLC0415
+
+  done = [r for r in rows if "error" not in r]
+  modes = sorted({(r["causal"], r["p_scale"], r["smooth_k"], r["qkv_scale"]) for r in done})
+  fig, axes = plt.subplots(1, 4, figsize=(16, 4), sharey=True)
+  for ax, (key, title) in zip(axes, (("err_o", "O"), ("err_dq", "dQ"), ("err_dk", "dK"), ("err_dv", "dV"))):
+    for causal, p_scale, smooth_k, qkv_scale in modes:
+      pts = sorted(
+        (r["t"], r[key])
+        for r in done
+        if (r["causal"], r["p_scale"], r["smooth_k"], r["qkv_scale"]) == (causal, p_scale, smooth_k, qkv_scale)
+      )
+      label = f"{'causal' if causal else 'full'} p={p_scale}{' smoothK' if smooth_k else ''} qkv={qkv_scale}"
+      ax.plot(*zip(*pts), marker="o", linestyle="--" if causal else "-", label=label)
+    ax.set_title(f"{title}: rel. error vs exact")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("T")
+  axes[0].set_ylabel("relative Frobenius error")
+  axes[-1].legend(fontsize=6)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  print("wrote", path)
 
 
 if __name__ == "__main__":

@@ -102,6 +102,8 @@ def test_bad_shapes_and_dtype_are_named():
     bench.exact_attention_vjp(q, k, k, q, is_causal=False)
   with pytest.raises(ValueError, match="d_out"):
     bench.exact_attention_vjp(q, q, q, q[:, :4], is_causal=False)
+  with pytest.raises(ValueError, match="block_q"):
+    bench.exact_attention_vjp(q, q, q, q, is_causal=False, block_q=0)
   with pytest.raises(ValueError, match="dtype"):
     bench.exact_attention_vjp(q, q, q, q, is_causal=False, dtype=jnp.bfloat16)
 
@@ -115,6 +117,17 @@ def test_cli_choices():
   for argv in (["--lengths", "0"], ["--p-scales", "rows"], ["--smooth-k", ""], ["--qkv-scales", "tensor,x"]):
     with pytest.raises(SystemExit, match=argv[0]):
       bench.parse_args(argv)
+
+
+def test_plot_skips_rows_without_measurements(tmp_path):
+  pytest.importorskip("matplotlib")
+  mode = dict(heads=2, head_dim=64, smooth_k=False, qkv_scale="block")
+  err = dict(err_o=0.1, err_dq=0.2, err_dk=0.2, err_dv=0.5, fwd_bwd_ms=1.0)
+  rows = [dict(t=t, causal=c, p_scale="block", **mode, **err) for t in (64, 128) for c in (False, True)]
+  rows.append(dict(t=64, causal=False, p_scale="row", **dict(mode, qkv_scale="tensor"), error="RuntimeError: no"))
+  path = tmp_path / "n.png"
+  bench._plot(rows, str(path))
+  assert path.stat().st_size > 1000
 
 
 def test_memory_accounting_matches_the_shapes():
