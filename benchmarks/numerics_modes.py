@@ -9,8 +9,8 @@ benchmarks/attention.py); and the relative Frobenius error of its O, dQ, dK, dV 
 attention on the same BF16 inputs. The exact reference (:func:`exact_attention_vjp`) is tiled over query
 blocks of 256, so (1, 16384, 16, 128) needs about 4.8 GB in FP64 (XLA's buffer sizes: 3.5 GB of temporaries)
 instead of the 48 GB of full [N, T, T] FP32 scores; it runs in FP64 by default (``--reference-dtype float32``:
-FP32 with HIGHEST matmul precision, no TF32; half the memory). SmoothK does not
-change exact attention, so one reference serves every mode of a (T, causal).
+FP32 with HIGHEST matmul precision, no TF32; half the memory). SmoothK does not change exact attention (a
+shift of all keys moves a row's scores by one constant), so one reference serves every mode of a (T, causal).
 Inputs: Q, K, V, dO ~ N(0, 1), D = 128, scale 1/sqrt(D) (diffuse rows: logits ~ N(0, 1)). Under "block"
 dV's error grows with T (fq(P) mostly 0); under "row" it should stay near dQ's and dK's. A mode the Triton
 path refuses (e.g. qkv_scale="tensor" before its kernels exist) prints its reason and the run goes on.
