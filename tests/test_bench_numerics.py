@@ -29,9 +29,9 @@ def _load_bench(name):
     spec.loader.exec_module(mod)
   finally:
     sys.path[:] = path
-    for name in ("attention", "fastvideo", "_timing"):
-      if name not in modules:
-        sys.modules.pop(name, None)
+    for imported in ("attention", "fastvideo", "_timing"):
+      if imported not in modules:
+        sys.modules.pop(imported, None)
   return mod
 
 
