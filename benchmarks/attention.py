@@ -3,6 +3,7 @@ FastVideo's Triton Attn-QAT training kernels (paper flags) and the XLA reference
 
   python benchmarks/attention.py --out attention.json [--shapes quick|full] [--memory]
       [--fastvideo-sdist PATH] [--fastvideo-sha256 HEX] [--fastvideo-shapes all|none|0,3,...]
+  python benchmarks/attention.py --memory-only --out memory.json
 
 Times are medians over repeats of ``iters`` back-to-back calls, synchronized at
 the end (JAX dispatch is asynchronous, so launch overhead is hidden behind the
@@ -15,6 +16,10 @@ forward; torch forwards run under ``torch.no_grad``. FastVideo comes from the
 ``fastvideo-kernel`` sdist at run time (benchmarks/fastvideo.py; default
 ``.device/fastvideo_kernel-*.tar.gz``); without it, or on any failure, or for
 GQA (unsupported there), its column prints "-" and the reason.
+
+Memory (issue #13 item 4, ``--memory-only``): ``jax.value_and_grad`` through causal (1, 8, 65536, 128)
+jqat attention, its measured peak (``peak_bytes_in_use``) against inputs + outputs + residuals, with every
+buffer of the forward and backward listed from the launch plans (:func:`memory_accounting`).
 """
 
 from __future__ import annotations
@@ -189,28 +194,171 @@ def bench_shape(b, n, kh, s, d, causal, iters, repeats, sdpa=None, fv=None):
   return row
 
 
-def memory_check(b=1, n=8, s=65536, d=128):
-  """O(N) memory: fwd+bwd at a length where any [S, S] buffer would need >= 17 GB per head."""
-  ks = jax.random.split(jax.random.key(0), 3)
-  q, k, v = (jax.random.normal(kk, (b, s, n, d), jnp.float32).astype(jnp.bfloat16) for kk in ks)
-  loss = lambda q, k, v: jnp.sum(jqat.attention(q, k, v, is_causal=True, implementation="triton").astype(jnp.float32))
-  g = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
-  t0 = time.perf_counter()
-  out = g(q, k, v)
-  jax.block_until_ready(out)
-  finite = all(bool(jnp.isfinite(x.astype(jnp.float32)).all()) for x in out)
-  stats = jax.devices()[0].memory_stats() or {}
-  return dict(
-    B=b,
-    N=n,
-    S=s,
-    D=d,
-    causal=True,
-    seconds_incl_compile=time.perf_counter() - t0,
-    finite=finite,
-    peak_gpu_bytes=stats.get("peak_bytes_in_use"),
-    inputs_bytes=3 * q.size * 2,
+MEMORY_SHAPE = (1, 8, 65536, 128)  # (B, N, S, D), causal: issue #13 item 4
+MEMORY_BUDGET = 1.2  # peak within 1.2x of inputs + outputs + residuals
+# What would remove a backward transient, by buffer (the sizes come from the plans; these are the reasons).
+_REMEDIES = {
+  "fq copies": "fq(Q), fq(K), fq(V) are written by fake-quantize launches before the dQ and dK/dV kernels; "
+  "quantizing each tile as those kernels load it (as the forward kernel already does for Q: QUANTIZE_Q) removes "
+  "them",
+  "do": "the cotangent of sum(O): a broadcast of ones that XLA materializes because a custom call takes buffers; "
+  "a training loss's dO is a real array, part of the caller's graph",
+  "delta": "rowsum(O' * dO), computed by its own launch; the dQ kernel could compute it per query block",
+}
+
+
+def _buffer(name, t):
+  return dict(name=name, shape=list(t.shape), dtype=t.dtype, bytes=t.size * jnp.dtype(t.dtype).itemsize)
+
+
+def _total(buffers):
+  return sum(x["bytes"] for x in buffers)
+
+
+def memory_accounting(b, n, s, d, causal=True, p_scale="block"):
+  """What ``jax.value_and_grad`` of ``sum(jqat.attention(q, k, v))`` (Triton) holds on the GPU, buffer by buffer.
+
+  Computed from the launch plans the Triton path executes (``jqat.ffi.plan``), not typed in. q, k, v:
+  [b, s, n, d] bf16 (MHA). The custom VJP saves (q, k, v, O', lse[, row_max]) (jqat/_src/attention.py).
+  Returns a dict of buffer lists (each ``{name, shape, dtype, bytes}``):
+    inputs: q, k, v; outputs: the loss (f32 scalar) and dq, dk, dv; residuals: the saved forward outputs
+    that are not inputs (O', lse, row_max with p_scale="row");
+    forward_transients: the forward plan's scratch (fq(K), fq(V)) and O, which only the loss reads;
+    backward_transients: dO (the cotangent XLA materializes for the backward's custom calls) and the
+    backward plan's scratch (fq(Q), fq(K), fq(V), delta).
+  and bytes: ``base`` = inputs + outputs + residuals; ``forward_peak`` (inputs, forward scratch and
+  outputs, live at the forward kernel) and ``backward_peak`` (inputs, residuals, backward transients and
+  outputs, all live at the last launch, dK/dV, which reads every scratch buffer); ``predicted_peak``, their
+  max, and ``predicted_ratio`` = predicted_peak / base; ``without``: per group of backward transients
+  (``_REMEDIES``), the backward peak and ratio without it, and why it exists.
+  """
+  from jqat.ffi import plan as plans  # noqa: PLC0415  (imports triton: only where the check runs)
+  from jqat.ffi.options import AttentionOptions  # noqa: PLC0415
+
+  opts = AttentionOptions(scale=d**-0.5, is_causal=causal, p_scale=p_scale)
+  target = plans.Target(compute_capability=(9, 0))  # flags only; the buffers do not depend on the GPU
+  x = plans.Tensor.dense((b, s, n, d), "bfloat16")
+  fwd = plans.attention_forward(x, x, x, opts, target)
+  res = [name for name in fwd.outputs if name != "o"]  # O is the primal output; the others are saved
+  bwd = plans.attention_backward(
+    fwd.buffers["o"], x, x, x, fwd.buffers["o_hp"], fwd.buffers["lse"], opts, target, row_max=fwd.buffers.get("row_max")
   )
+  acct = dict(
+    shape=dict(B=b, N=n, S=s, D=d, causal=causal, p_scale=p_scale),
+    inputs=[_buffer(name, fwd.buffers[name]) for name in fwd.inputs],
+    outputs=[_buffer("loss", plans.Tensor.dense((), "float32"))] + [_buffer(o, bwd.buffers[o]) for o in bwd.outputs],
+    residuals=[_buffer(name, fwd.buffers[name]) for name in res],
+    forward_transients=[_buffer(name, fwd.buffers[name]) for name in fwd.scratch + ("o",)],
+    backward_transients=[_buffer("do", bwd.buffers["do"])] + [_buffer(name, bwd.buffers[name]) for name in bwd.scratch],
+  )
+  base = _total(acct["inputs"]) + _total(acct["outputs"]) + _total(acct["residuals"])
+  fwd_peak = _total(acct["inputs"]) + _total(acct["forward_transients"]) + _total(acct["residuals"])
+  bwd_peak = base + _total(acct["backward_transients"])
+  groups = {"fq copies": [t for t in acct["backward_transients"] if t["name"].endswith("_hat")]}
+  groups.update({t["name"]: [t] for t in acct["backward_transients"] if not t["name"].endswith("_hat")})
+  without = {}
+  for group, bufs in groups.items():
+    if bufs:
+      peak = max(fwd_peak, bwd_peak - _total(bufs))
+      without[group] = dict(
+        names=[t["name"] for t in bufs],
+        bytes=_total(bufs),
+        predicted_peak=peak,
+        ratio=peak / base,
+        why=_REMEDIES.get(group, ""),
+      )
+  acct.update(
+    base=base,
+    forward_peak=fwd_peak,
+    backward_peak=bwd_peak,
+    predicted_peak=max(fwd_peak, bwd_peak),
+    predicted_ratio=max(fwd_peak, bwd_peak) / base,
+    without=without,
+  )
+  return acct
+
+
+def format_accounting(acct, budget=MEMORY_BUDGET):
+  """The accounting of :func:`memory_accounting` as lines a person can read (MB = 1e6 bytes)."""
+  mb = lambda v: f"{v / 1e6:10.2f} MB"
+  lines = []
+  for kind in ("inputs", "outputs", "residuals", "forward_transients", "backward_transients"):
+    lines.append(f"{kind} ({mb(_total(acct[kind])).strip()}):")
+    lines += [f"  {t['name']:<8} {str(tuple(t['shape'])):<22} {t['dtype']:<9} {mb(t['bytes'])}" for t in acct[kind]]
+  base = acct["base"]
+  lines.append(f"inputs + outputs + residuals: {mb(base).strip()}; budget {budget}x = {mb(budget * base).strip()}")
+  lines.append(
+    f"predicted peak: forward {mb(acct['forward_peak']).strip()}, backward {mb(acct['backward_peak']).strip()}"
+    f" = {acct['predicted_ratio']:.3f}x"
+  )
+  for group, w in acct["without"].items():
+    verdict = "within" if w["ratio"] <= budget else "still over"
+    lines.append(
+      f"  without {group} ({', '.join(w['names'])}; {mb(w['bytes']).strip()}): {w['ratio']:.3f}x, {verdict} "
+      f"{budget}x. {w['why']}"
+    )
+  return lines
+
+
+def memory_check(shape=MEMORY_SHAPE, causal=True):
+  """``jax.value_and_grad`` through causal jqat.attention at a length where any [S, S] buffer would need >= 17 GB
+  per head: the measured peak (``peak_bytes_in_use``, meaningful in a process that ran nothing bigger before:
+  ``--memory-only``), XLA's own buffer sizes for the program and the plan-based :func:`memory_accounting`."""
+  b, n, s, d = shape
+  acct = memory_accounting(b, n, s, d, causal)
+  dev = jax.devices()[0]
+  if dev.platform != "gpu":  # the accounting alone (a dry run): nothing to measure without the kernels
+    return dict(accounting=acct, not_measured=f"the default JAX device is {dev.platform}, not a GPU")
+  # bf16 straight from the generator, one array at a time: no f32 copy raises the peak before the check.
+  make = jax.jit(lambda key: jax.random.normal(key, (b, s, n, d), jnp.bfloat16))
+  q, k, v = (make(kk) for kk in jax.random.split(jax.random.key(0), 3))
+  jax.block_until_ready((q, k, v))
+  before = dev.memory_stats() or {}
+  loss = lambda q, k, v: jnp.sum(jqat.attention(q, k, v, is_causal=causal, implementation="triton").astype(jnp.float32))
+  t0 = time.perf_counter()
+  compiled = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))).lower(q, k, v).compile()
+  value, grads = compiled(q, k, v)
+  jax.block_until_ready(grads)
+  seconds = time.perf_counter() - t0
+  stats = dev.memory_stats() or {}
+  xla = compiled.memory_analysis()
+  xla_sizes = {
+    key: getattr(xla, f"{key}_size_in_bytes", None) for key in ("argument", "output", "temp", "alias", "generated_code")
+  }
+  peak = stats.get("peak_bytes_in_use")
+  return dict(
+    accounting=acct,
+    seconds_incl_compile=seconds,
+    finite=bool(jnp.isfinite(value)) and all(bool(jnp.isfinite(g).all()) for g in grads),
+    bytes_in_use_before=before.get("bytes_in_use"),
+    peak_bytes_before=before.get("peak_bytes_in_use"),
+    peak_bytes=peak,
+    measured_ratio=None if peak is None else peak / acct["base"],
+    xla_memory_analysis=xla_sizes,
+  )
+
+
+def report_memory(m, budget=MEMORY_BUDGET):
+  """Prints :func:`memory_check`'s result."""
+  print("\n".join(format_accounting(m["accounting"], budget)))
+  if "not_measured" in m:
+    print("measured peak: -", m["not_measured"])
+    return
+  xla = m["xla_memory_analysis"]
+  print(
+    f"XLA buffer assignment: arguments {xla['argument']}, outputs {xla['output']}, temporaries {xla['temp']}, "
+    f"aliased {xla['alias']} bytes"
+  )
+  print(f"before the call: {m['bytes_in_use_before']} bytes in use, peak so far {m['peak_bytes_before']}")
+  if m["peak_bytes"] is None:
+    print("measured peak: - (the device reports no memory_stats)")
+  else:
+    verdict = "within" if m["measured_ratio"] <= budget else "OVER"
+    print(
+      f"measured peak (peak_bytes_in_use): {m['peak_bytes'] / 1e6:.2f} MB = {m['measured_ratio']:.3f}x of inputs "
+      f"+ outputs + residuals: {verdict} {budget}x; gradients finite: {m['finite']}; "
+      f"{m['seconds_incl_compile']:.1f} s incl. compile"
+    )
 
 
 def _torch_status():
@@ -249,6 +397,16 @@ def _parse_indices(text, count):
   return idx
 
 
+def _parse_memory_shape(text):
+  try:
+    shape = tuple(int(t) for t in text.split(","))
+  except ValueError:
+    shape = ()
+  if len(shape) != 4 or min(shape) < 1 or shape[3] % 16:
+    raise SystemExit(f"--memory-shape: expected B,N,S,D (positive integers, D % 16 == 0), got {text!r}")
+  return shape
+
+
 def _ms(r, key):
   v = r.get(f"{key}_ms")
   return f"{v:.3f}" if v is not None else "-"
@@ -265,7 +423,21 @@ def main():
   )
   ap.add_argument("--iters", type=int, default=10)
   ap.add_argument("--repeats", type=int, default=5)
-  ap.add_argument("--memory", action="store_true", help="also run the (1, 8, 65536, 128) O(N) memory check")
+  ap.add_argument(
+    "--memory",
+    action="store_true",
+    help="also run the (1, 8, 65536, 128) causal memory check after the rows (its peak then includes theirs)",
+  )
+  ap.add_argument(
+    "--memory-only",
+    action="store_true",
+    help="run only the memory check, in a process that allocated nothing before it: the measured peak is its own",
+  )
+  ap.add_argument(
+    "--memory-shape",
+    default=",".join(map(str, MEMORY_SHAPE)),
+    help="B,N,S,D of the memory check (causal, MHA); issue #13 asks for the default",
+  )
   ap.add_argument(
     "--fastvideo-sdist",
     default=None,
@@ -283,6 +455,18 @@ def main():
     "the FastVideo column (each autotunes on its first call)",
   )
   args = ap.parse_args()
+  memory_shape = _parse_memory_shape(args.memory_shape)
+  if args.memory_only:
+    result = {
+      "device": str(jax.devices()[0].device_kind),
+      "jax": jax.__version__,
+      "memory_check": memory_check(memory_shape),
+    }
+    report_memory(result["memory_check"])
+    with open(args.out, "w") as f:
+      json.dump(result, f, indent=1)
+    print("wrote", args.out)
+    return
   shapes = FULL if args.shapes == "full" else QUICK
   fv_rows = _parse_indices(args.fastvideo_shapes, len(shapes))
   rows = []
@@ -329,8 +513,9 @@ def main():
         print(f"   {key}: {r[key]}")
       save()
   if args.memory:
-    result["memory_check"] = memory_check()
-    print("memory check:", result["memory_check"])
+    result["memory_check"] = dict(memory_check(memory_shape), peak_includes_earlier_rows=True)
+    report_memory(result["memory_check"])
+    print("(this peak includes the rows above; --memory-only measures the check alone)")
     save()
   print("wrote", args.out)
   try:
