@@ -127,3 +127,18 @@ def test_fidelity_table_on_cpu(tmp_path):
       assert r["dq_ste"] == r["dq_exact"] and max(errs) < 1e-2, r
     else:
       assert max(errs) < 1.0, r  # a swapped or misaligned gradient would be ~1 or more
+
+
+@pytest.mark.gpu
+def test_fidelity_table_on_gpu_triton(tmp_path):
+  """The Triton kernels at T = 1024 (several KV tiles): BF16 and Attn-QAT's dQ, dK near their references."""
+  cfg = train_lm.CONFIGS["tiny"]
+  path = str(tmp_path / "ckpt.npz")
+  train_lm.save_checkpoint(path, train_lm.make_model(cfg, {}), cfg)
+  rows = grad_fidelity.main(["--checkpoint", path, "--lengths", "1024", "--implementation", "triton",
+                             "--out", str(tmp_path / "fidelity.json")])
+  by = {r["variant"]: r for r in rows}
+  # BF16 roundings (outputs, the dS operand; 2^-9 relative each) and exp2's last bit, as on the CPU.
+  assert max(by["1 bf16"][f"{g}_exact"] for g in ("dq", "dk", "dv")) < 1e-2, by["1 bf16"]
+  for name in ("4 attn-qat", "5 +smoothk", "6 +two-level-p", "8 -fq-p-bwd"):
+    assert max(by[name]["dq_ste"], by[name]["dk_ste"]) < 1e-2, by[name]  # dS keeps the unquantized P
