@@ -12,7 +12,7 @@ import train_lm  # noqa: E402
 from conftest import assert_close
 
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
-TESTED_ROWS = ["bf16", "bf16-cont", "fp4", "sage3", "attn-qat"]
+TESTED_ROWS = ["bf16", "bf16-cont", "fp4", "attn-qat"]
 
 
 @pytest.fixture(scope="module")
