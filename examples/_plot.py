@@ -71,7 +71,7 @@ def ablation_curves(seed_results: list[dict], merged: dict, path: str):
   for i, k in enumerate(k for k, r in merged["rows"].items() if not r["trains"]):
     s = merged["rows"][k]["val_loss"]
     ax.errorbar([0], [s["mean"]], yerr=[[s["mean"] - s["min"]], [s["max"] - s["mean"]]], fmt="x", capsize=3,
-                color=colors[(len(trained) + i) % len(colors)], label=f"{label(k)} (evaluated)")
+                color=colors[(len(trained) + i) % len(colors)], label=label(k))
   axes[1][1].legend(fontsize=7)
   axes[0][1].legend(fontsize=8)
   fig.suptitle(f"Attn-QAT ablation, profile {merged['profile']} ({spread})")

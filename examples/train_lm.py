@@ -476,12 +476,13 @@ def format_table(merged: dict) -> str:
   control = merged["rows"].get("bf16-cont", {"val_loss": {"mean": math.nan}})["val_loss"]["mean"]
   fmt = lambda s: "-" if s is None else f"{s['mean']:.3f}"
   lines = [f"seeds {merged['seeds']}; val loss in nats/byte: mean +- std [min, max]",
-           f"{'row':<4} {'run':<44} {'val loss':>26} {'- control':>9} {'bits/byte':>9} {'final |g|':>9} "
+           f"{'row':<4} {'run':<44} {'val loss':>34} {'- control':>9} {'bits/byte':>9} {'final |g|':>9} "
            f"{'max |g|':>9} {'ms/step':>8}"]
   for r in merged["rows"].values():
     v = r["val_loss"]
     loss = f"{v['mean']:.4f} +- {v['std']:.4f} [{v['min']:.4f}, {v['max']:.4f}]"
-    lines.append(f"{r['paper_row']:<4} {r['description']:<44} {loss:>26} {v['mean'] - control:>+9.4f} "
+    diff = "-" if math.isnan(control) else f"{v['mean'] - control:+.4f}"
+    lines.append(f"{r['paper_row']:<4} {r['description']:<44} {loss:>34} {diff:>9} "
                  f"{r['bits_per_byte']['mean']:>9.4f} {fmt(r['final_grad_norm']):>9} {fmt(r['max_grad_norm']):>9} "
                  f"{fmt(r['step_ms']):>8}")
   return "\n".join(lines)
