@@ -1,5 +1,5 @@
 # Two entry points, each doing its own set-up on a fresh machine:
-#   make demo   - the training demo (examples/train_lm.py)
+#   make demo   - the training demo (examples/train_lm.py; installs the demo extra: matplotlib)
 #   make test   - the test suite (CPU tests always; GPU tests when a GPU is present), as two pytest
 #                 processes side by side (tests/run_in_shards.py); ARGS pass through to pytest
 #   make lint   - ruff (config in pyproject.toml)
@@ -17,7 +17,12 @@ $(VENV)/.installed-$(REQS): pyproject.toml $(REQS)
 	$(PY) -m pip install -q --no-deps -e .
 	touch $@
 
-demo: $(VENV)/.installed-$(REQS)
+# The demo's extra (matplotlib for its figure) on top of the test environment.
+$(VENV)/.installed-demo: $(VENV)/.installed-$(REQS)
+	$(PY) -m pip install -q -e '.[demo]'
+	touch $@
+
+demo: $(VENV)/.installed-demo
 	$(PY) examples/train_lm.py $(ARGS)
 
 test: $(VENV)/.installed-$(REQS)
