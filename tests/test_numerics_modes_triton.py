@@ -281,3 +281,47 @@ def test_row_torch_cuda_matches_cpu_gpu():
     res[device] = [_np(t) for t in (out, *(x.grad for x in leaves))]
   for name, a, e in zip(("O", "dQ", "dK", "dV"), res["cuda"], res["cpu"]):
     assert_close(a, e, rel=BOUNDS[name], name=name)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("p_scale", ["block", "row"])
+def test_tensor_triton_matches_xla_gpu(p_scale):
+  """The public API on the GPU with qkv_scale="tensor" (GQA, causal, lengths, Q past 2688 and K below the block
+  floor): forward outputs, explicit backward and vjp, Triton against XLA."""
+  ks = jax.random.split(jax.random.key(1), 4)
+  q = jax.random.normal(ks[0], (2, 1000, 8, 128), jnp.bfloat16) * 3e3
+  k = jax.random.normal(ks[1], (2, 1000, 2, 128), jnp.bfloat16) * 1e-4
+  v = jax.random.normal(ks[2], (2, 1000, 2, 128), jnp.bfloat16)
+  do = jax.random.normal(ks[3], q.shape, jnp.bfloat16)
+  kw = dict(scale=128**-0.5 * 3e-3, is_causal=True, p_scale=p_scale, qkv_scale="tensor",
+            query_seq_lengths=jnp.array([1000, 611]), key_value_seq_lengths=jnp.array([873, 1000]))
+  res = {}
+  for impl in ("triton", "xla"):
+    fwd = jqat.attention_forward(q, k, v, implementation=impl, **kw)
+    grads = jqat.attention_backward(do, q, k, v, fwd[1], fwd[2], implementation=impl,
+                                    row_max=fwd[3] if p_scale == "row" else None, **kw)
+    vjp = jax.vjp(lambda q, k, v, impl=impl: jqat.attention(q, k, v, implementation=impl, **kw), q, k, v)[1](do)
+    res[impl] = [np.asarray(jnp.asarray(x, jnp.float32), np.float64) for x in (*fwd, *grads, *vjp)]
+  names = [n for n in NAMES if p_scale == "row" or n != "row_max"]
+  got, ref = (dict(zip(names + ["vjp dQ", "vjp dK", "vjp dV"], res[i])) for i in ("triton", "xla"))
+  _zero_empty_rows(got, ref)
+  for name in got:
+    assert_close(got[name], ref[name], rel=BOUNDS[name.removeprefix("vjp ")], name=name)
+
+
+@pytest.mark.gpu
+def test_tensor_torch_cuda_matches_cpu_gpu():
+  """jqat.torch.attention(qkv_scale="tensor") with key lengths: the CUDA kernels against the CPU path (the XLA
+  reference through DLPack)."""
+  gen = torch.Generator().manual_seed(1)
+  shapes = ((2, 8, 700, 128), (2, 2, 700, 128), (2, 2, 700, 128), (2, 8, 700, 128))
+  q, k, v, do = (torch.randn(s, generator=gen).to(torch.bfloat16) * sp for s, sp in zip(shapes, (1e3, 1e-3, 1, 1)))
+  res = {}
+  for device in ("cuda", "cpu"):
+    leaves = [t.to(device).requires_grad_() for t in (q, k, v)]
+    out = jqat.torch.attention(*leaves, enable_gqa=True, scale=128**-0.5 * 1e-2, qkv_scale="tensor",
+                               key_value_seq_lengths=torch.tensor([700, 333], device=device))
+    out.backward(do.to(device))
+    res[device] = [_np(t) for t in (out, *(x.grad for x in leaves))]
+  for name, a, e in zip(("O", "dQ", "dK", "dV"), res["cuda"], res["cpu"]):
+    assert_close(a, e, rel=BOUNDS[name], name=name)
