@@ -163,12 +163,8 @@ def _attention_fwd(
   q_ptrs = (q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qn
             + offs_m.to(tl.int64)[:, None] * stride_qt + offs_d[None, :])
   q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-  qk_scale = scale * LOG2E
   if QKV_TENSOR:
     q_enc = tl.load(q_enc_ptr + pid_bh)
-    kv_bh = b * (n_heads // group) + kvh
-    # s = scale * (fq(enc_q Q) / enc_q) . (fq(enc_k K) / enc_k): the two decode scales join the softmax scale.
-    qk_scale = scale * tl.div_rn(1.0, q_enc) * tl.div_rn(1.0, tl.load(k_enc_ptr + kv_bh)) * LOG2E
     q = fq_tile(q.to(tl.float32) * q_enc, row_ok[:, None] & d_ok[None, :], BLOCK_M, D_PAD, HW_E4M3,
                 HW_E2M1).to(q.dtype)  # exact: E2M1 x E4M3 values fit the input dtype
   elif QUANTIZE_Q:
@@ -176,6 +172,11 @@ def _attention_fwd(
                 HW_E2M1).to(q.dtype)  # exact: fq values fit the input dtype
   k_base = k_ptr + b.to(tl.int64) * stride_kb + kvh.to(tl.int64) * stride_kn
   v_base = v_ptr + b.to(tl.int64) * stride_vb + kvh.to(tl.int64) * stride_vn
+  qk_scale = scale * LOG2E
+  if QKV_TENSOR:
+    kv_bh = b * (n_heads // group) + kvh
+    # s = scale * (fq(enc_q Q) / enc_q) . (fq(enc_k K) / enc_k): the two decode scales join the softmax scale.
+    qk_scale = scale * tl.div_rn(1.0, q_enc) * tl.div_rn(1.0, tl.load(k_enc_ptr + kv_bh)) * LOG2E
 
   m = tl.full([BLOCK_M], float("-inf"), tl.float32)
   l = tl.zeros([BLOCK_M], tl.float32)
