@@ -50,7 +50,7 @@ class AttentionOptions:
     boolean switches.)
   qkv_scale: "block" (fq(Q), fq(K), fq(V) with E4M3 block scales only) or "tensor" (two-level: an FP32
     scale per (batch, head) above them, docs/NUMERICS.md); in the kernels "tensor" adds the launches
-    of ``plan._tensor_scales`` and ``plan._fake_quantize_scaled``.
+    of ``plan._two_level_inputs``.
 
   The array masks (lengths, segment ids) are operands, not options: see :data:`MASK_OPERANDS`.
   """

@@ -218,11 +218,13 @@ def _quantized_inputs(names, tensors, enabled: bool, target: Target, buffers: di
 _TENSOR_LENGTHS = {"q": "q_len", "k": "kv_len", "v": "kv_len"}
 
 
-def _tensor_scales(names, buffers: dict) -> tuple[Launch, ...]:
-  """qkv_scale="tensor": one ``tensor_scale_kernel`` launch per tensor of ``names`` writing scratch
-  ``{name}_enc`` ([B, H] fp32: the encode scale per (batch, head), amax over the live rows only)."""
+def _two_level_inputs(names, target: Target, buffers: dict):
+  """qkv_scale="tensor": ``tensor_scale_kernel`` for Q, K and V (scratch ``q_enc``, ``k_enc``, ``v_enc``:
+  ``[B, heads]`` fp32 encode scales, amax over the live rows only), then ``fake_quantize_scaled_kernel`` for
+  the tensors ``names`` (scratch ``{name}_hat`` = fq(enc * X), X's strides). Returns, as
+  :func:`_quantized_inputs`, the names the kernels read for ``names``, the scratch names and the launches."""
   launches = []
-  for name in names:
+  for name in ("q", "k", "v"):
     x = buffers[name]
     b, t, heads, d = x.shape
     length = _TENSOR_LENGTHS[name]
@@ -233,23 +235,18 @@ def _tensor_scales(names, buffers: dict) -> tuple[Launch, ...]:
         (Ref(name), Ref(length if length in buffers else name), t, heads, *_s3(x)), (f"{name}_enc",),
         dict(HEAD_DIM=d, D_PAD=cfg["D_PAD"], BLOCK_T=cfg["BLOCK_T"], HAS_LEN=length in buffers), cfg["num_warps"],
         cfg["num_stages"]))
-  return tuple(launches)
-
-
-def _fake_quantize_scaled(names, target: Target, buffers: dict):
-  """qkv_scale="tensor": fq(enc * X) of each tensor of ``names`` into scratch ``{name}_hat`` (X's strides)."""
-  launches = []
-  for name in names:
+  hats = [f"{n}_hat" for n in names]
+  for name, hat in zip(names, hats):
     x = buffers[name]
     b, t, heads, d = x.shape
-    buffers[f"{name}_hat"] = x
+    buffers[hat] = x
     cfg = knv.tensor_scale_launch(d)
     launches.append(Launch(
         f"jqat_nvfp4_fake_quantize_scaled_{name}", knv.fake_quantize_scaled_kernel,
-        (triton.cdiv(t, cfg["BLOCK_T"]), b * heads), (Ref(name), Ref(f"{name}_enc"), t, heads, *_s3(x)),
-        (f"{name}_hat",), dict(HEAD_DIM=d, D_PAD=cfg["D_PAD"], BLOCK_T=cfg["BLOCK_T"], **target.quant_flags()),
-        cfg["num_warps"], cfg["num_stages"]))
-  return [f"{n}_hat" for n in names], tuple(launches)
+        (triton.cdiv(t, cfg["BLOCK_T"]), b * heads), (Ref(name), Ref(f"{name}_enc"), t, heads, *_s3(x)), (hat,),
+        dict(HEAD_DIM=d, D_PAD=cfg["D_PAD"], BLOCK_T=cfg["BLOCK_T"], **target.quant_flags()), cfg["num_warps"],
+        cfg["num_stages"]))
+  return hats, ("q_enc", "k_enc", "v_enc", *hats), tuple(launches)
 
 
 NO_MASKS = (None,) * len(MASK_OPERANDS)
@@ -325,11 +322,8 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
                                                    **({"row_max": float("-inf")} if row else {})})
   cfg = opts.config
   tensor = _tensor_mode(opts)
-  if tensor:
-    launches = _tensor_scales(("q", "k", "v"), buffers)
-    (kk, vv), fq_launches = _fake_quantize_scaled(("k", "v"), target, buffers)
-    scratch = ("q_enc", "k_enc", "v_enc", kk, vv)
-    launches += fq_launches
+  if tensor:  # Q is quantized inside the forward kernel, from its encode scale
+    (kk, vv), scratch, launches = _two_level_inputs(("k", "v"), target, buffers)
   else:
     (kk, vv), scratch, launches = _quantized_inputs(("k", "v"), (k, v), cfg.quantize_qkv, target, buffers)
   scratch += tuple(launch.outputs[0] for launch in mask_launches)
@@ -387,10 +381,7 @@ def attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out_for_d
   cfg = opts.config
   tensor = _tensor_mode(opts)
   if tensor:
-    launches = _tensor_scales(("q", "k", "v"), buffers)
-    (qq, kk, vv), fq_launches = _fake_quantize_scaled(("q", "k", "v"), target, buffers)
-    scratch = ("q_enc", "k_enc", "v_enc", qq, kk, vv)
-    launches += fq_launches
+    (qq, kk, vv), scratch, launches = _two_level_inputs(("q", "k", "v"), target, buffers)
   else:
     (qq, kk, vv), scratch, launches = _quantized_inputs(("q", "k", "v"), (q, k, v), cfg.quantize_qkv, target,
                                                         buffers)
