@@ -49,7 +49,8 @@ class AttentionOptions:
     output (``row_max``) that the backward reads. (Not in :class:`QATConfig`, whose fields are the paper's
     boolean switches.)
   qkv_scale: "block" (fq(Q), fq(K), fq(V) with E4M3 block scales only) or "tensor" (two-level: an FP32
-    scale per (batch, head) above them, docs/NUMERICS.md). "tensor" runs on the XLA reference only.
+    scale per (batch, head) above them, docs/NUMERICS.md); in the kernels "tensor" adds the launches
+    of ``plan._two_level_inputs``.
 
   The array masks (lengths, segment ids) are operands, not options: see :data:`MASK_OPERANDS`.
   """

@@ -214,6 +214,41 @@ def _quantized_inputs(names, tensors, enabled: bool, target: Target, buffers: di
   return hats, tuple(hats), tuple(_fake_quantize(n, h, t, target) for n, h, t in zip(names, hats, tensors))
 
 
+# The live-row lengths of each tensor's amax under qkv_scale="tensor": queries for Q, keys for K and V.
+_TENSOR_LENGTHS = {"q": "q_len", "k": "kv_len", "v": "kv_len"}
+
+
+def _two_level_inputs(names, target: Target, buffers: dict):
+  """qkv_scale="tensor": ``tensor_scale_kernel`` for Q, K and V (scratch ``q_enc``, ``k_enc``, ``v_enc``:
+  ``[B, heads]`` fp32 encode scales, amax over the live rows only), then ``fake_quantize_scaled_kernel`` for
+  the tensors ``names`` (scratch ``{name}_hat`` = fq(enc * X), X's strides). Returns, as
+  :func:`_quantized_inputs`, the names the kernels read for ``names``, the scratch names and the launches."""
+  launches = []
+  for name in ("q", "k", "v"):
+    x = buffers[name]
+    b, t, heads, d = x.shape
+    length = _TENSOR_LENGTHS[name]
+    buffers[f"{name}_enc"] = Tensor.dense((b, heads), "float32")
+    cfg = knv.tensor_scale_launch(d)
+    launches.append(Launch(
+        f"jqat_nvfp4_tensor_scale_{name}", knv.tensor_scale_kernel, (b * heads,),
+        (Ref(name), Ref(length if length in buffers else name), t, heads, *_s3(x)), (f"{name}_enc",),
+        dict(HEAD_DIM=d, D_PAD=cfg["D_PAD"], BLOCK_T=cfg["BLOCK_T"], HAS_LEN=length in buffers), cfg["num_warps"],
+        cfg["num_stages"]))
+  hats = [f"{n}_hat" for n in names]
+  for name, hat in zip(names, hats):
+    x = buffers[name]
+    b, t, heads, d = x.shape
+    buffers[hat] = x
+    cfg = knv.tensor_scale_launch(d)
+    launches.append(Launch(
+        f"jqat_nvfp4_fake_quantize_scaled_{name}", knv.fake_quantize_scaled_kernel,
+        (triton.cdiv(t, cfg["BLOCK_T"]), b * heads), (Ref(name), Ref(f"{name}_enc"), t, heads, *_s3(x)), (hat,),
+        dict(HEAD_DIM=d, D_PAD=cfg["D_PAD"], BLOCK_T=cfg["BLOCK_T"], **target.quant_flags()), cfg["num_warps"],
+        cfg["num_stages"]))
+  return hats, ("q_enc", "k_enc", "v_enc", *hats), tuple(launches)
+
+
 NO_MASKS = (None,) * len(MASK_OPERANDS)
 
 
@@ -256,9 +291,9 @@ def _head_dims(d: int) -> dict:
   return dict(HEAD_DIM=d, D_PAD=triton.next_power_of_2(d))
 
 
-def _check_kernel_options(opts: AttentionOptions) -> None:
-  if opts.qkv_scale == "tensor" and opts.config.quantize_qkv:
-    raise NotImplementedError("qkv_scale='tensor' has no Triton kernels yet; the XLA reference implements it")
+def _tensor_mode(opts: AttentionOptions) -> bool:
+  """qkv_scale="tensor" with Q, K, V quantized (without quantization the scale mode has no effect)."""
+  return opts.qkv_scale == "tensor" and opts.config.quantize_qkv
 
 
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, target: Target, *,
@@ -266,8 +301,10 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
   """Plan of the QAT forward: outputs ``o``, ``o_hp`` (``[B, Tq, N, D]``, strides ``out_strides``, default dense)
   and ``lse`` (``[B, N, Tq]`` fp32, dense); with ``opts.p_scale == "row"`` also ``row_max`` (``[B, N, Tq]``
   fp32, dense: the final row max, natural units). q: ``[B, Tq, N, D]``; k, v: ``[B, Tk, K, D]``, N % K == 0.
-  masks: optional mask operands in ``MASK_OPERANDS`` order; the present ones are inputs after q, k, v."""
-  _check_kernel_options(opts)
+  masks: optional mask operands in ``MASK_OPERANDS`` order; the present ones are inputs after q, k, v.
+  qkv_scale="tensor" (docs/NUMERICS.md) adds launches before the forward: ``tensor_scale_kernel`` for Q, K, V
+  (scratch ``q_enc``, ``k_enc``, ``v_enc``) and ``fake_quantize_scaled_kernel`` for K, V, in place of the
+  fake-quantize launches; the forward kernel is then its ``*_tensor`` entry point."""
   b, tq, n, d = q.shape
   tk, kh = k.shape[1], k.shape[2]
   strides = tuple(out_strides) if out_strides is not None else Tensor.dense(q.shape, q.dtype).strides
@@ -284,21 +321,28 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
     return Plan(buffers, inputs, (), outputs, (), {"o": 0.0, "o_hp": 0.0, "lse": float("-inf"),
                                                    **({"row_max": float("-inf")} if row else {})})
   cfg = opts.config
-  (kk, vv), scratch, launches = _quantized_inputs(("k", "v"), (k, v), cfg.quantize_qkv, target, buffers)
+  tensor = _tensor_mode(opts)
+  if tensor:  # Q is quantized inside the forward kernel, from its encode scale
+    (kk, vv), scratch, launches = _two_level_inputs(("k", "v"), target, buffers)
+  else:
+    (kk, vv), scratch, launches = _quantized_inputs(("k", "v"), (k, v), cfg.quantize_qkv, target, buffers)
   scratch += tuple(launch.outputs[0] for launch in mask_launches)
   launches += mask_launches
   c = config or forward_config(d)
-  # "block" launches the kernel of SPEC section 3 unchanged; "row" its two-level twin (one more output).
-  kernel, row_flags = (kfwd.attention_fwd_row_kernel, dict(P_ROW_RANGE=P_ROW_RANGE)) if row else \
-      (kfwd.attention_fwd_kernel, {})
+  # "block" launches the kernel of SPEC section 3 unchanged; "row" its two-level twin (one more output);
+  # qkv_scale="tensor" the entry points that also read the encode scales (Q is always quantized there).
+  kernels = {(False, False): kfwd.attention_fwd_kernel, (True, False): kfwd.attention_fwd_row_kernel,
+             (False, True): kfwd.attention_fwd_tensor_kernel, (True, True): kfwd.attention_fwd_row_tensor_kernel}
+  flags = dict(P_ROW_RANGE=P_ROW_RANGE) if row else {}
+  flags.update({} if tensor else dict(QUANTIZE_Q=cfg.quantize_qkv))
+  enc_args = (Ref("q_enc"), Ref("k_enc"), Ref("v_enc")) if tensor else ()
   fwd = Launch(
-      "jqat_attention_fwd", kernel, (triton.cdiv(tq, c.block_m), b * n),
-      (Ref("q"), Ref(kk), Ref(vv), float(opts.scale), tq, tk, n, n // kh, *mask_args, *_s3(q), *_s3(k), *_s3(v),
-       *_s3(o)),
+      "jqat_attention_fwd", kernels[row, tensor], (triton.cdiv(tq, c.block_m), b * n),
+      (Ref("q"), Ref(kk), Ref(vv), float(opts.scale), tq, tk, n, n // kh, *mask_args, *enc_args, *_s3(q), *_s3(k),
+       *_s3(v), *_s3(o)),
       outputs,
       dict(**_head_dims(d), BLOCK_M=c.block_m, BLOCK_N=opts.block_n, **_static_masks(opts), **mask_flags,
-           QUANTIZE_Q=cfg.quantize_qkv, QUANTIZE_P=cfg.quantize_p, **target.dot_flags(q.dtype),
-           **target.quant_flags(), **row_flags),
+           QUANTIZE_P=cfg.quantize_p, **target.dot_flags(q.dtype), **target.quant_flags(), **flags),
       c.num_warps, c.num_stages)
   return Plan(buffers, inputs, scratch, outputs, launches + (fwd,))
 
@@ -312,9 +356,10 @@ def attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out_for_d
   row_max: ``[B, N, Tq]`` fp32 dense, the forward's, given exactly when ``opts.p_scale == "row"``
   (an input after lse).
   masks: as in :func:`attention_forward` (inputs after lse and row_max).
-  Scratch: ``delta`` (``[B, N, Tq]`` fp32) and, with ``quantize_qkv``, fq(Q), fq(K), fq(V).
+  Scratch: ``delta`` (``[B, N, Tq]`` fp32) and, with ``quantize_qkv``, fq(Q), fq(K), fq(V); with
+  qkv_scale="tensor" these are fq(enc * X), after the encode scales ``q_enc``, ``k_enc``, ``v_enc``
+  (``[B, heads]`` fp32), and the dQ and dK/dV kernels are their ``*_tensor`` entry points.
   """
-  _check_kernel_options(opts)
   b, tq, n, d = q.shape
   tk, kh = k.shape[1], k.shape[2]
   buffers = {"do": d_out, "q": q, "k": k, "v": v, "o_for_delta": out_for_delta, "lse": lse,
@@ -334,7 +379,12 @@ def attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out_for_d
   if q.size == 0 or k.size == 0:  # every gradient is an empty sum
     return Plan(buffers, inputs, (), outputs, (), {"dq": 0.0, "dk": 0.0, "dv": 0.0})
   cfg = opts.config
-  (qq, kk, vv), scratch, launches = _quantized_inputs(("q", "k", "v"), (q, k, v), cfg.quantize_qkv, target, buffers)
+  tensor = _tensor_mode(opts)
+  if tensor:
+    (qq, kk, vv), scratch, launches = _two_level_inputs(("q", "k", "v"), target, buffers)
+  else:
+    (qq, kk, vv), scratch, launches = _quantized_inputs(("q", "k", "v"), (q, k, v), cfg.quantize_qkv, target,
+                                                        buffers)
   scratch += tuple(launch.outputs[0] for launch in mask_launches)
   launches += mask_launches
   buffers["delta"] = Tensor.dense((b, n, tq), "float32")
@@ -345,15 +395,18 @@ def attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out_for_d
       dict(**_head_dims(d), BLOCK_M=kbwd.DELTA_LAUNCH["BLOCK_M"]), kbwd.DELTA_LAUNCH["num_warps"],
       kbwd.DELTA_LAUNCH["num_stages"])
   c = config or backward_config(d)
+  enc_args = (Ref("q_enc"), Ref("k_enc"), Ref("v_enc")) if tensor else ()
   common = (Ref(qq), Ref(kk), Ref(vv), Ref("do"), Ref("lse"), Ref("delta"), float(opts.scale), tq, tk, n, n // kh,
-            *mask_args, *_s3(q), *_s3(k), *_s3(v), *_s3(d_out))
+            *mask_args, *enc_args, *_s3(q), *_s3(k), *_s3(v), *_s3(d_out))
   flags = dict(**_head_dims(d), **_static_masks(opts), **mask_flags, **target.dot_flags(q.dtype))
-  dq = Launch("jqat_attention_bwd_dq", kbwd.attention_bwd_dq_kernel, (triton.cdiv(tq, c.dq_block_m), b * n), common,
+  dq_kernel, dkdv_kernel = ((kbwd.attention_bwd_dq_tensor_kernel, kbwd.attention_bwd_dkdv_tensor_kernel) if tensor
+                            else (kbwd.attention_bwd_dq_kernel, kbwd.attention_bwd_dkdv_kernel))
+  dq = Launch("jqat_attention_bwd_dq", dq_kernel, (triton.cdiv(tq, c.dq_block_m), b * n), common,
               ("dq",), dict(BLOCK_M=c.dq_block_m, BLOCK_N=c.dq_block_n, **flags), c.dq_num_warps, c.dq_num_stages)
   # The dK/dV kernel's m_ptr follows delta; "block" never reads it (lse stands in).
   kv_args = common[:6] + (Ref(stats[-1]),) + common[6:]
   row_range = P_ROW_RANGE if row else 0.0
-  dkdv = Launch("jqat_attention_bwd_dkdv", kbwd.attention_bwd_dkdv_kernel, (triton.cdiv(tk, c.kv_block_n), b * kh),
+  dkdv = Launch("jqat_attention_bwd_dkdv", dkdv_kernel, (triton.cdiv(tk, c.kv_block_n), b * kh),
                 kv_args, ("dk", "dv"),
                 dict(BLOCK_M=c.kv_block_m, BLOCK_N=c.kv_block_n, QUANTIZE_P=cfg.quantize_p_backward, **flags,
                      **target.quant_flags(), P_ROW_RANGE=row_range),

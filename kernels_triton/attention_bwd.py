@@ -12,6 +12,10 @@ With ``p_scale="row"`` (``P_ROW_RANGE`` = R = 6 * 448, docs/NUMERICS.md) the dK/
 also reads the forward's row max m and uses bf16(fq(R * exp(S - m)) * (1 / (R * l))),
 l = exp(lse - m), in place of fq(P) for dV; dS keeps P.
 
+With ``qkv_scale="tensor"`` (the ``*_tensor_kernel`` entry points) fq(Q), fq(K), fq(V) are fq(enc * X), one
+FP32 encode scale per (batch, head) (``nvfp4.tensor_scale_kernel``); the decode scales 1 / enc join the
+softmax scale (Q, K), dO . V^T (V), dQ's scale (K) and each query head's dK contribution (Q).
+
 The dK/dV program of one KV head loops over the query heads that share it
 (GQA), so dK and dV are reduced in a fixed order inside one program. It holds
 P transposed, ``[keys, queries]``: fq(P) runs along keys, i.e. along axis 0 of
@@ -102,9 +106,10 @@ def attention_bwd_delta_kernel(o_ptr, do_ptr, tq, n_heads, stride_ob, stride_ot,
 
 @triton.jit
 def _dq_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, offs_d, seg_q, kv_seg_base, q_lim,
-             kv_lim, off, stride_kt, stride_vt, qk_scale, MASKED: tl.constexpr, HEAD_DIM: tl.constexpr,
+             kv_lim, off, stride_kt, stride_vt, qk_scale, v_dec, MASKED: tl.constexpr, HEAD_DIM: tl.constexpr,
              IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, HAS_SEG: tl.constexpr,
-             QK_F32: tl.constexpr, DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr):
+             QK_F32: tl.constexpr, DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr,
+             QKV_TENSOR: tl.constexpr):
   kn = start_n + offs_n
   k, v = load_kv_tile(k_base, v_base, start_n, offs_n, offs_d, kv_lim, stride_kt, stride_vt, HEAD_DIM, MASKED)
   p = tl.math.exp2(qk_dot(q, k, QK_F32, DOT_PREC) * qk_scale - lse2[:, None])
@@ -116,26 +121,31 @@ def _dq_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, of
                     WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG)
     p = tl.where(valid, p, 0.0)
   dp = qk_dot(do, v, QK_F32, DOT_PREC)
+  if QKV_TENSOR:  # v holds fq(enc_v V): dO . V_hat^T is v_dec times the product
+    dp = dp * v_dec
   ds = p * (dp - delta[:, None])
   return dq + bf16_dot(ds, k, DOT_BF16, DOT_PREC, SOFT_BF16)
 
 
 @triton.jit
-def attention_bwd_dq_kernel(
+def _attention_bwd_dq(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, scale, tq, tk, n_heads, group,
-    q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr,
+    q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr,
     stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
     stride_db, stride_dt, stride_dn,
     dq_ptr,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
     HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
-    QK_F32: tl.constexpr, DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr):
+    QK_F32: tl.constexpr, DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr,
+    QKV_TENSOR: tl.constexpr):
   """dQ for query rows [pid0 * BLOCK_M, +BLOCK_M) of head pid1 % N, batch pid1 // N.
 
   q: fq(Q) [B, Tq, N, D] (strides stride_q*, shared by dq); k, v: fq(K), fq(V)
   [B, Tk, K, D]; do: [B, Tq, N, D] (strides stride_d*); lse, delta: [B, N, Tq]
   fp32 contiguous. D and the masks (seg_sorted included) as in ``attention_fwd_kernel``.
+  QKV_TENSOR: q, k, v hold fq(enc * X) and q_enc [B, N], k_enc, v_enc [B, K] fp32 their encode scales (read
+  only then); the decode scales 1 / enc join the softmax scale (Q, K), dO . V^T (V) and dQ's scale (K).
   Grid: (cdiv(Tq, BLOCK_M), B * N).
   """
   # Strides are multiples of 16: visible to the compiler for 16-byte, cp.async-pipelined loads.
@@ -170,6 +180,14 @@ def attention_bwd_dq_kernel(
   # In log2 units; +inf for a row without visible keys (or a padding row) makes its P exactly 0.
   lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
   qk_scale = scale * LOG2E
+  dq_scale = scale
+  v_dec = 1.0  # V's decode scale: qkv_scale="tensor" only
+  if QKV_TENSOR:
+    kv_bh = b * (n_heads // group) + kvh
+    k_dec = tl.div_rn(1.0, tl.load(k_enc_ptr + kv_bh))
+    qk_scale = scale * tl.div_rn(1.0, tl.load(q_enc_ptr + pid_bh)) * k_dec * LOG2E
+    dq_scale = scale * k_dec
+    v_dec = tl.div_rn(1.0, tl.load(v_enc_ptr + kv_bh))
   k_base = k_ptr + b.to(tl.int64) * stride_kb + kvh.to(tl.int64) * stride_kn
   v_base = v_ptr + b.to(tl.int64) * stride_vb + kvh.to(tl.int64) * stride_vn
 
@@ -185,27 +203,68 @@ def attention_bwd_dq_kernel(
     c = hi
   for start_n in range(lo, a, BLOCK_N):
     dq = _dq_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, offs_d, seg_q, kv_seg_base, q_lim,
-                  kv_lim, off, stride_kt, stride_vt, qk_scale, True, HEAD_DIM, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT,
-                  HAS_SEG, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC)
+                  kv_lim, off, stride_kt, stride_vt, qk_scale, v_dec, True, HEAD_DIM, IS_CAUSAL, WINDOW_LEFT,
+                  WINDOW_RIGHT, HAS_SEG, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, QKV_TENSOR)
   for start_n in range(a, c, BLOCK_N):
     dq = _dq_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, offs_d, seg_q, kv_seg_base, q_lim,
-                  kv_lim, off, stride_kt, stride_vt, qk_scale, False, HEAD_DIM, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT,
-                  HAS_SEG, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC)
+                  kv_lim, off, stride_kt, stride_vt, qk_scale, v_dec, False, HEAD_DIM, IS_CAUSAL, WINDOW_LEFT,
+                  WINDOW_RIGHT, HAS_SEG, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, QKV_TENSOR)
   for start_n in range(c, hi, BLOCK_N):
     dq = _dq_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, offs_d, seg_q, kv_seg_base, q_lim,
-                  kv_lim, off, stride_kt, stride_vt, qk_scale, True, HEAD_DIM, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT,
-                  HAS_SEG, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC)
-  tl.store(dq_ptr + q_off, cast_out(dq * scale, dq_ptr, SOFT_BF16), mask=ok)
+                  kv_lim, off, stride_kt, stride_vt, qk_scale, v_dec, True, HEAD_DIM, IS_CAUSAL, WINDOW_LEFT,
+                  WINDOW_RIGHT, HAS_SEG, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, QKV_TENSOR)
+  tl.store(dq_ptr + q_off, cast_out(dq * dq_scale, dq_ptr, SOFT_BF16), mask=ok)
+
+
+@triton.jit
+def attention_bwd_dq_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, scale, tq, tk, n_heads, group,
+    q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr,
+    stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
+    stride_db, stride_dt, stride_dn,
+    dq_ptr,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
+    HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
+    QK_F32: tl.constexpr, DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr):
+  """dQ with qkv_scale="block" (SPEC section 3). See ``_attention_bwd_dq``."""
+  _attention_bwd_dq(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, scale, tq, tk, n_heads, group, q_len_ptr,
+                    kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, lse_ptr, lse_ptr, lse_ptr, stride_qb, stride_qt,
+                    stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn, stride_db, stride_dt,
+                    stride_dn, dq_ptr, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT,
+                    BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, False)
+
+
+@triton.jit
+def attention_bwd_dq_tensor_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, scale, tq, tk, n_heads, group,
+    q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr,
+    stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
+    stride_db, stride_dt, stride_dn,
+    dq_ptr,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
+    HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
+    QK_F32: tl.constexpr, DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr):
+  """dQ with qkv_scale="tensor": q, k, v are fq(enc * X), q_enc/k_enc/v_enc their encode scales."""
+  _attention_bwd_dq(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, scale, tq, tk, n_heads, group, q_len_ptr,
+                    kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr, stride_qb,
+                    stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn, stride_db,
+                    stride_dt, stride_dn, dq_ptr, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT,
+                    WINDOW_RIGHT, BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC,
+                    True)
 
 
 @triton.jit
 def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, m_base, start_m, kn, offs_m, offs_d, seg_k,
-               q_seg_base, q_lim, kv_lim, off, tq, stride_qt, stride_dt, qk_scale, MASKED: tl.constexpr,
+               q_seg_base, q_lim, kv_lim, off, tq, stride_qt, stride_dt, qk_scale, q_dec, v_dec, MASKED: tl.constexpr,
                HEAD_DIM: tl.constexpr, IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
                HAS_SEG: tl.constexpr, QUANTIZE_P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                QK_F32: tl.constexpr, DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr,
-               HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr, P_ROW_RANGE: tl.constexpr):
-  """One query tile's contribution to dK, dV of the key tile ``kn``; P held as [keys, queries]."""
+               HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr, P_ROW_RANGE: tl.constexpr, QKV_TENSOR: tl.constexpr):
+  """One query tile's contribution to dK, dV of the key tile ``kn``; P held as [keys, queries].
+
+  q_dec, v_dec: the decode scales of this query head's Q and of V (QKV_TENSOR only)."""
   qm = start_m + offs_m
   row_ok = qm < tq
   rows = qm.to(tl.int64)[:, None]
@@ -235,8 +294,13 @@ def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, m_base, star
                     WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG)
     p_t = tl.where(valid, p_t, 0.0)
   dp_t = qk_dot(v, do, QK_F32, DOT_PREC)
+  if QKV_TENSOR:
+    dp_t = dp_t * v_dec
   ds_t = p_t * (dp_t - delta[None, :])
-  dk += bf16_dot(ds_t, q, DOT_BF16, DOT_PREC, SOFT_BF16)
+  if QKV_TENSOR:  # dK sums over the query heads of a KV head, each with its own Q decode scale
+    dk += bf16_dot(ds_t, q, DOT_BF16, DOT_PREC, SOFT_BF16) * q_dec
+  else:
+    dk += bf16_dot(ds_t, q, DOT_BF16, DOT_PREC, SOFT_BF16)
   if QUANTIZE_P and P_ROW_RANGE > 0:
     p_t = fq_probs_t(p_t * rl[None, :], BLOCK_N, BLOCK_M, HW_E4M3, HW_E2M1) * inv_rl[None, :]
   elif QUANTIZE_P:
@@ -246,9 +310,9 @@ def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, m_base, star
 
 
 @triton.jit
-def attention_bwd_dkdv_kernel(
+def _attention_bwd_dkdv(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, m_ptr, scale, tq, tk, n_heads, group,
-    q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr,
+    q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr,
     stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
     stride_db, stride_dt, stride_dn,
     dk_ptr, dv_ptr,
@@ -256,13 +320,15 @@ def attention_bwd_dkdv_kernel(
     IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
     HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
     QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr,
-    DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr, P_ROW_RANGE: tl.constexpr):
+    DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr, P_ROW_RANGE: tl.constexpr,
+    QKV_TENSOR: tl.constexpr):
   """dK, dV for keys [pid0 * BLOCK_N, +BLOCK_N) of KV head pid1 % K, batch pid1 // K.
 
   Arrays and masks as in ``attention_bwd_dq_kernel``; dk, dv: [B, Tk, K, D] with the
   strides of k and v. Grid: (cdiv(Tk, BLOCK_N), B * K). BLOCK_N % 16 == 0.
   P_ROW_RANGE: 0 (p_scale="block"; ``m_ptr`` is not read) or R = 6 * 448 ("row": m [B, N, Tq] fp32, the
   forward's row max in natural units, contiguous like lse).
+  QKV_TENSOR: as in ``_attention_bwd_dq`` (the enc pointers are read only then).
   """
   # Strides are multiples of 16: visible to the compiler for 16-byte, cp.async-pipelined loads.
   stride_qb, stride_qt, stride_qn = aligned3(stride_qb, stride_qt, stride_qn)
@@ -291,6 +357,11 @@ def attention_bwd_dkdv_kernel(
   k = tl.load(k_ptr + k_off, mask=ok, other=0.0)
   v = tl.load(v_ptr + v_off, mask=ok, other=0.0)
   qk_scale = scale * LOG2E
+  k_dec = 1.0  # decode scales: qkv_scale="tensor" only
+  v_dec = 1.0
+  if QKV_TENSOR:
+    k_dec = tl.div_rn(1.0, tl.load(k_enc_ptr + pid_bk))
+    v_dec = tl.div_rn(1.0, tl.load(v_enc_ptr + pid_bk))
 
   # Query tiles [lo, a) and [c, hi) need the elementwise mask (causal diagonal, window edges, segments, or
   # every tile when this key tile is ragged); [a, c) do not; rows outside [lo, hi) see none of these keys.
@@ -313,20 +384,66 @@ def attention_bwd_dkdv_kernel(
     lse_base = lse_ptr + bh.to(tl.int64) * tq
     delta_base = delta_ptr + bh.to(tl.int64) * tq
     m_base = m_ptr + bh.to(tl.int64) * tq
+    q_dec = 1.0
+    if QKV_TENSOR:
+      q_dec = tl.div_rn(1.0, tl.load(q_enc_ptr + bh))
+      qk_scale = scale * q_dec * k_dec * LOG2E
     for start_m in range(lo, a, BLOCK_M):
       dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, m_base, start_m, kn, offs_m, offs_d,
-                          seg_k, q_seg_base, q_lim, kv_lim, off, tq, stride_qt, stride_dt, qk_scale, True, HEAD_DIM,
-                          IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N, QK_F32,
-                          DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE)
+                          seg_k, q_seg_base, q_lim, kv_lim, off, tq, stride_qt, stride_dt, qk_scale, q_dec, v_dec,
+                          True, HEAD_DIM, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N,
+                          QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, QKV_TENSOR)
     for start_m in range(a, c, BLOCK_M):
       dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, m_base, start_m, kn, offs_m, offs_d,
-                          seg_k, q_seg_base, q_lim, kv_lim, off, tq, stride_qt, stride_dt, qk_scale, False, HEAD_DIM,
-                          IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N, QK_F32,
-                          DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE)
+                          seg_k, q_seg_base, q_lim, kv_lim, off, tq, stride_qt, stride_dt, qk_scale, q_dec, v_dec,
+                          False, HEAD_DIM, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N,
+                          QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, QKV_TENSOR)
     for start_m in range(c, hi, BLOCK_M):
       dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, m_base, start_m, kn, offs_m, offs_d,
-                          seg_k, q_seg_base, q_lim, kv_lim, off, tq, stride_qt, stride_dt, qk_scale, True, HEAD_DIM,
-                          IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N, QK_F32,
-                          DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE)
+                          seg_k, q_seg_base, q_lim, kv_lim, off, tq, stride_qt, stride_dt, qk_scale, q_dec, v_dec,
+                          True, HEAD_DIM, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N,
+                          QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, QKV_TENSOR)
   tl.store(dk_ptr + k_off, cast_out(dk * scale, dk_ptr, SOFT_BF16), mask=ok)
   tl.store(dv_ptr + v_off, cast_out(dv, dv_ptr, SOFT_BF16), mask=ok)
+
+
+@triton.jit
+def attention_bwd_dkdv_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, m_ptr, scale, tq, tk, n_heads, group,
+    q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr,
+    stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
+    stride_db, stride_dt, stride_dn,
+    dk_ptr, dv_ptr,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
+    HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
+    QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr,
+    DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr, P_ROW_RANGE: tl.constexpr):
+  """dK, dV with qkv_scale="block" (SPEC section 3). See ``_attention_bwd_dkdv``."""
+  _attention_bwd_dkdv(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, m_ptr, scale, tq, tk, n_heads, group,
+                      q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, lse_ptr, lse_ptr, lse_ptr,
+                      stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt,
+                      stride_vn, stride_db, stride_dt, stride_dn, dk_ptr, dv_ptr, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N,
+                      IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, QUANTIZE_P,
+                      QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, False)
+
+
+@triton.jit
+def attention_bwd_dkdv_tensor_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, m_ptr, scale, tq, tk, n_heads, group,
+    q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr,
+    stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
+    stride_db, stride_dt, stride_dn,
+    dk_ptr, dv_ptr,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
+    HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
+    QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr,
+    DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr, P_ROW_RANGE: tl.constexpr):
+  """dK, dV with qkv_scale="tensor": q, k, v are fq(enc * X), q_enc/k_enc/v_enc their encode scales."""
+  _attention_bwd_dkdv(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, m_ptr, scale, tq, tk, n_heads, group,
+                      q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr,
+                      stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt,
+                      stride_vn, stride_db, stride_dt, stride_dn, dk_ptr, dv_ptr, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N,
+                      IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, QUANTIZE_P,
+                      QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, True)

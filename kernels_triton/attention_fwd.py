@@ -12,6 +12,10 @@ With ``p_scale="row"`` (``attention_fwd_row_kernel``, docs/NUMERICS.md) the quan
 accumulates fq(R * p_tilde) @ V_hat, R = ``P_ROW_RANGE`` = 6 * 448, and divides by R * l; the
 kernel also writes the final row max m (natural units) for the backward.
 
+With ``qkv_scale="tensor"`` (``attention_fwd_tensor_kernel`` / ``attention_fwd_row_tensor_kernel``) Q, K, V are
+two-level: fq(enc * X) with one FP32 encode scale per (batch, head) (``nvfp4.tensor_scale_kernel``), the
+decode scales 1 / enc folded into the softmax scale (Q, K) and the final normalization (V).
+
 K and V arrive already fake-quantized (``fake_quantize_rows_kernel`` writes fq(K),
 fq(V) once, instead of every query block re-quantizing them); Q is quantized
 here, once per program. The softmax runs in base 2 with log2(e) folded into
@@ -109,7 +113,7 @@ def _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs
 @triton.jit
 def _attention_fwd(
     q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group,
-    q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr,
+    q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr,
     stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
     stride_ob, stride_ot, stride_on,
     o_ptr, o_hp_ptr, lse_ptr, m_ptr,
@@ -118,7 +122,7 @@ def _attention_fwd(
     HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
     QUANTIZE_Q: tl.constexpr, QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr,
     SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr,
-    P_ROW_RANGE: tl.constexpr):
+    P_ROW_RANGE: tl.constexpr, QKV_TENSOR: tl.constexpr):
   """Forward of SPEC section 3 for query rows [pid0 * BLOCK_M, +BLOCK_M) of head pid1 % N, batch pid1 // N.
 
   q: [B, Tq, N, D]; k, v: [B, Tk, K, D] (already fq when QUANTIZE_QKV), N = K * group;
@@ -130,6 +134,10 @@ def _attention_fwd(
   Grid: (cdiv(Tq, BLOCK_M), B * N). Flags: ``dot_flags`` and ``nvfp4.quant_flags``.
   P_ROW_RANGE: 0 ("block"), or R > 0 ("row": fq(R p), O = acc / (R l), and m [B, N, Tq] fp32 (natural
   units, -inf for an empty row) stored through ``m_ptr``, which is not touched otherwise).
+  QKV_TENSOR (qkv_scale="tensor"): k, v hold fq(enc * K), fq(enc * V) (``fake_quantize_scaled_kernel``) and
+  q_enc [B, N], k_enc, v_enc [B, K] fp32 (``tensor_scale_kernel``) the encode scales; Q is quantized here as
+  fq(enc * Q), the decode scales 1 / enc of Q and K are folded into the softmax scale and V's into the final
+  normalization (FP32 rounding only, docs/NUMERICS.md). The enc pointers are not read otherwise.
   """
   # Every stride is a multiple of 16 (rows of D % 16 == 0 contiguous elements).
   # jax-triton does not specialize integer arguments, so without these hints the
@@ -160,12 +168,20 @@ def _attention_fwd(
   q_ptrs = (q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qn
             + offs_m.to(tl.int64)[:, None] * stride_qt + offs_d[None, :])
   q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-  if QUANTIZE_Q:
+  if QKV_TENSOR:
+    q_enc = tl.load(q_enc_ptr + pid_bh)
+    q = fq_tile(q.to(tl.float32) * q_enc, row_ok[:, None] & d_ok[None, :], BLOCK_M, D_PAD, HW_E4M3,
+                HW_E2M1).to(q.dtype)  # exact: E2M1 x E4M3 values fit the input dtype
+  elif QUANTIZE_Q:
     q = fq_tile(q.to(tl.float32), row_ok[:, None] & d_ok[None, :], BLOCK_M, D_PAD, HW_E4M3,
                 HW_E2M1).to(q.dtype)  # exact: fq values fit the input dtype
   k_base = k_ptr + b.to(tl.int64) * stride_kb + kvh.to(tl.int64) * stride_kn
   v_base = v_ptr + b.to(tl.int64) * stride_vb + kvh.to(tl.int64) * stride_vn
   qk_scale = scale * LOG2E
+  if QKV_TENSOR:
+    kv_bh = b * (n_heads // group) + kvh
+    # s = scale * (fq(enc_q Q) / enc_q) . (fq(enc_k K) / enc_k): the two decode scales join the softmax scale.
+    qk_scale = scale * tl.div_rn(1.0, q_enc) * tl.div_rn(1.0, tl.load(k_enc_ptr + kv_bh)) * LOG2E
 
   m = tl.full([BLOCK_M], float("-inf"), tl.float32)
   l = tl.zeros([BLOCK_M], tl.float32)
@@ -202,6 +218,8 @@ def _attention_fwd(
   inv = tl.where(empty, 0.0, tl.div_rn(1.0, tl.where(empty, 1.0, l)))
   acc_hp = tl.where(empty[:, None], 0.0, acc_hp)  # +0, not acc * 0 (-0 for a padded row's negative sums)
   acc = tl.where(empty[:, None], 0.0, acc)
+  if QKV_TENSOR:  # O and O' are sums of p @ fq(enc_v V): V's decode scale 1 / enc_v joins the normalization
+    inv = inv * tl.div_rn(1.0, tl.load(v_enc_ptr + kv_bh))
   log_l = tl.math.log2(tl.where(empty, 1.0, l))
   if QUANTIZE_P and P_ROW_RANGE > 0:  # l sums R * p here: 1 / l is already 1 / (R * sum p)
     log_l = log_l - LOG2_P_ROW_RANGE
@@ -234,10 +252,11 @@ def attention_fwd_kernel(
     SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr):
   """The forward with p_scale="block" (SPEC section 3): outputs o, o_hp, lse. See ``_attention_fwd``."""
   _attention_fwd(q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr,
-                 seg_sorted_ptr, stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb,
-                 stride_vt, stride_vn, stride_ob, stride_ot, stride_on, o_ptr, o_hp_ptr, lse_ptr, lse_ptr, HEAD_DIM,
-                 D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN,
-                 HAS_SEG, QUANTIZE_Q, QUANTIZE_P, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, 0.0)
+                 seg_sorted_ptr, lse_ptr, lse_ptr, lse_ptr, stride_qb, stride_qt, stride_qn, stride_kb, stride_kt,
+                 stride_kn, stride_vb, stride_vt, stride_vn, stride_ob, stride_ot, stride_on, o_ptr, o_hp_ptr, lse_ptr,
+                 lse_ptr, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, BOTTOM_RIGHT,
+                 HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, QUANTIZE_Q, QUANTIZE_P, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC,
+                 HW_E4M3, HW_E2M1, 0.0, False)
 
 
 @triton.jit
@@ -255,8 +274,51 @@ def attention_fwd_row_kernel(
     P_ROW_RANGE: tl.constexpr):
   """The forward with p_scale="row" (P_ROW_RANGE = 6 * 448): outputs o, o_hp, lse and the row max m."""
   _attention_fwd(q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr,
-                 seg_sorted_ptr, stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb,
-                 stride_vt, stride_vn, stride_ob, stride_ot, stride_on, o_ptr, o_hp_ptr, lse_ptr, m_ptr, HEAD_DIM,
-                 D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN,
-                 HAS_SEG, QUANTIZE_Q, QUANTIZE_P, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1,
-                 P_ROW_RANGE)
+                 seg_sorted_ptr, lse_ptr, lse_ptr, lse_ptr, stride_qb, stride_qt, stride_qn, stride_kb, stride_kt,
+                 stride_kn, stride_vb, stride_vt, stride_vn, stride_ob, stride_ot, stride_on, o_ptr, o_hp_ptr, lse_ptr,
+                 m_ptr, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, BOTTOM_RIGHT,
+                 HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, QUANTIZE_Q, QUANTIZE_P, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC,
+                 HW_E4M3, HW_E2M1, P_ROW_RANGE, False)
+
+
+@triton.jit
+def attention_fwd_tensor_kernel(
+    q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group,
+    q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr,
+    stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
+    stride_ob, stride_ot, stride_on,
+    o_ptr, o_hp_ptr, lse_ptr,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
+    HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
+    QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr,
+    SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr):
+  """The forward with qkv_scale="tensor", p_scale="block": outputs o, o_hp, lse. See ``_attention_fwd``."""
+  _attention_fwd(q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr,
+                 seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr, stride_qb, stride_qt, stride_qn, stride_kb,
+                 stride_kt, stride_kn, stride_vb, stride_vt, stride_vn, stride_ob, stride_ot, stride_on, o_ptr,
+                 o_hp_ptr, lse_ptr, lse_ptr, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT,
+                 BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, True, QUANTIZE_P, QK_F32, DOT_BF16, SOFT_BF16,
+                 DOT_PREC, HW_E4M3, HW_E2M1, 0.0, True)
+
+
+@triton.jit
+def attention_fwd_row_tensor_kernel(
+    q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group,
+    q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr,
+    stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
+    stride_ob, stride_ot, stride_on,
+    o_ptr, o_hp_ptr, lse_ptr, m_ptr,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
+    HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
+    QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr,
+    SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr,
+    P_ROW_RANGE: tl.constexpr):
+  """The forward with qkv_scale="tensor", p_scale="row": outputs o, o_hp, lse and the row max m."""
+  _attention_fwd(q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr,
+                 seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr, stride_qb, stride_qt, stride_qn, stride_kb,
+                 stride_kt, stride_kn, stride_vb, stride_vt, stride_vn, stride_ob, stride_ot, stride_on, o_ptr,
+                 o_hp_ptr, lse_ptr, m_ptr, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT,
+                 BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, True, QUANTIZE_P, QK_F32, DOT_BF16, SOFT_BF16,
+                 DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, True)

@@ -246,3 +246,78 @@ def fake_quantize_rows_kernel(x_ptr, rows, cols, stride_x, stride_out, out_ptr, 
   """
   fake_quantize_kernel(x_ptr, rows, cols // 16 * 16, stride_x // 16 * 16, stride_out // 16 * 16, out_ptr, BLOCK_R,
                        BLOCK_C, HW_E4M3, HW_E2M1)
+
+
+# ----------------------------------------------------------------------------- qkv_scale="tensor"
+
+TENSOR_RANGE = tl.constexpr(6.0 * 448.0)  # a slab's amax maps here: E2M1's largest code times E4M3's largest scale
+
+
+def tensor_scale_launch(head_dim: int) -> dict:
+  """Constexprs and launch parameters of :func:`tensor_scale_kernel` and :func:`fake_quantize_scaled_kernel`."""
+  d_pad = triton.next_power_of_2(head_dim)
+  return {"HEAD_DIM": head_dim, "D_PAD": d_pad, "BLOCK_T": max(1, 4096 // d_pad), "num_warps": 4, "num_stages": 1}
+
+
+@triton.jit
+def _slab_tile(x_ptr, b, h, t0, t_lim, stride_b, stride_t, stride_h, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+               BLOCK_T: tl.constexpr):
+  """Offsets and mask of rows ``[t0, t0 + BLOCK_T)`` (below ``t_lim``) of the (batch, head) slab ``x[b, :, h, :]``.
+
+  The strides are multiples of 16 (rows of D % 16 == 0 contiguous elements); ``// 16 * 16`` shows it to the
+  compiler, which then vectorizes the loads (jax-triton does not specialize integer arguments).
+  """
+  stride_b, stride_t, stride_h = stride_b // 16 * 16, stride_t // 16 * 16, stride_h // 16 * 16
+  offs_t = t0 + tl.arange(0, BLOCK_T)
+  offs_d = tl.arange(0, D_PAD)
+  ok = (offs_t[:, None] < t_lim) & (offs_d[None, :] < HEAD_DIM)
+  off = (b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h + offs_t.to(tl.int64)[:, None] * stride_t
+         + offs_d[None, :])
+  return off, ok
+
+
+@triton.jit
+def tensor_scale_kernel(x_ptr, len_ptr, t, heads, stride_b, stride_t, stride_h, enc_ptr, HEAD_DIM: tl.constexpr,
+                        D_PAD: tl.constexpr, BLOCK_T: tl.constexpr, HAS_LEN: tl.constexpr):
+  """The FP32 encode scale of qkv_scale="tensor" for the (batch, head) ``pid0 // heads, pid0 % heads``.
+
+  x: [B, T, H, D] (strides ``stride_*``, last axis contiguous); len: [B] int32, read only with HAS_LEN (live
+  rows ``[0, min(max(len[b], 0), T))``, else all T). ``amax = max |x|`` over the live rows and all D, a NaN
+  counting as +Inf; ``enc[b, h] = 2688 / amax`` (correctly rounded) when amax is finite and positive, else 1.
+  enc: [B, H] fp32 contiguous. Grid: (B * H,).
+  """
+  pid = tl.program_id(0)
+  b = pid // heads
+  h = pid % heads
+  t_lim = t
+  if HAS_LEN:
+    t_lim = tl.minimum(tl.maximum(tl.load(len_ptr + b), 0), t)
+  amax = tl.zeros([BLOCK_T, D_PAD], tl.float32)
+  for t0 in range(0, t_lim, BLOCK_T):
+    off, ok = _slab_tile(x_ptr, b, h, t0, t_lim, stride_b, stride_t, stride_h, HEAD_DIM, D_PAD, BLOCK_T)
+    ax = tl.abs(tl.load(x_ptr + off, mask=ok, other=0.0).to(tl.float32))
+    amax = tl.maximum(amax, tl.where(ax != ax, float("inf"), ax))  # a max may drop NaN: count it as +Inf
+  amax = tl.max(tl.max(amax, axis=1), axis=0)
+  ok = (amax > 0.0) & (amax < float("inf"))
+  tl.store(enc_ptr + pid, tl.where(ok, tl.div_rn(TENSOR_RANGE, tl.where(ok, amax, 1.0)), 1.0))
+
+
+@triton.jit
+def fake_quantize_scaled_kernel(x_ptr, enc_ptr, t, heads, stride_b, stride_t, stride_h, out_ptr,
+                                HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_T: tl.constexpr,
+                                HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr):
+  """``out[b, :, h, :] = fq(enc[b, h] * x[b, :, h, :])`` along D: the first level of qkv_scale="tensor".
+
+  x: [B, T, H, D] bf16, fp16 or fp32 (strides ``stride_*``, last axis contiguous); out: the same shape and
+  strides. ``enc * x`` is one FP32 product; the result is an E2M1 value times an E4M3 scale, exact in x's
+  dtype. Every row is quantized, live or not (the attention kernels mask the rest). enc: [B, H] fp32
+  (:func:`tensor_scale_kernel`). Grid: (cdiv(T, BLOCK_T), B * H).
+  """
+  pid = tl.program_id(1)
+  b = pid // heads
+  h = pid % heads
+  off, ok = _slab_tile(x_ptr, b, h, tl.program_id(0) * BLOCK_T, t, stride_b, stride_t, stride_h, HEAD_DIM, D_PAD,
+                       BLOCK_T)
+  x = tl.load(x_ptr + off, mask=ok, other=0.0).to(tl.float32) * tl.load(enc_ptr + pid)
+  y = fq_tile(x, ok, BLOCK_T, D_PAD, HW_E4M3, HW_E2M1)
+  tl.store(out_ptr + off, y.to(out_ptr.dtype.element_ty), mask=ok)

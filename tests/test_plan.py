@@ -6,6 +6,7 @@ JAX binding's jax-triton call and the kernels' launchers are replaced by recorde
 """
 
 import dataclasses
+import inspect
 
 import jax.numpy as jnp
 import pytest
@@ -14,6 +15,8 @@ import torch
 from jqat.ffi import jax_launch, torch_launch
 from jqat.ffi import plan as plans
 from jqat.ffi.options import AttentionOptions, QATConfig
+from jqat.kernels_triton import attention_bwd as kbwd
+from jqat.kernels_triton import attention_fwd as kfwd
 
 GPU = plans.Target((9, 0))
 
@@ -68,10 +71,76 @@ def _recorded_plan(plan):
   return dataclasses.replace(plan, launches=launches), calls
 
 
-def test_torch_binding_launches_the_plan():
+def _assert_signatures(plan):
+  """Every launch passes exactly its kernel's runtime parameters (args, then outputs) and its constexprs."""
+  for la in plan.launches:
+    params = inspect.signature(la.kernel.fn).parameters.values()  # the Python function of a JIT or interpreted kernel
+    constexprs = {p.name for p in params if "constexpr" in str(p.annotation)}
+    assert len(la.args) + len(la.outputs) == len(params) - len(constexprs), la.name
+    assert set(la.constexprs) == constexprs, la.name
+
+
+def _tensor_plans(p_scale, masks=plans.NO_MASKS):
+  q, k, v = _bhsd_views(2, 4, 2, 33, 40, 64)
+  lse = torch.zeros(2, 4, 33)
+  opts = AttentionOptions(0.125, p_scale=p_scale, qkv_scale="tensor")
+  row_max = plans.Tensor.dense((2, 4, 33), "float32") if p_scale == "row" else None
+  fwd = plans.attention_forward(*map(torch_launch.describe, (q, k, v)), opts, GPU, masks=masks)
+  bwd = plans.attention_backward(*map(torch_launch.describe, (q, q, k, v, q, lse)), opts, GPU, masks=masks,
+                                 row_max=row_max)
+  return fwd, bwd
+
+
+@pytest.mark.parametrize("p_scale", ["block", "row"])
+def test_tensor_scale_plans(p_scale):
+  """qkv_scale="tensor": encode scales of Q, K, V (amax over the lengths that apply), fq(enc * X), then the
+  ``*_tensor`` kernel entry points reading the scales; the "block" plans keep their launches and kernels."""
+  kv_len = plans.Tensor.dense((2,), "int32")
+  fwd, bwd = _tensor_plans(p_scale, masks=(None, kv_len, None, None))
+  scales = ["jqat_nvfp4_tensor_scale_q", "jqat_nvfp4_tensor_scale_k", "jqat_nvfp4_tensor_scale_v"]
+  assert [la.name for la in fwd.launches] == scales + ["jqat_nvfp4_fake_quantize_scaled_k",
+                                                       "jqat_nvfp4_fake_quantize_scaled_v", "jqat_attention_fwd"]
+  assert [la.name for la in bwd.launches] == scales + [f"jqat_nvfp4_fake_quantize_scaled_{n}" for n in "qkv"] + [
+      "jqat_attention_bwd_delta", "jqat_attention_bwd_dq", "jqat_attention_bwd_dkdv"]
+  assert fwd.scratch == ("q_enc", "k_enc", "v_enc", "k_hat", "v_hat")
+  assert bwd.scratch == ("q_enc", "k_enc", "v_enc", "q_hat", "k_hat", "v_hat", "delta")
+  assert fwd.launches[-1].kernel is (kfwd.attention_fwd_row_tensor_kernel if p_scale == "row" else
+                                     kfwd.attention_fwd_tensor_kernel)
+  assert (bwd.launches[-2].kernel, bwd.launches[-1].kernel) == (kbwd.attention_bwd_dq_tensor_kernel,
+                                                                kbwd.attention_bwd_dkdv_tensor_kernel)
+  enc = (plans.Ref("q_enc"), plans.Ref("k_enc"), plans.Ref("v_enc"))
+  assert fwd.launches[-1].args[13:16] == enc and bwd.launches[-2].args[16:19] == enc
+  # Q's amax runs over all rows (no query_seq_lengths here), K's and V's over the first kv_len keys.
+  lens = [(la.args[1], la.constexprs["HAS_LEN"], la.grid) for la in fwd.launches[:3]]
+  assert lens == [(plans.Ref("q"), False, (8,)), (plans.Ref("kv_len"), True, (4,)), (plans.Ref("kv_len"), True, (4,))]
+  assert fwd.buffers["q_enc"] == plans.Tensor.dense((2, 4), "float32")
+  assert fwd.buffers["k_hat"].strides == fwd.buffers["k"].strides  # BHSD views: scratch keeps the strides
+  for plan in (fwd, bwd):
+    _assert_signatures(plan)
+  # Without quantization the scale mode changes nothing; "block" plans launch the kernels of SPEC section 3.
+  q, k, v = _bhsd_views(2, 4, 2, 33, 40, 64)
+  for opts in (AttentionOptions(0.125, p_scale=p_scale), AttentionOptions(0.125, p_scale=p_scale, qkv_scale="tensor",
+                                                                          config=QATConfig(quantize_qkv=False))):
+    block = plans.attention_forward(*map(torch_launch.describe, (q, k, v)), opts, GPU)
+    assert all("enc" not in name for name in block.buffers)
+    assert block.launches[-1].kernel is (kfwd.attention_fwd_row_kernel if p_scale == "row" else
+                                         kfwd.attention_fwd_kernel)
+    _assert_signatures(block)
+  lse = torch.zeros(2, 4, 33)
+  row_max = plans.Tensor.dense((2, 4, 33), "float32") if p_scale == "row" else None
+  block = plans.attention_backward(*map(torch_launch.describe, (q, q, k, v, q, lse)),
+                                   AttentionOptions(0.125, p_scale=p_scale), GPU, row_max=row_max)
+  assert (block.launches[-2].kernel, block.launches[-1].kernel) == (kbwd.attention_bwd_dq_kernel,
+                                                                    kbwd.attention_bwd_dkdv_kernel)
+  _assert_signatures(block)
+
+
+@pytest.mark.parametrize("qkv_scale", ["block", "tensor"])
+def test_torch_binding_launches_the_plan(qkv_scale):
   q, k, v = _bhsd_views(1, 4, 2, 33, 40, 64)
   lse = torch.zeros(1, 4, 33)
-  plan = plans.attention_backward(*map(torch_launch.describe, (q, q, k, v, q, lse)), AttentionOptions(0.125), GPU)
+  plan = plans.attention_backward(*map(torch_launch.describe, (q, q, k, v, q, lse)),
+                                  AttentionOptions(0.125, qkv_scale=qkv_scale), GPU)
   plan, calls = _recorded_plan(plan)
   tensors = dict(do=q, q=q, k=k, v=v, o_for_delta=q, lse=lse, **torch_launch.allocate(plan, plan.scratch + plan.outputs,
                                                                                      "cpu"))
@@ -96,7 +165,8 @@ def test_workspace_carves_aligned_disjoint_scratch():
   assert all(views[n].stride() == plan.buffers[n].strides for n in plan.scratch)
 
 
-def test_jax_binding_launches_the_plan(monkeypatch):
+@pytest.mark.parametrize("qkv_scale", ["block", "tensor"])
+def test_jax_binding_launches_the_plan(monkeypatch, qkv_scale):
   calls = []
 
   def fake_triton_call(*args, kernel, out_shape, grid, num_warps, num_stages, input_output_aliases, name, **meta):
@@ -109,7 +179,8 @@ def test_jax_binding_launches_the_plan(monkeypatch):
   monkeypatch.setattr(jax_launch, "triton_call", fake_triton_call)
   q = jnp.zeros((2, 100, 8, 128), jnp.bfloat16)
   k = jnp.zeros((2, 70, 2, 128), jnp.bfloat16)
-  plan = plans.attention_forward(*map(jax_launch.dense, (q, k, k)), AttentionOptions(0.1, True), GPU)
+  plan = plans.attention_forward(*map(jax_launch.dense, (q, k, k)), AttentionOptions(0.1, True, qkv_scale=qkv_scale),
+                                 GPU)
   outs = jax_launch.execute(plan, q, k, k)
   assert [o.shape for o in outs] == [q.shape, q.shape, (2, 8, 100)]
   assert [c["name"] for c in calls] == [la.name for la in plan.launches]

@@ -13,7 +13,8 @@ segment: packed documents). A row that sees no key gives O = 0, lse = -inf and z
 Numerics modes (defined in docs/NUMERICS.md): ``p_scale`` "block" (SPEC section 3) or "row"
 (two-level fq(P) relative to the row max; the forward then also returns ``row_max`` [B, N, Tq]
 fp32, which the backward takes); ``smooth_k`` (subtract the mean key over live keys before the op:
-SageAttention's SmoothK, the softmax is unchanged in exact arithmetic).
+SageAttention's SmoothK, the softmax is unchanged in exact arithmetic); ``qkv_scale`` "block" or "tensor"
+(two-level Q, K, V with an FP32 scale per (batch, head)). Every mode runs on both implementations.
 """
 
 from __future__ import annotations
@@ -33,12 +34,10 @@ _ALL_ON = QATConfig()  # the default switches: Attn-QAT
 _KERNEL_MAX_HEAD_DIM = 256
 
 
-def _resolve(implementation, head_dim: int, opts: AttentionOptions) -> str:
+def _resolve(implementation, head_dim: int) -> str:
   unsupported = None
   if head_dim > _KERNEL_MAX_HEAD_DIM:
     unsupported = f"the Triton kernels take head dims up to {_KERNEL_MAX_HEAD_DIM}, got {head_dim}"
-  if opts.qkv_scale == "tensor" and opts.config.quantize_qkv:
-    unsupported = "qkv_scale='tensor' has no Triton kernels yet (the XLA reference implements it)"
   return dispatch.resolve(implementation, unsupported=unsupported)
 
 
@@ -124,7 +123,7 @@ def attention_forward(query, key, value, *, scale=None, is_causal=False, impleme
   masks = _masks(query, key, query_seq_lengths, key_value_seq_lengths, q_segment_ids, kv_segment_ids)
   if validate.flag("smooth_k", smooth_k):
     key = smooth_keys(key, masks[1])
-  out = _forward(query, key, value, masks, opts, _resolve(implementation, d, opts))
+  out = _forward(query, key, value, masks, opts, _resolve(implementation, d))
   return out if opts.p_scale == "row" else out[:3]
 
 
@@ -161,7 +160,7 @@ def attention_backward(d_out, query, key, value, out_for_delta, lse, *, scale=No
                                     qkv_scale_value=qkv_scale)
   row_max = validate.row_max(row_max, query, opts.p_scale)
   masks = _masks(query, key, query_seq_lengths, key_value_seq_lengths, q_segment_ids, kv_segment_ids)
-  impl = _resolve(implementation, d, opts)
+  impl = _resolve(implementation, d)
   if not validate.flag("smooth_k", smooth_k):
     return _backward(d_out, query, key, value, out_for_delta, lse, row_max, masks, opts, impl)
   smoothed, smooth_vjp = jax.vjp(lambda k: smooth_keys(k, masks[1]), key)
@@ -227,8 +226,7 @@ def attention(query, key, value, *, scale=None, is_causal=False, implementation=
   smooth_k: subtract the mean key over live keys (per batch, KV head, channel) before quantizing
     (:func:`smooth_keys`); the gradient flows through the mean.
   qkv_scale: "block" (E4M3 block scales only) or "tensor" (two-level: an FP32 scale per (batch, head) maps
-    the amax to 6 * 448 above the block scales; docs/NUMERICS.md). "tensor" runs on the XLA reference
-    (``implementation=None`` picks it; "triton" raises).
+    the amax over live rows to 6 * 448 above the block scales; docs/NUMERICS.md). Both implementations.
   Returns out: [B, Tq, N, D] in the query dtype. Gradients are straight-through
   for Q, K, V and follow SPEC section 3; higher-order derivatives raise.
   """
@@ -242,4 +240,4 @@ def attention(query, key, value, *, scale=None, is_causal=False, implementation=
   masks = _masks(query, key, query_seq_lengths, key_value_seq_lengths, q_segment_ids, kv_segment_ids)
   if validate.flag("smooth_k", smooth_k):
     key = smooth_keys(key, masks[1])
-  return _attention(query, key, value, masks, opts, _resolve(implementation, d, opts))
+  return _attention(query, key, value, masks, opts, _resolve(implementation, d))

@@ -279,8 +279,8 @@ def attention(q, k, v, is_causal=False, scale=None, enable_gqa=False, *, block_n
   p_scale: "block" or "row" (two-level fq(P), docs/NUMERICS.md), as in ``jqat.attention``.
   smooth_k: subtract the mean key over live keys first (:func:`smooth_keys`, a torch op: autograd
     carries its gradient), as in ``jqat.attention``.
-  qkv_scale: "block" or "tensor" (per-(batch, head) FP32 scales above the block scales); "tensor" runs on
-    CPU tensors only for now (no Triton kernels: CUDA tensors raise NotImplementedError before any launch).
+  qkv_scale: "block" or "tensor" (per-(batch, head) FP32 scales above the block scales, amax over the live
+    rows; docs/NUMERICS.md), as in ``jqat.attention``, on both devices.
 
   Returns O [B, H, Sq, D] in q's dtype. CUDA tensors run the Triton kernels on the current
   stream; CPU tensors run the JAX reference through DLPack. The op is ``torch.ops.jqat.attention_fwd``
