@@ -93,6 +93,9 @@ class Plan:
   """Every buffer by name, which are the op's inputs, scratch and outputs, and the launches in order.
 
   fills: outputs set to a constant instead of computed (an op with nothing to launch, e.g. no keys).
+  stored_in: intermediate buffers that live in an output's storage (``{"k_hat": "dk"}``), not in
+    ``scratch``: the launch that writes the output reads the intermediate in place (its ``aliases`` say so,
+    which is how XLA reuses the buffer); the torch binding hands it the output's tensor.
   """
 
   buffers: dict
@@ -101,6 +104,7 @@ class Plan:
   outputs: tuple[str, ...]
   launches: tuple[Launch, ...]
   fills: dict = dataclasses.field(default_factory=dict)
+  stored_in: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -356,9 +360,10 @@ def attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out_for_d
   row_max: ``[B, N, Tq]`` fp32 dense, the forward's, given exactly when ``opts.p_scale == "row"``
   (an input after lse).
   masks: as in :func:`attention_forward` (inputs after lse and row_max).
-  Scratch: ``delta`` (``[B, N, Tq]`` fp32) and, with ``quantize_qkv``, fq(Q), fq(K), fq(V); with
+  Scratch: ``delta`` (``[B, N, Tq]`` fp32) and, with ``quantize_qkv``, fq(Q); fq(K) and fq(V) are written into
+  dk's and dv's storage (``Plan.stored_in``), which the dK/dV kernel then overwrites in place. With
   qkv_scale="tensor" these are fq(enc * X), after the encode scales ``q_enc``, ``k_enc``, ``v_enc``
-  (``[B, heads]`` fp32), and the dQ and dK/dV kernels are their ``*_tensor`` entry points.
+  (``[B, heads]`` fp32, scratch), and the dQ and dK/dV kernels are their ``*_tensor`` entry points.
   """
   b, tq, n, d = q.shape
   tk, kh = k.shape[1], k.shape[2]
@@ -406,12 +411,18 @@ def attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out_for_d
   # The dK/dV kernel's m_ptr follows delta; "block" never reads it (lse stands in).
   kv_args = common[:6] + (Ref(stats[-1]),) + common[6:]
   row_range = P_ROW_RANGE if row else 0.0
+  # fq(K) and fq(V) live in dK's and dV's storage (issue 13's memory bound: two fewer K/V-sized buffers at the
+  # backward's peak). Safe in place: the dQ kernel, which reads every key, runs first, and each dK/dV program
+  # reads only the key rows it owns and writes them after its last read.
+  stored_in = {kk: "dk", vv: "dv"} if cfg.quantize_qkv else {}
+  aliases = tuple((kv_args.index(Ref(name)), ("dk", "dv").index(out)) for name, out in stored_in.items())
   dkdv = Launch("jqat_attention_bwd_dkdv", dkdv_kernel, (triton.cdiv(tk, c.kv_block_n), b * kh),
                 kv_args, ("dk", "dv"),
                 dict(BLOCK_M=c.kv_block_m, BLOCK_N=c.kv_block_n, QUANTIZE_P=cfg.quantize_p_backward, **flags,
                      **target.quant_flags(), P_ROW_RANGE=row_range),
-                c.kv_num_warps, c.kv_num_stages)
-  return Plan(buffers, inputs, scratch + ("delta",), outputs, launches + (delta, dq, dkdv))
+                c.kv_num_warps, c.kv_num_stages, aliases)
+  scratch = tuple(name for name in scratch if name not in stored_in) + ("delta",)
+  return Plan(buffers, inputs, scratch, outputs, launches + (delta, dq, dkdv), stored_in=stored_in)
 
 
 # ----------------------------------------------------------------------------- tail RoPE + QDQ

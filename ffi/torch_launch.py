@@ -75,10 +75,12 @@ def carve(plan: plans.Plan, workspace) -> dict:
 
 
 def execute(plan: plans.Plan, tensors: dict, *, warmup: bool = False) -> None:
-  """Runs ``plan`` with ``tensors``: every buffer it names (inputs, scratch and outputs) by name.
+  """Runs ``plan`` with ``tensors``: every buffer it names (inputs, scratch and outputs) by name; the buffers
+  of ``plan.stored_in`` are the named outputs' tensors.
 
   warmup: compile every kernel without launching anything (Triton ``warmup``; a no-op for the interpreter).
   """
+  tensors = {**tensors, **{name: tensors[out] for name, out in plan.stored_in.items()}}
   for name, value in plan.fills.items():
     if not warmup:
       tensors[name].fill_(value)

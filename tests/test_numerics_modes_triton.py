@@ -60,7 +60,9 @@ def _np(t):
 
 def _kernels(q, k, v, do, opts, masks, scratch=None):
   """Forward then backward plans on torch tensors (small tiles); the backward reads the kernel's lse and, with
-  p_scale="row", m (None otherwise). scratch: a dict that receives the backward's scratch tensors."""
+  p_scale="row", m (None otherwise). scratch: a dict that receives the forward's scratch tensors (fq(K), fq(V)
+  and K's, V's encode scales) and then the backward's (fq(Q), Q's encode scale, delta; the backward writes its
+  fq(K), fq(V) into dk's and dv's storage, which the gradients then overwrite)."""
   mask_t = tuple(None if m is None else torch_launch.describe(m) for m in masks)
   mask_v = {n: m for n, m in zip(("q_len", "kv_len", "q_seg", "kv_seg"), masks) if m is not None}
   plan = plans.attention_forward(*map(torch_launch.describe, (q, k, v)), opts, torch_launch.target(q),
@@ -69,6 +71,8 @@ def _kernels(q, k, v, do, opts, masks, scratch=None):
   for name in plan.outputs:  # anything a kernel forgets to write stays NaN
     t[name].fill_(float("nan"))
   torch_launch.execute(plan, t)
+  if scratch is not None:
+    scratch.update((n, t[n]) for n in plan.scratch)
   o, o_hp, lse, m = (t.get(n) for n in ("o", "o_hp", "lse", "row_max"))
   plan = plans.attention_backward(*map(torch_launch.describe, (do, q, k, v, o_hp, lse)), opts,
                                   torch_launch.target(q), config=BackwardConfig(16, 16, 4, 1, 32, 16, 4, 1),

@@ -39,7 +39,13 @@ def test_plan_uses_the_strides_it_is_given():
   assert fwd.buffers["k_hat"].strides == k.stride() and fwd.scratch == ("k_hat", "v_hat")
   bwd = plans.attention_backward(*map(torch_launch.describe, (q, q, k, v, q, lse)), opts, GPU)
   assert [bwd.buffers[n].strides for n in ("dq", "dk", "dv")] == [q.stride(), k.stride(), v.stride()]
-  assert bwd.scratch == ("q_hat", "k_hat", "v_hat", "delta") and bwd.launches[-1].grid == (1, 2 * 2)
+  assert bwd.scratch == ("q_hat", "delta") and bwd.launches[-1].grid == (1, 2 * 2)
+  # fq(K), fq(V) live in dk's and dv's storage: the dK/dV launch reads them in place, after the dQ launch.
+  dkdv = bwd.launches[-1]
+  assert bwd.stored_in == {"k_hat": "dk", "v_hat": "dv"} and [la.name for la in bwd.launches[-2:]] == [
+      "jqat_attention_bwd_dq", "jqat_attention_bwd_dkdv"]
+  assert [(dkdv.args[i], dkdv.outputs[o]) for i, o in dkdv.aliases] == [(plans.Ref("k_hat"), "dk"),
+                                                                         (plans.Ref("v_hat"), "dv")]
   off = dataclasses.replace(opts, config=QATConfig(quantize_qkv=False))
   assert plans.attention_forward(*map(torch_launch.describe, (q, k, v)), off, GPU).scratch == ()
 
@@ -103,7 +109,8 @@ def test_tensor_scale_plans(p_scale):
   assert [la.name for la in bwd.launches] == scales + [f"jqat_nvfp4_fake_quantize_scaled_{n}" for n in "qkv"] + [
       "jqat_attention_bwd_delta", "jqat_attention_bwd_dq", "jqat_attention_bwd_dkdv"]
   assert fwd.scratch == ("q_enc", "k_enc", "v_enc", "k_hat", "v_hat")
-  assert bwd.scratch == ("q_enc", "k_enc", "v_enc", "q_hat", "k_hat", "v_hat", "delta")
+  assert bwd.scratch == ("q_enc", "k_enc", "v_enc", "q_hat", "delta")
+  assert bwd.stored_in == {"k_hat": "dk", "v_hat": "dv"}
   assert fwd.launches[-1].kernel is (kfwd.attention_fwd_row_tensor_kernel if p_scale == "row" else
                                      kfwd.attention_fwd_tensor_kernel)
   assert (bwd.launches[-2].kernel, bwd.launches[-1].kernel) == (kbwd.attention_bwd_dq_tensor_kernel,
@@ -146,6 +153,7 @@ def test_torch_binding_launches_the_plan(qkv_scale):
                                                                                      "cpu"))
   torch_launch.execute(plan, tensors)
   assert [c[0] for c in calls] == [la.name for la in plan.launches]
+  tensors.update({name: tensors[out] for name, out in plan.stored_in.items()})  # fq(K), fq(V) in dk, dv
   for (_, grid, args, kwargs), la in zip(calls, plan.launches):
     assert grid == la.grid
     want = [tensors[a.name] if isinstance(a, plans.Ref) else a for a in la.args] + [tensors[o] for o in la.outputs]
