@@ -186,7 +186,7 @@ def test_memory_check_peak_covers_the_plans_backward(tmp_path):
   proc = subprocess.run(
     [sys.executable, os.path.join(BENCH, "attention.py"), "--memory-only", "--memory-shape", "1,8,16384,128"]
     + ["--out", str(out)],
-    env=dict(os.environ, PYTHONPATH=ROOT),
+    env=dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (ROOT, os.environ.get("PYTHONPATH"))))),
     capture_output=True,
     text=True,
     timeout=600,
