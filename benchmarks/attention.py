@@ -254,6 +254,7 @@ def memory_accounting(b, n, s, d, causal=True, p_scale="block"):
     backward_in_outputs=[dict(_buffer(name, bwd.buffers[name]), stored_in=out) for name, out in bwd.stored_in.items()],
   )
   base = _total(acct["inputs"]) + _total(acct["outputs"]) + _total(acct["residuals"])
+  do_bytes = _total([t for t in acct["backward_transients"] if t["name"] == "do"])
   fwd_peak = _total(acct["inputs"]) + _total(acct["forward_transients"]) + _total(acct["residuals"])
   bwd_peak = base + _total(acct["backward_transients"])
   groups = {"fq copies": [t for t in acct["backward_transients"] if t["name"].endswith("_hat")]}
@@ -276,8 +277,8 @@ def memory_accounting(b, n, s, d, causal=True, p_scale="block"):
     predicted_peak=max(fwd_peak, bwd_peak),
     predicted_ratio=max(fwd_peak, bwd_peak) / base,
     # dO counted as an input (of the backward: the gradient that flows in) rather than as a transient.
-    base_with_cotangent=base + _total(acct["backward_transients"][:1]),
-    predicted_ratio_with_cotangent=max(fwd_peak, bwd_peak) / (base + _total(acct["backward_transients"][:1])),
+    base_with_cotangent=base + do_bytes,
+    predicted_ratio_with_cotangent=max(fwd_peak, bwd_peak) / (base + do_bytes),
     without=without,
   )
   return acct
