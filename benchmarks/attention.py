@@ -225,7 +225,8 @@ def memory_accounting(b, n, s, d, causal=True, p_scale="block"):
     that are not inputs (O', lse, row_max with p_scale="row");
     forward_transients: the forward plan's scratch (fq(K), fq(V)) and O, which only the loss reads;
     backward_transients: dO (the cotangent XLA materializes for the backward's custom calls) and the
-    backward plan's scratch (fq(Q), fq(K), fq(V), delta).
+    backward plan's scratch (delta; fq(K), fq(V) live in dk's and dv's storage and fq(Q) in O''s, as the
+    JAX binding plans it: ``backward_in_outputs``).
   and bytes: ``base`` = inputs + outputs + residuals; ``forward_peak`` (inputs, forward scratch and
   outputs, live at the forward kernel) and ``backward_peak`` (inputs, residuals, backward transients and
   outputs, all live at the last launch, dK/dV, which reads every scratch buffer); ``predicted_peak``, their
@@ -241,7 +242,8 @@ def memory_accounting(b, n, s, d, causal=True, p_scale="block"):
   fwd = plans.attention_forward(x, x, x, opts, target)
   res = [name for name in fwd.outputs if name != "o"]  # O is the primal output; the others are saved
   bwd = plans.attention_backward(
-    fwd.buffers["o"], x, x, x, fwd.buffers["o_hp"], fwd.buffers["lse"], opts, target, row_max=fwd.buffers.get("row_max")
+    fwd.buffers["o"], x, x, x, fwd.buffers["o_hp"], fwd.buffers["lse"], opts, target,
+    row_max=fwd.buffers.get("row_max"), q_hat_over_out=True,  # as ffi/jax_launch.py plans it
   )
   acct = dict(
     shape=dict(B=b, N=n, S=s, D=d, causal=causal, p_scale=p_scale),
@@ -250,7 +252,7 @@ def memory_accounting(b, n, s, d, causal=True, p_scale="block"):
     residuals=[_buffer(name, fwd.buffers[name]) for name in res],
     forward_transients=[_buffer(name, fwd.buffers[name]) for name in fwd.scratch + ("o",)],
     backward_transients=[_buffer("do", bwd.buffers["do"])] + [_buffer(name, bwd.buffers[name]) for name in bwd.scratch],
-    # In an output's storage (the plan's stored_in): no bytes of their own.
+    # In another buffer's storage (the plan's stored_in: dk, dv, and O' once delta is formed): no bytes of their own.
     backward_in_outputs=[dict(_buffer(name, bwd.buffers[name]), stored_in=out) for name, out in bwd.stored_in.items()],
   )
   base = _total(acct["inputs"]) + _total(acct["outputs"]) + _total(acct["residuals"])

@@ -102,7 +102,8 @@ def _backward_fn(opts: AttentionOptions, config, present: tuple[bool, ...]):
   def run(do, q, k, v, o_for_delta, lse, *rest):  # rest: row_max (p_scale="row"), then the masks
     stats, masks = rest[:int(row)], rest[int(row):]
     plan = plans.attention_backward(*map(dense, (do, q, k, v, o_for_delta, lse)), opts, target(), config=config,
-                                    masks=_mask_tensors(present, masks), row_max=dense(stats[0]) if row else None)
+                                    masks=_mask_tensors(present, masks), row_max=dense(stats[0]) if row else None,
+                                    q_hat_over_out=True)  # O' is dead after delta: XLA keeps any other reader safe
     return execute(plan, do, q, k, v, o_for_delta, lse, *stats, *masks)
   spec = partitioning.attention_backward_spec(present, row_max=row)
   return fold_batch(partitioning.partitioned(run, spec), 6 + row + sum(present))

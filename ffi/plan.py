@@ -93,9 +93,10 @@ class Plan:
   """Every buffer by name, which are the op's inputs, scratch and outputs, and the launches in order.
 
   fills: outputs set to a constant instead of computed (an op with nothing to launch, e.g. no keys).
-  stored_in: intermediate buffers that live in an output's storage (``{"k_hat": "dk"}``), not in
-    ``scratch``: the launch that writes the output reads the intermediate in place (its ``aliases`` say so,
-    which is how XLA reuses the buffer); the torch binding hands it the output's tensor.
+  stored_in: intermediate buffers that live in another buffer's storage, not in ``scratch``: an output's
+    (``{"k_hat": "dk"}``: the launch that writes the output reads the intermediate in place), or an input's
+    that is dead by then (``{"q_hat": "o_for_delta"}``, JAX only). The launches' ``aliases`` say so, which
+    is how XLA reuses the buffer; the torch binding hands the intermediate that buffer's tensor.
   """
 
   buffers: dict
@@ -353,7 +354,7 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
 
 def attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out_for_delta: Tensor, lse: Tensor,
                        opts: AttentionOptions, target: Target, *, config: kbwd.BackwardConfig | None = None,
-                       masks=NO_MASKS, row_max: Tensor | None = None) -> Plan:
+                       masks=NO_MASKS, row_max: Tensor | None = None, q_hat_over_out: bool = False) -> Plan:
   """Plan of the QAT backward: outputs ``dq``, ``dk``, ``dv`` with the strides of q, k, v.
 
   d_out, out_for_delta, q: ``[B, Tq, N, D]``; k, v: ``[B, Tk, K, D]``; lse: ``[B, N, Tq]`` fp32 dense.
@@ -364,6 +365,11 @@ def attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out_for_d
   dk's and dv's storage (``Plan.stored_in``), which the dK/dV kernel then overwrites in place. With
   qkv_scale="tensor" these are fq(enc * X), after the encode scales ``q_enc``, ``k_enc``, ``v_enc``
   (``[B, heads]`` fp32, scratch), and the dQ and dK/dV kernels are their ``*_tensor`` entry points.
+  q_hat_over_out: write fq(Q) over ``o_for_delta``'s storage, which is dead once delta is formed
+  (``attention_bwd_delta_fq_kernel`` forms both; ``Plan.stored_in`` says so and the launch aliases it), so
+  that fq(Q) needs no scratch. Only for executors whose buffers are values, as XLA's are: XLA orders any
+  other reader of O' first, or copies it. (The torch binding keeps O' intact: autograd may read a saved
+  tensor again.) Applies with quantize_qkv, qkv_scale="block" and ``o_for_delta`` laid out as q.
   """
   b, tq, n, d = q.shape
   tk, kh = k.shape[1], k.shape[2]
@@ -385,20 +391,30 @@ def attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out_for_d
     return Plan(buffers, inputs, (), outputs, (), {"dq": 0.0, "dk": 0.0, "dv": 0.0})
   cfg = opts.config
   tensor = _tensor_mode(opts)
+  q_over_o = q_hat_over_out and cfg.quantize_qkv and not tensor and out_for_delta == q
   if tensor:
     (qq, kk, vv), scratch, launches = _two_level_inputs(("q", "k", "v"), target, buffers)
+  elif q_over_o:  # fq(Q) comes from the delta launch, into O''s storage
+    (kk, vv), scratch, launches = _quantized_inputs(("k", "v"), (k, v), True, target, buffers)
+    qq = "q_hat"
+    buffers[qq] = q
   else:
     (qq, kk, vv), scratch, launches = _quantized_inputs(("q", "k", "v"), (q, k, v), cfg.quantize_qkv, target,
                                                         buffers)
   scratch += tuple(launch.outputs[0] for launch in mask_launches)
   launches += mask_launches
   buffers["delta"] = Tensor.dense((b, n, tq), "float32")
-  delta = Launch(
-      "jqat_attention_bwd_delta", kbwd.attention_bwd_delta_kernel,
-      (triton.cdiv(tq, kbwd.DELTA_LAUNCH["BLOCK_M"]), b * n),
-      (Ref("o_for_delta"), Ref("do"), tq, n, *_s3(out_for_delta), *_s3(d_out)), ("delta",),
-      dict(**_head_dims(d), BLOCK_M=kbwd.DELTA_LAUNCH["BLOCK_M"]), kbwd.DELTA_LAUNCH["num_warps"],
-      kbwd.DELTA_LAUNCH["num_stages"])
+  grid = (triton.cdiv(tq, kbwd.DELTA_LAUNCH["BLOCK_M"]), b * n)
+  delta_flags = dict(**_head_dims(d), BLOCK_M=kbwd.DELTA_LAUNCH["BLOCK_M"])
+  delta_args = (Ref("o_for_delta"), Ref("do"), tq, n, *_s3(out_for_delta), *_s3(d_out))
+  if q_over_o:
+    delta = Launch("jqat_attention_bwd_delta_fq", kbwd.attention_bwd_delta_fq_kernel, grid,
+                   delta_args[:2] + (Ref("q"),) + delta_args[2:] + _s3(q), ("delta", qq),
+                   dict(**delta_flags, **target.quant_flags()), kbwd.DELTA_LAUNCH["num_warps"],
+                   kbwd.DELTA_LAUNCH["num_stages"], aliases=((0, 1),))
+  else:
+    delta = Launch("jqat_attention_bwd_delta", kbwd.attention_bwd_delta_kernel, grid, delta_args, ("delta",),
+                   delta_flags, kbwd.DELTA_LAUNCH["num_warps"], kbwd.DELTA_LAUNCH["num_stages"])
   c = config or backward_config(d)
   enc_args = (Ref("q_enc"), Ref("k_enc"), Ref("v_enc")) if tensor else ()
   common = (Ref(qq), Ref(kk), Ref(vv), Ref("do"), Ref("lse"), Ref("delta"), float(opts.scale), tq, tk, n, n // kh,
@@ -416,6 +432,8 @@ def attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out_for_d
   # reads only the key rows it owns and writes them after its last read.
   stored_in = {kk: "dk", vv: "dv"} if cfg.quantize_qkv else {}
   aliases = tuple((kv_args.index(Ref(name)), ("dk", "dv").index(out)) for name, out in stored_in.items())
+  if q_over_o:
+    stored_in[qq] = "o_for_delta"
   dkdv = Launch("jqat_attention_bwd_dkdv", dkdv_kernel, (triton.cdiv(tk, c.kv_block_n), b * kh),
                 kv_args, ("dk", "dv"),
                 dict(BLOCK_M=c.kv_block_m, BLOCK_N=c.kv_block_n, QUANTIZE_P=cfg.quantize_p_backward, **flags,

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import assert_close
+from oracle import fq_oracle
 
 torch = pytest.importorskip("torch")
 triton = pytest.importorskip("triton")
@@ -193,6 +194,30 @@ def test_kernels_match_reference(case):
                            cfg=cfg)
   for name, got, want in zip(("dQ", "dK", "dV"), grads, r_grads):
     assert_close(_np(got), want, rel=BOUNDS[name], name=name)
+
+
+def test_backward_writes_fq_q_over_o_prime():
+  """The JAX binding's backward plan (``q_hat_over_out``): one launch forms delta from O' and writes fq(Q) over
+  O''s storage, so fq(Q) needs no scratch. Gradients within the reference's bounds, and fq(Q) is what the
+  NumPy oracle quantizes, bit for bit."""
+  device = kernel_device()
+  case = CPU_CASES[0]
+  b, tq, tk, n, kh, d, causal, dtype, bn, cfg = case
+  to_t = lambda x: torch.from_numpy(np.array(x)).to(_TORCH[dtype]).to(device)
+  q, k, v, do = (to_t(x) for x in _inputs(b, tq, tk, n, kh, d, dtype))
+  _, _, r_lse, r_ofd, r_grads = _reference(case)
+  o_for_delta = to_t(r_ofd)  # overwritten with fq(Q)
+  lse = torch.from_numpy(r_lse.copy()).to(device)
+  plan = plans.attention_backward(*map(torch_launch.describe, (do, q, k, v, o_for_delta, lse)),
+                                  AttentionOptions(d**-0.5, causal, 64, cfg), torch_launch.target(q),
+                                  config=BackwardConfig(16, 16, 4, 1, 32, 16, 4, 1), q_hat_over_out=True)
+  assert "q_hat" not in plan.scratch and plan.stored_in["q_hat"] == "o_for_delta"
+  tensors = dict(do=do, q=q, k=k, v=v, o_for_delta=o_for_delta, lse=lse,
+                 **_poisoned(plan, plan.scratch + plan.outputs, device))
+  torch_launch.execute(plan, tensors)
+  for name, got, want in zip(("dQ", "dK", "dV"), (tensors["dq"], tensors["dk"], tensors["dv"]), r_grads):
+    assert_close(_np(got), want, rel=BOUNDS[name], name=name)
+  np.testing.assert_array_equal(_np(o_for_delta).view(np.uint32), fq_oracle(_np(q)).view(np.uint32))
 
 
 def test_no_visible_key_gives_zero_and_minus_inf():

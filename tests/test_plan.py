@@ -50,6 +50,31 @@ def test_plan_uses_the_strides_it_is_given():
   assert plans.attention_forward(*map(torch_launch.describe, (q, k, v)), off, GPU).scratch == ()
 
 
+def test_jax_backward_plan_writes_fq_q_over_o_prime():
+  """``q_hat_over_out`` (the JAX binding): the delta launch also writes fq(Q), over O''s storage (aliased), and
+  the dQ and dK/dV launches read it there; plans it cannot apply to keep fq(Q) in scratch."""
+  q = plans.Tensor.dense((2, 100, 8, 128), "bfloat16")
+  k = plans.Tensor.dense((2, 70, 2, 128), "bfloat16")
+  lse = plans.Tensor.dense((2, 8, 100), "float32")
+  opts = AttentionOptions(0.1, True)
+  bwd = plans.attention_backward(q, q, k, k, q, lse, opts, GPU, q_hat_over_out=True)
+  assert [la.name for la in bwd.launches] == ["jqat_nvfp4_fake_quantize_k", "jqat_nvfp4_fake_quantize_v",
+                                              "jqat_attention_bwd_delta_fq", "jqat_attention_bwd_dq",
+                                              "jqat_attention_bwd_dkdv"]
+  delta, dq, dkdv = bwd.launches[-3:]
+  assert bwd.scratch == ("delta",) and bwd.stored_in == {"k_hat": "dk", "v_hat": "dv", "q_hat": "o_for_delta"}
+  assert [(delta.args[i], delta.outputs[o]) for i, o in delta.aliases] == [(plans.Ref("o_for_delta"), "q_hat")]
+  assert delta.kernel is kbwd.attention_bwd_delta_fq_kernel and bwd.buffers["q_hat"] == q
+  assert dq.args[0] == dkdv.args[0] == plans.Ref("q_hat")
+  _assert_signatures(bwd)
+  # O' laid out unlike Q, qkv_scale="tensor", or no quantization: fq(Q) (if any) stays in scratch.
+  o_t = plans.Tensor((2, 100, 8, 128), "bfloat16", (102400, 1, 12800, 100))
+  for o, op in ((o_t, opts), (q, dataclasses.replace(opts, qkv_scale="tensor")),
+                (q, dataclasses.replace(opts, config=QATConfig(quantize_qkv=False)))):
+    plan = plans.attention_backward(q, q, k, k, o, lse, op, GPU, q_hat_over_out=True)
+    assert "q_hat" not in plan.stored_in and "jqat_attention_bwd_delta" in [la.name for la in plan.launches]
+
+
 def test_empty_problems_fill_instead_of_launching():
   q, k, v = _bhsd_views(1, 2, 1, 5, 0, 16)
   plan = plans.attention_forward(*map(torch_launch.describe, (q, k, v)), AttentionOptions(0.25), GPU)
