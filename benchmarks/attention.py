@@ -42,6 +42,7 @@ import jqat  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fastvideo  # noqa: E402
+from _plot import pyplot  # noqa: E402
 from _timing import cuda_event_ms  # noqa: E402
 
 # (B, N, K, S, D, causal): issue #13's shapes
@@ -531,17 +532,13 @@ def main():
     print("(this peak includes the rows above; --memory-only measures the check alone)")
     save()
   print("wrote", args.out)
-  try:
-    _plot(rows, os.path.splitext(args.out)[0] + ".png")
-  except ImportError:
-    print("matplotlib not installed: no plot")
+  _plot(rows, os.path.splitext(args.out)[0] + ".png")
 
 
 def _plot(rows, path):
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  plt = pyplot()
+  if plt is None:
+    return
 
   labels = [f"{r['B']}x{r['N']}/{r['K']}x{r['S']}x{r['D']}{' c' if r['causal'] else ''}" for r in rows]
   series = [("jqat", "jqat QAT"), ("cudnn", "cuDNN BF16"), ("sdpa", "torch SDPA BF16"), ("fastvideo", "FastVideo QAT")]

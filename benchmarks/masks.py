@@ -24,6 +24,7 @@ import os
 
 import jax
 import jax.numpy as jnp
+from _plot import pyplot  # noqa: E402
 from attention import time_ms  # noqa: E402
 
 import jqat  # noqa: E402
@@ -101,17 +102,13 @@ def main():
     verdict = "ok" if max(rf, rfb) <= TARGET else "MISSED"
     print(f"{r['case']:<28} {r['baseline']:<26} {f:8.2f} {bf:8.2f} {rf:6.2f} {fb:8.2f} {bfb:8.2f} {rfb:6.2f}  "
           f"{verdict}")
-  try:
-    _plot(rows, os.path.splitext(args.out)[0] + ".png")
-  except ImportError:
-    print("matplotlib not installed: no plot")
+  _plot(rows, os.path.splitext(args.out)[0] + ".png")
 
 
 def _plot(rows, path):
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  plt = pyplot()
+  if plt is None:
+    return
 
   fig, ax = plt.subplots(figsize=(7, 4))
   x = range(len(rows))

@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _plot import pyplot  # noqa: E402
 from attention import time_ms  # noqa: E402  (benchmarks/attention.py)
 
 import jqat  # noqa: E402
@@ -266,18 +267,14 @@ def main(argv=None):
     ", ".join(f"T={r['t']} causal={r['causal']}: {r['seconds_incl_compile']:.1f}" for r in result["references"]),
   )
   print("wrote", args.out)
-  try:
-    _plot(rows, os.path.splitext(args.out)[0] + ".png")
-  except ImportError:
-    print("matplotlib not installed: no plot")
+  _plot(rows, os.path.splitext(args.out)[0] + ".png")
 
 
 def _plot(rows, path):
   """One panel per output (O, dQ, dK, dV): relative error vs exact against T, a line per mode and causality."""
-  import matplotlib  # noqa: PLC0415  (optional)
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # noqa: PLC0415
+  plt = pyplot()
+  if plt is None:
+    return
 
   done = [r for r in rows if "error" not in r]
   modes = sorted({(r["causal"], r["p_scale"], r["smooth_k"], r["qkv_scale"]) for r in done})

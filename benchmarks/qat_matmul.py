@@ -21,6 +21,7 @@ import os
 
 import jax
 import jax.numpy as jnp
+from _plot import pyplot  # noqa: E402
 from attention import time_ms
 
 from jqat import nvfp4
@@ -112,10 +113,9 @@ def main():
 
 
 def _plot(rows, path):
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  plt = pyplot()
+  if plt is None:
+    return
 
   labels = [f"{r['M']}x{r['K']}x{r['N']}" for r in rows]
   series = [("dot_prequant_ms", "jnp.dot of pre-quantized bf16"), ("xla_ms", "XLA reference (fq + dot)"),

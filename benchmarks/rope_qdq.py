@@ -34,6 +34,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+from _plot import pyplot  # noqa: E402
 from _timing import cuda_event_ms  # noqa: E402
 from jax import lax
 
@@ -178,12 +179,8 @@ def _summary(r):
 
 
 def _plot(results, path):
-  try:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-  except ImportError:
-    print("matplotlib not installed: no plot")
+  plt = pyplot()
+  if plt is None:
     return
   fig, ax = plt.subplots(figsize=(7, 4))
   for mode in MODES:

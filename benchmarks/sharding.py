@@ -22,6 +22,7 @@ import sys
 
 import jax
 import jax.numpy as jnp
+from _plot import pyplot  # noqa: E402
 from attention import time_ms
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -100,17 +101,13 @@ def main():
       with open(args.out, "w") as f:  # after every row: a run cut short keeps what it measured
         json.dump(result, f, indent=1)
   print("wrote", args.out)
-  try:
-    _plot(result["rows"], os.path.splitext(args.out)[0] + ".png")
-  except ImportError:
-    print("matplotlib not installed: no plot")
+  _plot(result["rows"], os.path.splitext(args.out)[0] + ".png")
 
 
 def _plot(rows, path):
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  plt = pyplot()
+  if plt is None:
+    return
 
   shapes = list(dict.fromkeys((r["B"], r["T"], r["N"], r["D"], r["causal"]) for r in rows))
   configs = list(dict.fromkeys(r["config"] for r in rows))
