@@ -18,7 +18,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from jqat.ffi import partitioning
+from jqat.ffi import callback_launch, partitioning
 from jqat.ffi import plan as plans
 from jqat.ffi.options import AttentionOptions
 from jqat.ffi.triton_call import triton_call
@@ -31,7 +31,8 @@ def target() -> plans.Target:
   if isinstance(cc, str):
     major, _, minor = cc.partition(".")
     cc = (int(major), int(minor or 0))
-  return plans.Target(cc)
+  # Without a GPU only the callback launcher can run a plan: in Triton's interpreter.
+  return plans.Target(cc, interpret=cc is None and callback_launch.launcher() == "callback")
 
 
 def dense(x) -> plans.Tensor:
@@ -39,7 +40,11 @@ def dense(x) -> plans.Tensor:
 
 
 def execute(plan: plans.Plan, *arrays) -> tuple:
-  """Runs ``plan`` on ``arrays`` (its inputs, in order); returns its outputs."""
+  """Runs ``plan`` on ``arrays`` (its inputs, in order); returns its outputs.
+
+  Each launch is a jax-triton custom call, or with ``JQAT_JAX_LAUNCHER=callback`` a ``buffer_callback``
+  launching Triton's cubin (``jqat.ffi.callback_launch``).
+  """
   env = dict(zip(plan.inputs, arrays))
   for name, value in plan.fills.items():
     t = plan.buffers[name]
@@ -47,12 +52,16 @@ def execute(plan: plans.Plan, *arrays) -> tuple:
   for launch in plan.launches:
     args = tuple(env[a.name] if isinstance(a, plans.Ref) else a for a in launch.args)
     out_shape = tuple(jax.ShapeDtypeStruct(plan.buffers[o].shape, plan.buffers[o].dtype) for o in launch.outputs)
-    # jax-triton numbers aliased inputs among the array operands (scalars are not operands).
+    # Both launchers number aliased inputs among the array operands (scalars are not operands).
     aliases = {sum(isinstance(a, plans.Ref) for a in launch.args[:i]): o for i, o in launch.aliases}
-    res = triton_call(*args, kernel=launch.kernel, out_shape=out_shape if len(out_shape) > 1 else out_shape[0],
-                      grid=launch.grid, num_warps=launch.num_warps, num_stages=launch.num_stages,
-                      input_output_aliases=aliases, name=launch.name, **launch.constexprs)
-    env.update(zip(launch.outputs, res if len(out_shape) > 1 else (res,)))
+    if callback_launch.launcher() == "callback":
+      res = callback_launch.launch(launch, args, out_shape, aliases, target())
+    else:
+      res = triton_call(*args, kernel=launch.kernel, out_shape=out_shape if len(out_shape) > 1 else out_shape[0],
+                        grid=launch.grid, num_warps=launch.num_warps, num_stages=launch.num_stages,
+                        input_output_aliases=aliases, name=launch.name, **launch.constexprs)
+      res = res if len(out_shape) > 1 else (res,)
+    env.update(zip(launch.outputs, res))
   return tuple(env[o] for o in plan.outputs)
 
 

@@ -1,0 +1,130 @@
+"""The callback launcher (``JQAT_JAX_LAUNCHER=callback``, ``ffi/callback_launch.py``) of the JAX binding.
+
+CPU (``TRITON_INTERPRET=1``): ``buffer_callback`` hands the callback host buffers and the
+plan's kernels run in Triton's interpreter on them, so the public API with
+``implementation="triton"`` (the GPU check of the dispatcher bypassed) runs end to end
+under jit: its forward and gradients against the XLA reference, with the bounds of
+tests/test_attention_triton.py (whose reasons apply: the interpreter is not the reference).
+
+GPU (``@pytest.mark.gpu``): the callback launcher against jax-triton on the same plans, bit
+for bit. Both compile each launch with jax-triton's specialization (same TTIR, same PTX)
+and launch it with the plan's grid and configuration; the kernels are deterministic (no
+atomics) and the XLA programs around them only move buffers, so a differing bit means a
+different kernel build or a wrong buffer mapping, not reordering noise.
+"""
+
+import os
+
+from conftest import HAS_GPU  # noqa: E402
+
+os.environ.setdefault("TRITON_INTERPRET", "0" if HAS_GPU else "1")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from conftest import assert_close  # noqa: E402
+
+pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+# BOUNDS and _inputs: tests/test_attention_triton.py's (importing it also applies its NumPy >= 2.4 interpreter fix).
+from test_attention_triton import BOUNDS, _inputs  # noqa: E402
+
+import jqat  # noqa: E402
+from jqat._src import dispatch  # noqa: E402
+from jqat.ffi import callback_launch, jax_launch  # noqa: E402
+
+INTERPRET = os.environ["TRITON_INTERPRET"] == "1"
+
+
+@pytest.fixture
+def launcher(monkeypatch):
+  """Sets ``JQAT_JAX_LAUNCHER`` for one test; the cached plan target follows it."""
+
+  def use(name):
+    monkeypatch.setenv(callback_launch.ENV, name)
+    jax_launch.target.cache_clear()
+
+  yield use
+  jax_launch.target.cache_clear()
+
+
+def _loss_and_grads(q, k, v, w, implementation):
+  """O and d(sum(w * O))/d(q, k, v) of jqat.attention under jit (causal, GQA)."""
+
+  def loss(q, k, v):
+    o = jqat.attention(q, k, v, is_causal=True, implementation=implementation)
+    return jnp.sum(w * o.astype(jnp.float32)), o
+
+  (_, o), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(q, k, v)
+  return o, grads
+
+
+def _case(b, tq, tk, n, kh, d, seed=0):
+  q, k, v, w = _inputs(b, tq, tk, n, kh, d, "bfloat16", seed)
+  return tuple(jnp.asarray(x).astype(jnp.bfloat16) for x in (q, k, v)) + (jnp.asarray(w),)
+
+
+def test_launcher_env_is_validated(launcher):
+  launcher("cuda-graph")
+  with pytest.raises(ValueError, match="JQAT_JAX_LAUNCHER must be one of"):
+    callback_launch.launcher()
+
+
+@pytest.mark.skipif(not INTERPRET, reason="the interpreter path of the callback launcher (CPU)")
+def test_callback_interpreted_matches_reference(launcher, monkeypatch):
+  """Forward and gradients through buffer_callback + Triton's interpreter vs the XLA reference (odd sizes)."""
+  launcher("callback")
+  monkeypatch.setattr(dispatch, "triton_unavailable_reason", lambda: None)
+  q, k, v, w = _case(1, 17, 40, 2, 1, 64)
+  o, grads = _loss_and_grads(q, k, v, w, "triton")
+  r_o, r_grads = _loss_and_grads(q, k, v, w, "xla")
+  f = lambda x: np.asarray(x.astype(jnp.float32))
+  assert_close(f(o), f(r_o), rel=BOUNDS["O"], name="O")
+  for name, got, want in zip(("dQ", "dK", "dV"), grads, r_grads):
+    assert_close(f(got), f(want), rel=BOUNDS[name], name=name)
+
+
+def _bits(x):
+  x = np.asarray(x)
+  return x.view(f"u{x.dtype.itemsize}")
+
+
+def _kernel_outputs(q, k, v, do, opts):
+  """Forward (O, O', lse) and backward (dQ, dK, dV) plans run by the JAX binding under jit: kernel outputs only."""
+
+  def run(q, k, v, do):
+    o, o_hp, lse = jax_launch.attention_forward(q, k, v, opts)
+    return (o, o_hp, lse) + tuple(jax_launch.attention_backward(do, q, k, v, o_hp, lse, opts))
+
+  return jax.jit(run)(q, k, v, do)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_callback_matches_jax_triton_gpu(launcher, causal):
+  from jqat.ffi.options import DEFAULT_BLOCK_N, AttentionOptions, QATConfig
+
+  q, k, v, do = _case(2, 200, 333, 4, 2, 128)
+  opts = AttentionOptions(128**-0.5, causal, DEFAULT_BLOCK_N, QATConfig())
+  launcher("jax-triton")
+  want = _kernel_outputs(q, k, v, do, opts)
+  launcher("callback")
+  got = _kernel_outputs(q, k, v, do, opts)
+  for name, g, e in zip(("O", "O'", "lse", "dQ", "dK", "dV"), got, want):
+    assert not np.isnan(np.asarray(g.astype(jnp.float32))).any(), f"{name}: NaN"
+    assert np.array_equal(_bits(g), _bits(e)), f"{name}: {np.sum(_bits(g) != _bits(e))} of {g.size} elements differ"
+
+
+@pytest.mark.gpu
+def test_callback_public_api_matches_xla_gpu(launcher):
+  """The public API under jit with the callback launcher: forward and gradients vs the XLA reference."""
+  launcher("callback")
+  q, k, v, w = _case(2, 257, 300, 4, 1, 64)
+  o, grads = _loss_and_grads(q, k, v, w, "triton")
+  r_o, r_grads = _loss_and_grads(q, k, v, w, "xla")
+  f = lambda x: np.asarray(x.astype(jnp.float32))
+  assert_close(f(o), f(r_o), rel=BOUNDS["O"], name="O")
+  for name, got, want in zip(("dQ", "dK", "dV"), grads, r_grads):
+    assert_close(f(got), f(want), rel=BOUNDS[name], name=name)
