@@ -160,11 +160,24 @@ class _Kernel:
 @functools.cache
 def _compile(fn, arg_types: tuple[str, ...], ones: tuple[int, ...], constexprs: tuple, num_warps: int,
              num_stages: int, compute_capability: tuple[int, int]) -> _Kernel:
-  """``triton.compile`` of kernel ``fn`` with jax-triton's specialization, once per process and key.
+  """:func:`build` once per process and key, with Triton's launcher.
 
   The key is jax-triton's: kernel, argument types (outputs last), the scalars equal to 1, constexprs
   (``(name, value)`` pairs), ``num_warps``, ``num_stages`` and the compute capability. Triton's disk cache
   serves the cubin across processes.
+  """
+  compiled = build(fn, arg_types, ones, constexprs, num_warps, num_stages, compute_capability)
+  return _Kernel(compiled, tuple(fn.arg_names))
+
+
+def build(fn, arg_types: tuple[str, ...], ones: tuple[int, ...], constexprs: tuple, num_warps: int,
+          num_stages: int, compute_capability: tuple[int, int]):
+  """``triton.compile`` of kernel ``fn`` with jax-triton's specialization: Triton's ``CompiledKernel``.
+
+  arg_types: Triton types of the runtime arguments, outputs last (``"*bf16"``, ``"i32"``, ``"fp32"``).
+  ones: positions of the scalar arguments equal to 1 (compiled in as constexprs, as jax-triton does).
+  constexprs: ``(name, value)`` pairs of the kernel's remaining parameters.
+  Needs no GPU: the cubin is built for ``compute_capability`` (or read from Triton's disk cache).
   """
   import triton  # noqa: PLC0415
   from triton._C.libtriton import native_specialize_impl  # noqa: PLC0415
@@ -189,9 +202,7 @@ def _compile(fn, arg_types: tuple[str, ...], ones: tuple[int, ...], constexprs: 
   signature = dict(zip(params, arg_types))  # in parameter order: Triton's launcher takes the arguments so
   signature.update({p: "constexpr" for p in constants})
   options = dict(num_warps=num_warps, num_stages=num_stages, num_ctas=1, enable_fp_fusion=True, debug=False)
-  compiled = triton.compile(ASTSource(fn, signature, constexprs=constants, attrs=attrs), target=target,
-                            options=options)
-  return _Kernel(compiled, params)
+  return triton.compile(ASTSource(fn, signature, constexprs=constants, attrs=attrs), target=target, options=options)
 
 
 def _run_compiled(kernel: _Kernel, grid: tuple[int, int, int], template: tuple, refs: tuple[int, ...],

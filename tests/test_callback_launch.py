@@ -40,14 +40,8 @@ INTERPRET = os.environ["TRITON_INTERPRET"] == "1"
 
 @pytest.fixture
 def launcher(monkeypatch):
-  """Sets ``JQAT_JAX_LAUNCHER`` for one test; the cached plan target follows it."""
-
-  def use(name):
-    monkeypatch.setenv(callback_launch.ENV, name)
-    jax_launch.target.cache_clear()
-
-  yield use
-  jax_launch.target.cache_clear()
+  """Sets ``JQAT_JAX_LAUNCHER`` for one test (read whenever an op is traced)."""
+  return lambda name: monkeypatch.setenv(callback_launch.ENV, name)
 
 
 def _loss_and_grads(q, k, v, w, implementation):
@@ -84,6 +78,48 @@ def test_callback_interpreted_matches_reference(launcher, monkeypatch):
   assert_close(f(o), f(r_o), rel=BOUNDS["O"], name="O")
   for name, got, want in zip(("dQ", "dK", "dV"), grads, r_grads):
     assert_close(f(got), f(want), rel=BOUNDS[name], name=name)
+
+
+@pytest.mark.fresh_process  # a real compile: not in a process where the interpreter has run
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_builds_jax_tritons_ptx(monkeypatch, tmp_path, direction):
+  """Every launch of the attention plans for sm_90 compiles to the PTX that jax-triton 0.3.1's own factory
+  (run on the CPU through tests/test_ffi.py's harness) builds for it: the same kernels, so the GPU comparison
+  below can be bitwise. jax-triton's argument types come from its own ``get_triton_type``."""
+  from test_ffi import _real_triton_lib
+  from triton.backends.compiler import GPUTarget
+  from triton.backends.nvidia.compiler import CUDABackend
+
+  from jqat.ffi import plan as plans
+  from jqat.ffi.options import DEFAULT_BLOCK_N, AttentionOptions, QATConfig
+
+  monkeypatch.setenv("JQAT_CACHE_DIR", str(tmp_path))
+  monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+  lib, _ = _real_triton_lib(monkeypatch)
+  target = plans.Target((9, 0))
+  q, k = plans.Tensor.dense((1, 40, 2, 64), "bfloat16"), plans.Tensor.dense((1, 72, 1, 64), "bfloat16")
+  lse = plans.Tensor.dense((1, 2, 40), "float32")
+  opts = AttentionOptions(64**-0.5, True, DEFAULT_BLOCK_N, QATConfig())
+  plan = (plans.attention_forward(q, k, k, opts, target) if direction == "forward"
+          else plans.attention_backward(q, q, k, k, q, lse, opts, target))
+  aval = lambda name: jax.core.ShapedArray(plan.buffers[name].shape, jnp.dtype(plan.buffers[name].dtype))
+  for launch in plan.launches:
+    args = tuple(aval(a.name) if isinstance(a, plans.Ref) else a for a in launch.args)
+    outs = tuple(aval(o) for o in launch.outputs)
+    # What jqat.ffi.triton_call hands jax-triton: FP32 scalars as np.float32, the rest as they are.
+    typed = tuple(np.float32(a) if isinstance(a, float) else a for a in args)
+    scalars = tuple((i, lib.get_triton_type(a), float(a) if isinstance(a, np.float32) else a)
+                    for i, a in enumerate(typed) if not isinstance(a, jax.core.ShapedArray))
+    want, _ = lib.get_or_create_triton_kernel(
+        lambda device, cc: CUDABackend(GPUTarget("cuda", cc, 32)), "cuda", launch.kernel,
+        [lib.get_triton_type(a) for a in typed + outs], scalars, num_warps=launch.num_warps,
+        num_stages=launch.num_stages, num_ctas=1, compute_capability=90, enable_fp_fusion=True,
+        metaparams=dict(launch.constexprs), dump=False)
+    got = callback_launch.build(launch.kernel, callback_launch._arg_types(launch, args, outs),
+                                callback_launch._ones(launch), tuple(launch.constexprs.items()), launch.num_warps,
+                                launch.num_stages, target.compute_capability)
+    assert got.asm["ptx"] == want.ctor_args[4], f"{launch.name}: the PTX differs from jax-triton's"
+    assert got.metadata.shared == want.ctor_args[3], f"{launch.name}: shared memory differs from jax-triton's"
 
 
 def _bits(x):
