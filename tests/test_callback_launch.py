@@ -80,6 +80,27 @@ def test_callback_interpreted_matches_reference(launcher, monkeypatch):
     assert_close(f(got), f(want), rel=BOUNDS[name], name=name)
 
 
+@pytest.mark.parametrize("mode,shape", [(("fp4", 32, "ue8m0"), (5, 3, 128)), (("fp4", 16, "e4m3"), (7, 512)),
+                                        (("fp8", 32, "ue8m0"), (300, 512))], ids=str)
+def test_callback_rope_qdq_in_place(launcher, monkeypatch, mode, shape):
+  """rope_qdq through buffer_callback (its output aliases x, donated under jit) bit for bit against the oracle
+  (the spec is exact): compiled on a GPU; on the CPU interpreted, with the GPU's FMA and BF16 load as in
+  tests/test_rope_qdq.py."""
+  from oracle_rope import rope_qdq_oracle
+  from test_rope_qdq import _interpreter_kernel, assert_bitwise, random_case
+
+  if INTERPRET:
+    _interpreter_kernel()
+    monkeypatch.setattr(dispatch, "triton_unavailable_reason", lambda: None)
+  launcher("callback")
+  x, cache, pos = random_case(mode, shape, 1.0)
+  quantization, group_size, scale_format = mode
+  run = jax.jit(lambda x, c, p: jqat.rope_qdq(x, c, p, quantization=quantization, group_size=group_size,
+                                              scale_format=scale_format, implementation="triton"), donate_argnums=0)
+  got = run(jnp.asarray(x), jnp.asarray(cache), jnp.asarray(pos))
+  assert_bitwise(np.asarray(got), rope_qdq_oracle(x, cache, pos, *mode), "rope_qdq (callback)")
+
+
 @pytest.mark.fresh_process  # a real compile: not in a process where the interpreter has run
 @pytest.mark.parametrize("direction", ["forward", "backward"])
 def test_builds_jax_tritons_ptx(monkeypatch, tmp_path, direction):
@@ -143,6 +164,7 @@ def test_callback_matches_jax_triton_gpu(launcher, causal):
   from jqat.ffi.options import DEFAULT_BLOCK_N, AttentionOptions, QATConfig
 
   q, k, v, do = _case(2, 200, 333, 4, 2, 128)
+  do = do.astype(jnp.bfloat16)
   opts = AttentionOptions(128**-0.5, causal, DEFAULT_BLOCK_N, QATConfig())
   launcher("jax-triton")
   want = _kernel_outputs(q, k, v, do, opts)
