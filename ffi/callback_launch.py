@@ -21,13 +21,16 @@ both executors compile the same kernel for a launch.
 
 What it costs:
 
-- One Python callback per kernel launch, holding the GIL: mapping the buffers to pointers,
-  a CUDA context query (``ctypes``) and Triton's launcher, some tens of microseconds of host
-  time per launch against a few microseconds for jax-triton's C++ custom call. Negligible
-  next to long-sequence attention kernels, visible for small ones.
-- ``command_buffer_compatible=False``: XLA never records the callback into a CUDA graph
-  (a recorded callback would replay its first launch, whose arguments are Python values
-  fixed at recording), so a command buffer is split around every launch.
+- One Python callback per kernel launch (a plan has 1 to 6), holding the GIL: the buffers'
+  pointers, a CUDA context query (``ctypes``) and Triton's launcher; host time per launch
+  of the order of tens of microseconds (not yet measured) where jax-triton's C++ custom
+  call takes a few. Negligible next to long-sequence attention kernels, visible for small
+  ones, and serialized across devices by the GIL.
+- ``command_buffer_compatible=False``: XLA never records the callback into a CUDA graph.
+  Recorded, the Python would run once under stream capture and its launch, with that
+  run's pointers, be replayed; and its first run in a context loads the cubin, a driver
+  call that stream capture does not allow. So XLA splits a command buffer around every
+  launch, where jax-triton's custom call can be recorded.
 - JAX writes no persistent-compilation-cache entry for a program with host callbacks,
   so the XLA compile of every jitted function that launches a plan is redone in each
   process (the warm start trades ptxas for that).
@@ -36,10 +39,11 @@ What it costs:
   loading it from there is why that directory must be private (``jqat.ffi.triton_call``).
 
 The CUDA side runs without torch: Triton's own runtime (``triton.runtime.driver``) imports
-torch to ask for the current device and stream, which would add seconds to the warm start
-this executor is for, so modules are loaded through ``triton.backends.nvidia.driver``'s
-``CudaUtils`` into the CUDA context current on the callback's thread (XLA's, for the device
-being run), once per kernel and context.
+torch to ask for the current device and stream, which would add an import of torch (1.6 s
+on a CPU test machine) to the warm start this executor is for. So each cubin is loaded with
+``triton.backends.nvidia.driver``'s ``CudaUtils`` into the CUDA context current on the
+callback's thread (XLA's, for the device being run), once per kernel and context, and
+launched with that module's ``CudaLauncher``.
 
 On the CPU under ``TRITON_INTERPRET=1`` the callback gets host buffers and runs the
 kernels in Triton's interpreter on torch views of them (DLPack, no copy), so this
@@ -114,7 +118,7 @@ def _arg_types(launch: plans.Launch, args: tuple, out_shape: tuple) -> tuple[str
   types_ = []
   for arg, value in zip(launch.args, args):
     if isinstance(arg, plans.Ref):
-      types_.append("*" + _POINTER_TYPES[np.dtype(value.dtype).name])
+      types_.append(_pointer_type(value.dtype, launch))
     elif isinstance(arg, float):
       types_.append("fp32")  # kernel scalars are FP32 (jqat.ffi.triton_call passes np.float32)
     elif isinstance(arg, int) and not isinstance(arg, bool):
@@ -122,7 +126,15 @@ def _arg_types(launch: plans.Launch, args: tuple, out_shape: tuple) -> tuple[str
                     "i64" if -2**63 <= arg < 2**63 else "u64")
     else:
       raise TypeError(f"{launch.name}: kernel scalars must be int or float, got {type(arg).__name__} {arg!r}")
-  return tuple(types_) + tuple("*" + _POINTER_TYPES[np.dtype(o.dtype).name] for o in out_shape)
+  return tuple(types_) + tuple(_pointer_type(o.dtype, launch) for o in out_shape)
+
+
+def _pointer_type(dtype, launch: plans.Launch) -> str:
+  name = np.dtype(dtype).name
+  if name not in _POINTER_TYPES:
+    raise TypeError(f"{launch.name}: no Triton pointer type for a {name} buffer; expected one of "
+                    f"{sorted(_POINTER_TYPES)}")
+  return "*" + _POINTER_TYPES[name]
 
 
 def _ones(launch: plans.Launch) -> tuple[int, ...]:
@@ -199,7 +211,7 @@ def build(fn, arg_types: tuple[str, ...], ones: tuple[int, ...], constexprs: tup
   attrs = {(i,): backend.parse_attr(attr) for i, (_, attr) in enumerate(specialization)}
   constants = {params[i]: 1 for i in ones}
   constants.update({p: given[p] for p in params[n_args:]})
-  signature = dict(zip(params, arg_types))  # in parameter order: Triton's launcher takes the arguments so
+  signature = dict(zip(params, arg_types))  # parameter order, the order of the launcher's arguments
   signature.update({p: "constexpr" for p in constants})
   options = dict(num_warps=num_warps, num_stages=num_stages, num_ctas=1, enable_fp_fusion=True, debug=False)
   return triton.compile(ASTSource(fn, signature, constexprs=constants, attrs=attrs), target=target, options=options)
