@@ -56,7 +56,6 @@ import ctypes
 import functools
 import os
 import threading
-import types
 
 import numpy as np
 from jax.experimental.buffer_callback import buffer_callback
@@ -192,7 +191,6 @@ def build(fn, arg_types: tuple[str, ...], ones: tuple[int, ...], constexprs: tup
   Needs no GPU: the cubin is built for ``compute_capability`` (or read from Triton's disk cache).
   """
   import triton  # noqa: PLC0415
-  from triton._C.libtriton import native_specialize_impl  # noqa: PLC0415
   from triton.backends.compiler import GPUTarget  # noqa: PLC0415
   from triton.compiler import ASTSource, make_backend  # noqa: PLC0415
 
@@ -203,12 +201,9 @@ def build(fn, arg_types: tuple[str, ...], ones: tuple[int, ...], constexprs: tup
   if len(params) < n_args or any(p not in given for p in params[n_args:]):
     raise ValueError(f"kernel {fn.__name__} takes {params}; the plan gives {n_args} arguments (outputs included) "
                      f"and the constexprs {sorted(given)}")
-  # jax-triton's specialization: every buffer 16-byte aligned, no scalar specialized beyond == 1.
-  pointers = [t.startswith("*") for t in arg_types]
-  specialization = [native_specialize_impl(backend, types.SimpleNamespace(data_ptr=lambda a=16 * p: a,
-                                                                          dtype=t.removeprefix("*")), False, True, p)
-                    for t, p in zip(arg_types, pointers)]
-  attrs = {(i,): backend.parse_attr(attr) for i, (_, attr) in enumerate(specialization)}
+  # jax-triton's specialization: every buffer 16-byte aligned ("D", what Triton's specializer says of a pointer
+  # divisible by 16), no scalar specialized beyond == 1 (""). Written out: the specializer imports torch.
+  attrs = {(i,): backend.parse_attr("D" if t.startswith("*") else "") for i, t in enumerate(arg_types)}
   constants = {params[i]: 1 for i in ones}
   constants.update({p: given[p] for p in params[n_args:]})
   signature = dict(zip(params, arg_types))  # parameter order, the order of the launcher's arguments

@@ -143,6 +143,38 @@ def test_builds_jax_tritons_ptx(monkeypatch, tmp_path, direction):
     assert got.metadata.shared == want.ctor_args[3], f"{launch.name}: shared memory differs from jax-triton's"
 
 
+_NO_TORCH_CHILD = r"""
+import sys
+import jax
+from jqat.ffi import callback_launch, plan as plans
+x, cache, pos = (plans.Tensor.dense(s, d) for s, d in (((4, 128), "bfloat16"), ((8, 64), "float32"), ((4,), "int32")))
+(launch,) = plans.rope_qdq(x, cache, pos, plans.Target((9, 0)), heads=1, group=32, fp8=False, e4m3_scale=False,
+                           amax_floor=0.0).launches
+aval = {"x": x, "cache": cache, "positions": pos}
+args = tuple(jax.ShapeDtypeStruct(aval[a.name].shape, aval[a.name].dtype) if isinstance(a, plans.Ref) else a
+             for a in launch.args)
+types = callback_launch._arg_types(launch, args, (jax.ShapeDtypeStruct(x.shape, x.dtype),))
+callback_launch.build(launch.kernel, types, callback_launch._ones(launch), tuple(launch.constexprs.items()),
+                      launch.num_warps, launch.num_stages, (9, 0))
+print("RESULT", "torch" in sys.modules)
+"""
+
+
+def test_build_does_not_import_torch(tmp_path):
+  """The callback launcher's compile path (run in every new process, served by Triton's disk cache when warm)
+  must not import torch: that import would cost more of the warm start than ptxas does."""
+  import subprocess
+  import sys
+
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = {**os.environ, "TRITON_INTERPRET": "0", "JQAT_CACHE_DIR": str(tmp_path), "PYTHONPATH": root}
+  env.pop("TRITON_CACHE_DIR", None)
+  proc = subprocess.run([sys.executable, "-c", _NO_TORCH_CHILD], env=env, capture_output=True, text=True, timeout=300,
+                        check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "RESULT False" in proc.stdout, f"torch was imported: {proc.stdout[-500:]}"
+
+
 def _bits(x):
   x = np.asarray(x)
   return x.view(f"u{x.dtype.itemsize}")
