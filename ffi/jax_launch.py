@@ -7,7 +7,8 @@ primitive has no batching rule, so the attention entry points are
 batch axis B (every operand leads with B, lse included): exactly a larger batch for the
 kernels. Nor has it a partitioning rule: inside the vmap rule, each op's per-shard
 function is wrapped by ``jqat.ffi.partitioning`` (batch- and head-sharded inputs run the plan
-on the local shard, no collectives).
+on the local shard, no collectives). With ``JQAT_JAX_LAUNCHER=callback`` each launch is instead a
+``buffer_callback`` that launches Triton's cubin (``jqat.ffi.callback_launch``); everything above holds.
 """
 
 from __future__ import annotations
