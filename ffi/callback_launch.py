@@ -17,7 +17,8 @@ kernel in every process (docs/BENCHMARKS.md, "Warm start, broken down": 1.4-1.85
 private directory as the jax-triton path) holds the cubin, so a warm process loads it
 without ptxas. The specialization is jax-triton's (every buffer 16-byte aligned, integer
 scalars typed by value and specialized only for == 1, floats FP32, the same options), so
-both executors compile the same kernel for a launch.
+both executors build the same PTX for a launch; Triton's bundled ptxas assembles it here,
+jaxlib's there (two versions, which may contract FP32 multiply-adds differently).
 
 What it costs:
 

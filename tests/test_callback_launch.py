@@ -6,11 +6,15 @@ plan's kernels run in Triton's interpreter on them, so the public API with
 under jit: its forward and gradients against the XLA reference, with the bounds of
 tests/test_attention_triton.py (whose reasons apply: the interpreter is not the reference).
 
-GPU (``@pytest.mark.gpu``): the callback launcher against jax-triton on the same plans, bit
-for bit. Both compile each launch with jax-triton's specialization (same TTIR, same PTX)
-and launch it with the plan's grid and configuration; the kernels are deterministic (no
-atomics) and the XLA programs around them only move buffers, so a differing bit means a
-different kernel build or a wrong buffer mapping, not reordering noise.
+CPU, compiled for sm_90 without a GPU: each launch of the attention plans builds the same
+PTX as jax-triton 0.3.1's own factory, and the build path never imports torch.
+
+GPU (``@pytest.mark.gpu``): the callback launcher against jax-triton on the same plans, within
+the kernel bounds above, not bit for bit. The PTX is the same (the CPU test), but it is
+assembled by two ptxas: Triton's bundled one (CUDA 12.8 with triton 3.6) here, jaxlib's (CUDA 13)
+there, and the PTX holds plain ``mul.f32`` / ``add.f32`` that ptxas may contract into FMAs, which
+moves FP32 roundings and can flip an fq decision, as between kernel and reference. The test
+prints how many elements differ at all (0 when both assemblers agree).
 """
 
 import os
@@ -202,9 +206,10 @@ def test_callback_matches_jax_triton_gpu(launcher, causal):
   want = _kernel_outputs(q, k, v, do, opts)
   launcher("callback")
   got = _kernel_outputs(q, k, v, do, opts)
+  f = lambda x: np.asarray(x.astype(jnp.float32))
   for name, g, e in zip(("O", "O'", "lse", "dQ", "dK", "dV"), got, want):
-    assert not np.isnan(np.asarray(g.astype(jnp.float32))).any(), f"{name}: NaN"
-    assert np.array_equal(_bits(g), _bits(e)), f"{name}: {np.sum(_bits(g) != _bits(e))} of {g.size} elements differ"
+    print(f"{name}: {np.sum(_bits(g) != _bits(e))} of {g.size} elements differ from jax-triton's")
+    assert_close(f(g), f(e), rel=BOUNDS[name], name=name)
 
 
 @pytest.mark.gpu
