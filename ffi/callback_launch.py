@@ -35,6 +35,10 @@ What it costs:
 - JAX writes no persistent-compilation-cache entry for a program with host callbacks,
   so the XLA compile of every jitted function that launches a plan is redone in each
   process (the warm start trades ptxas for that).
+- No partitioning rule: ``custom_partitioning`` lowers the per-shard function into a module
+  of its own and drops its host callbacks, so ``jqat.ffi.jax_launch`` leaves this launcher's
+  ops unwrapped and XLA gathers sharded operands onto every device (correct, replicated work).
+  Fully manual ``jax.shard_map`` is unaffected: there the per-shard function is lowered in place.
 - Triton's launcher is host code: a small C module per kernel signature that Triton
   compiles once (a C compiler is needed on a cold cache) and keeps in its cache directory;
   loading it from there is why that directory must be private (``jqat.ffi.triton_call``).
@@ -63,6 +67,10 @@ from jax.experimental.buffer_callback import buffer_callback
 
 from jqat.ffi import plan as plans
 from jqat.ffi.triton_call import set_triton_cache_dir
+
+# Triton's interpreter patches triton.language while it runs a kernel: the callbacks of several CPU devices,
+# which XLA runs on threads of their own, take turns.
+_INTERPRETER_LOCK = threading.Lock()
 
 ENV = "JQAT_JAX_LAUNCHER"
 LAUNCHERS = ("jax-triton", "callback")
@@ -235,7 +243,8 @@ def _run_interpreted(launch: plans.Launch, refs: tuple[int, ...], ctx, outs, *in
   for i, buf in zip(refs, ins):
     args[i] = torch.from_dlpack(buf)
   args += [torch.from_dlpack(buf) for buf in outs]
-  launch.kernel[launch.grid](*args, **launch.constexprs, num_warps=launch.num_warps, num_stages=launch.num_stages)
+  with _INTERPRETER_LOCK:
+    launch.kernel[launch.grid](*args, **launch.constexprs, num_warps=launch.num_warps, num_stages=launch.num_stages)
 
 
 @functools.cache

@@ -96,6 +96,15 @@ def _mask_tensors(present, arrays):
   return tuple(dense(next(it)) if p else None for p in present)
 
 
+def _partitioned(run, spec: partitioning.OpSpec, launcher: str):
+  """``run`` with its partitioning rule; without one for the callback launcher, whose sharded inputs XLA gathers.
+
+  custom_partitioning lowers the per-shard function into a module of its own, whose host callbacks are
+  dropped: the program would call a callback that is not there (seen: a segfault on two CPU devices).
+  """
+  return run if launcher == "callback" else partitioning.partitioned(run, spec)
+
+
 # The op functions are cached per launcher too: JAX caches what it traced of a function, so one function
 # object per launcher keeps a trace for one launcher from serving the other.
 @functools.cache
@@ -105,7 +114,7 @@ def _forward_fn(opts: AttentionOptions, config, present: tuple[bool, ...], launc
                                    masks=_mask_tensors(present, masks))
     return execute(plan, q, k, v, *masks, launcher=launcher)
   spec = partitioning.attention_forward_spec(present, row_max=opts.p_scale == "row")
-  return fold_batch(partitioning.partitioned(run, spec), 3 + sum(present))
+  return fold_batch(_partitioned(run, spec, launcher), 3 + sum(present))
 
 
 @functools.cache
@@ -119,7 +128,7 @@ def _backward_fn(opts: AttentionOptions, config, present: tuple[bool, ...], laun
                                     row_max=dense(stats[0]) if row else None)
     return execute(plan, do, q, k, v, o_for_delta, lse, *stats, *masks, launcher=launcher)
   spec = partitioning.attention_backward_spec(present, row_max=row)
-  return fold_batch(partitioning.partitioned(run, spec), 6 + row + sum(present))
+  return fold_batch(_partitioned(run, spec, launcher), 6 + row + sum(present))
 
 
 def attention_forward(query, key, value, opts: AttentionOptions, masks=plans.NO_MASKS):
@@ -158,7 +167,7 @@ def _rope_qdq_fn(x_rank: int, positions_rank: int, group: int, fp8: bool, e4m3_s
     plan = plans.rope_qdq(dense(x), dense(cache), dense(positions.reshape(-1)), target(launcher), heads=heads,
                           group=group, fp8=fp8, e4m3_scale=e4m3_scale, amax_floor=amax_floor)
     return execute(plan, x, cache, positions.reshape(-1), launcher=launcher)
-  return partitioning.partitioned(run, partitioning.rope_qdq_spec(x_rank, positions_rank))
+  return _partitioned(run, partitioning.rope_qdq_spec(x_rank, positions_rank), launcher)
 
 
 def rope_qdq(x, cache, positions, *, heads: int, group: int, fp8: bool, e4m3_scale: bool, amax_floor: float):

@@ -179,6 +179,42 @@ def test_build_does_not_import_torch(tmp_path):
   assert "RESULT False" in proc.stdout, f"torch was imported: {proc.stdout[-500:]}"
 
 
+_SHARDED_CHILD = r"""
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import jqat
+from jqat._src import dispatch
+from test_attention_triton import _inputs
+dispatch.triton_unavailable_reason = lambda: None
+q, k, v = (jnp.asarray(x).astype(jnp.bfloat16) for x in _inputs(2, 17, 40, 2, 1, 64, "bfloat16")[:3])
+sharded = [jax.device_put(x, NamedSharding(Mesh(np.array(jax.devices()), ("b",)), P("b"))) for x in (q, k, v)]
+o = jax.jit(lambda q, k, v: jqat.attention(q, k, v, is_causal=True, implementation="triton"))(*sharded)
+jax.effects_barrier()
+r = jqat.attention(q, k, v, is_causal=True, implementation="xla")
+o, r = (np.asarray(x.astype(jnp.float32), np.float64) for x in (o, r))
+print("RESULT", len(jax.devices()), np.linalg.norm(o - r) / np.linalg.norm(r))
+"""
+
+
+@pytest.mark.skipif(not INTERPRET, reason="the interpreter path of the callback launcher (CPU)")
+def test_callback_interpreted_batch_sharded(tmp_path):
+  """Batch-sharded inputs on two CPU devices: the callback launcher has no partitioning rule (custom_partitioning
+  would drop its host callbacks: a segfault), so XLA gathers them; every device's callback must run cleanly
+  and O stay within the bound of tests/test_attention_triton.py."""
+  import subprocess
+  import sys
+
+  tests = os.path.dirname(os.path.abspath(__file__))
+  env = {**os.environ, "TRITON_INTERPRET": "1", "JQAT_JAX_LAUNCHER": "callback", "JAX_PLATFORMS": "cpu",
+         "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+         "PYTHONPATH": os.pathsep.join([os.path.dirname(tests), tests])}
+  proc = subprocess.run([sys.executable, "-c", _SHARDED_CHILD], env=env, capture_output=True, text=True, timeout=300,
+                        check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  devices, err = proc.stdout.split("RESULT")[-1].split()
+  assert int(devices) == 2 and float(err) <= BOUNDS["O"], proc.stdout[-1000:]
+
+
 def _bits(x):
   x = np.asarray(x)
   return x.view(f"u{x.dtype.itemsize}")
