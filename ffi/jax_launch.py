@@ -7,7 +7,8 @@ primitive has no batching rule, so the attention entry points are
 batch axis B (every operand leads with B, lse included): exactly a larger batch for the
 kernels. Nor has it a partitioning rule: inside the vmap rule, each op's per-shard
 function is wrapped by ``jqat.ffi.partitioning`` (batch- and head-sharded inputs run the plan
-on the local shard, no collectives).
+on the local shard, no collectives). With ``JQAT_JAX_LAUNCHER=callback`` each launch is instead a
+``buffer_callback`` that launches Triton's cubin (``jqat.ffi.callback_launch``); everything above holds.
 """
 
 from __future__ import annotations
@@ -18,28 +19,34 @@ import math
 import jax
 import jax.numpy as jnp
 
-from jqat.ffi import partitioning
+from jqat.ffi import callback_launch, partitioning
 from jqat.ffi import plan as plans
 from jqat.ffi.options import AttentionOptions
 from jqat.ffi.triton_call import triton_call
 
 
 @functools.cache
-def target() -> plans.Target:
-  """The default JAX device as a plan target."""
+def target(launcher: str = "jax-triton") -> plans.Target:
+  """The default JAX device as a plan target of ``launcher`` ("jax-triton" or "callback")."""
   cc = getattr(jax.devices()[0], "compute_capability", None)
   if isinstance(cc, str):
     major, _, minor = cc.partition(".")
     cc = (int(major), int(minor or 0))
-  return plans.Target(cc)
+  # Without a GPU only the callback launcher can run a plan: in Triton's interpreter.
+  return plans.Target(cc, interpret=cc is None and launcher == "callback")
 
 
 def dense(x) -> plans.Tensor:
   return plans.Tensor.dense(x.shape, jnp.dtype(x.dtype).name)
 
 
-def execute(plan: plans.Plan, *arrays) -> tuple:
-  """Runs ``plan`` on ``arrays`` (its inputs, in order); returns its outputs."""
+def execute(plan: plans.Plan, *arrays, launcher: str | None = None) -> tuple:
+  """Runs ``plan`` on ``arrays`` (its inputs, in order); returns its outputs.
+
+  launcher: "jax-triton" (each launch a jax-triton custom call) or "callback" (a ``buffer_callback``
+  launching Triton's cubin, ``jqat.ffi.callback_launch``); None: ``JQAT_JAX_LAUNCHER``'s choice.
+  """
+  launcher = launcher or callback_launch.launcher()
   env = dict(zip(plan.inputs, arrays))
   for name, value in plan.fills.items():
     t = plan.buffers[name]
@@ -47,12 +54,16 @@ def execute(plan: plans.Plan, *arrays) -> tuple:
   for launch in plan.launches:
     args = tuple(env[a.name] if isinstance(a, plans.Ref) else a for a in launch.args)
     out_shape = tuple(jax.ShapeDtypeStruct(plan.buffers[o].shape, plan.buffers[o].dtype) for o in launch.outputs)
-    # jax-triton numbers aliased inputs among the array operands (scalars are not operands).
+    # Both launchers number aliased inputs among the array operands (scalars are not operands).
     aliases = {sum(isinstance(a, plans.Ref) for a in launch.args[:i]): o for i, o in launch.aliases}
-    res = triton_call(*args, kernel=launch.kernel, out_shape=out_shape if len(out_shape) > 1 else out_shape[0],
-                      grid=launch.grid, num_warps=launch.num_warps, num_stages=launch.num_stages,
-                      input_output_aliases=aliases, name=launch.name, **launch.constexprs)
-    env.update(zip(launch.outputs, res if len(out_shape) > 1 else (res,)))
+    if launcher == "callback":
+      res = callback_launch.launch(launch, args, out_shape, aliases, target(launcher))
+    else:
+      res = triton_call(*args, kernel=launch.kernel, out_shape=out_shape if len(out_shape) > 1 else out_shape[0],
+                        grid=launch.grid, num_warps=launch.num_warps, num_stages=launch.num_stages,
+                        input_output_aliases=aliases, name=launch.name, **launch.constexprs)
+      res = res if len(out_shape) > 1 else (res,)
+    env.update(zip(launch.outputs, res))
   return tuple(env[o] for o in plan.outputs)
 
 
@@ -85,28 +96,40 @@ def _mask_tensors(present, arrays):
   return tuple(dense(next(it)) if p else None for p in present)
 
 
+def _partitioned(run, spec: partitioning.OpSpec, launcher: str):
+  """``run`` with its partitioning rule; without one for the callback launcher, whose sharded inputs XLA gathers.
+
+  custom_partitioning lowers the per-shard function into a module of its own, whose host callbacks are
+  dropped: the program would call a callback that is not there (seen: a segfault on two CPU devices).
+  """
+  return run if launcher == "callback" else partitioning.partitioned(run, spec)
+
+
+# The op functions are cached per launcher too: JAX caches what it traced of a function, so one function
+# object per launcher keeps a trace for one launcher from serving the other.
 @functools.cache
-def _forward_fn(opts: AttentionOptions, config, present: tuple[bool, ...]):
+def _forward_fn(opts: AttentionOptions, config, present: tuple[bool, ...], launcher: str):
   def run(q, k, v, *masks):  # on the local shard: the plan is built from the shapes it sees
-    plan = plans.attention_forward(dense(q), dense(k), dense(v), opts, target(), config=config,
+    plan = plans.attention_forward(dense(q), dense(k), dense(v), opts, target(launcher), config=config,
                                    masks=_mask_tensors(present, masks))
-    return execute(plan, q, k, v, *masks)
+    return execute(plan, q, k, v, *masks, launcher=launcher)
   spec = partitioning.attention_forward_spec(present, row_max=opts.p_scale == "row")
-  return fold_batch(partitioning.partitioned(run, spec), 3 + sum(present))
+  return fold_batch(_partitioned(run, spec, launcher), 3 + sum(present))
 
 
 @functools.cache
-def _backward_fn(opts: AttentionOptions, config, present: tuple[bool, ...]):
+def _backward_fn(opts: AttentionOptions, config, present: tuple[bool, ...], launcher: str):
   row = opts.p_scale == "row"
 
   def run(do, q, k, v, o_for_delta, lse, *rest):  # rest: row_max (p_scale="row"), then the masks
     stats, masks = rest[:int(row)], rest[int(row):]
-    plan = plans.attention_backward(*map(dense, (do, q, k, v, o_for_delta, lse)), opts, target(), config=config,
-                                    masks=_mask_tensors(present, masks), row_max=dense(stats[0]) if row else None,
+    plan = plans.attention_backward(*map(dense, (do, q, k, v, o_for_delta, lse)), opts, target(launcher),
+                                    config=config, masks=_mask_tensors(present, masks),
+                                    row_max=dense(stats[0]) if row else None,
                                     q_hat_over_out=True)  # O' is dead after delta: XLA keeps any other reader safe
-    return execute(plan, do, q, k, v, o_for_delta, lse, *stats, *masks)
+    return execute(plan, do, q, k, v, o_for_delta, lse, *stats, *masks, launcher=launcher)
   spec = partitioning.attention_backward_spec(present, row_max=row)
-  return fold_batch(partitioning.partitioned(run, spec), 6 + row + sum(present))
+  return fold_batch(_partitioned(run, spec, launcher), 6 + row + sum(present))
 
 
 def attention_forward(query, key, value, opts: AttentionOptions, masks=plans.NO_MASKS):
@@ -119,7 +142,7 @@ def attention_forward(query, key, value, opts: AttentionOptions, masks=plans.NO_
   also row_max [B, N, Tq] fp32.
   """
   present = tuple(m is not None for m in masks)
-  fn = _forward_fn(opts, plans.forward_config(query.shape[-1]), present)
+  fn = _forward_fn(opts, plans.forward_config(query.shape[-1]), present, callback_launch.launcher())
   return fn(query, key, value, *(m for m in masks if m is not None))
 
 
@@ -132,19 +155,20 @@ def attention_backward(d_out, query, key, value, out_for_delta, lse, opts: Atten
   the forward.
   """
   present = tuple(m is not None for m in masks)
-  fn = _backward_fn(opts, plans.backward_config(query.shape[-1]), present)
+  fn = _backward_fn(opts, plans.backward_config(query.shape[-1]), present, callback_launch.launcher())
   stats = (row_max,) if opts.p_scale == "row" else ()
   return fn(d_out, query, key, value, out_for_delta, lse, *stats, *(m for m in masks if m is not None))
 
 
 @functools.cache
-def _rope_qdq_fn(x_rank: int, positions_rank: int, group: int, fp8: bool, e4m3_scale: bool, amax_floor: float):
+def _rope_qdq_fn(x_rank: int, positions_rank: int, group: int, fp8: bool, e4m3_scale: bool, amax_floor: float,
+                 launcher: str):
   def run(x, cache, positions):  # on the local shard: heads are x's axes past positions' (1 or the local H)
     heads = math.prod(x.shape[positions_rank:-1])
-    plan = plans.rope_qdq(dense(x), dense(cache), dense(positions.reshape(-1)), target(), heads=heads, group=group,
-                          fp8=fp8, e4m3_scale=e4m3_scale, amax_floor=amax_floor)
-    return execute(plan, x, cache, positions.reshape(-1))
-  return partitioning.partitioned(run, partitioning.rope_qdq_spec(x_rank, positions_rank))
+    plan = plans.rope_qdq(dense(x), dense(cache), dense(positions.reshape(-1)), target(launcher), heads=heads,
+                          group=group, fp8=fp8, e4m3_scale=e4m3_scale, amax_floor=amax_floor)
+    return execute(plan, x, cache, positions.reshape(-1), launcher=launcher)
+  return _partitioned(run, partitioning.rope_qdq_spec(x_rank, positions_rank), launcher)
 
 
 def rope_qdq(x, cache, positions, *, heads: int, group: int, fp8: bool, e4m3_scale: bool, amax_floor: float):
@@ -158,5 +182,6 @@ def rope_qdq(x, cache, positions, *, heads: int, group: int, fp8: bool, e4m3_sca
   positions_rank = 1 if heads > 1 else x.ndim - 1
   if heads > 1 and (x.ndim != 3 or x.shape[1] != heads):
     raise ValueError(f"rope_qdq: x must be [N, H={heads}, width] when heads > 1, got {tuple(x.shape)}")
-  fn = _rope_qdq_fn(x.ndim, positions_rank, group, bool(fp8), bool(e4m3_scale), float(amax_floor))
+  fn = _rope_qdq_fn(x.ndim, positions_rank, group, bool(fp8), bool(e4m3_scale), float(amax_floor),
+                    callback_launch.launcher())
   return fn(x, cache, positions.reshape(x.shape[:positions_rank]))[0]

@@ -78,16 +78,25 @@ def jax_triton():
   before = os.environ.get("TRITON_CACHE_DIR")
   import jax_triton as jt  # GPU-only: imported on first use
 
+  set_triton_cache_dir(before)
+  _install_disk_cache()
+  return jt
+
+
+def set_triton_cache_dir(before: str | None) -> str:
+  """Sets ``TRITON_CACHE_DIR`` to ``before`` (created if missing) or, when that is unset or empty, to
+  ``$JQAT_CACHE_DIR/triton``; returns the directory.
+
+  Triton's cache holds the launcher it compiles and loads as a shared library: when
+  the default directory is unsafe, a fresh private one is the fallback.
+  """
   if before:
     os.makedirs(before, exist_ok=True)
     cache = before
   else:
-    # Triton's cache holds the launcher it compiles and loads as a shared library:
-    # when the default directory is unsafe, a fresh private one is the fallback.
     cache = private_dir(os.path.join(cache_root(), "triton")) or tempfile.mkdtemp(prefix="jqat-triton-")
   os.environ["TRITON_CACHE_DIR"] = cache
-  _install_disk_cache()
-  return jt
+  return cache
 
 
 def triton_call(*args, kernel, out_shape, grid, num_warps=4, num_stages=2, input_output_aliases=None,

@@ -1,0 +1,276 @@
+"""An opt-in JAX executor of launch plans: Triton's compiled kernels launched from cubin inside a
+``jax.experimental.buffer_callback``, on XLA's stream.
+
+Selected with ``JQAT_JAX_LAUNCHER=callback`` (read when a plan is traced; the default,
+``jax-triton``, keeps the custom calls of ``jqat.ffi.triton_call``). Each launch of a plan
+becomes one ``buffer_callback`` whose Python callback maps the XLA buffers to device
+pointers and calls Triton's launcher on ``ctx.stream``; the plan decides everything else
+(grid, scalars, constexprs, ``num_warps``, ``num_stages``, aliases). An in-place output
+(``Launch.aliases``) is an ``input_output_aliases`` entry, so the kernel sees one pointer
+for both; scratch buffers are outputs of the launch that writes them, as in the
+jax-triton path.
+
+Why: jax-triton hands jaxlib PTX, and jaxlib runs ptxas on it at the first launch of each
+kernel in every process (docs/BENCHMARKS.md, "Warm start, broken down": 1.4-1.85 s of a
+2.8-3.9 s warm start on an H200). Here each specialization is compiled by
+``triton.compile`` once per process, whose on-disk cache (``TRITON_CACHE_DIR``, the same
+private directory as the jax-triton path) holds the cubin, so a warm process loads it
+without ptxas. The specialization is jax-triton's (every buffer 16-byte aligned, integer
+scalars typed by value and specialized only for == 1, floats FP32, the same options), so
+both executors build the same PTX for a launch; Triton's bundled ptxas assembles it here,
+jaxlib's there (two versions, which may contract FP32 multiply-adds differently).
+
+What it costs:
+
+- One Python callback per kernel launch (a plan has 1 to 6), holding the GIL: the buffers'
+  pointers, a CUDA context query (``ctypes``) and Triton's launcher; host time per launch
+  of the order of tens of microseconds (not yet measured) where jax-triton's C++ custom
+  call takes a few. Negligible next to long-sequence attention kernels, visible for small
+  ones, and serialized across devices by the GIL.
+- ``command_buffer_compatible=False``: XLA never records the callback into a CUDA graph.
+  Recorded, the Python would run once under stream capture and its launch, with that
+  run's pointers, be replayed; and its first run in a context loads the cubin, a driver
+  call that stream capture does not allow. So XLA splits a command buffer around every
+  launch, where jax-triton's custom call can be recorded.
+- JAX writes no persistent-compilation-cache entry for a program with host callbacks,
+  so the XLA compile of every jitted function that launches a plan is redone in each
+  process (the warm start trades ptxas for that).
+- No partitioning rule: ``custom_partitioning`` lowers the per-shard function into a module
+  of its own and drops its host callbacks, so ``jqat.ffi.jax_launch`` leaves this launcher's
+  ops unwrapped and XLA gathers sharded operands onto every device (correct, replicated work).
+  Fully manual ``jax.shard_map`` is unaffected: there the per-shard function is lowered in place.
+- Triton's launcher is host code: a small C module per kernel signature that Triton
+  compiles once (a C compiler is needed on a cold cache) and keeps in its cache directory;
+  loading it from there is why that directory must be private (``jqat.ffi.triton_call``).
+
+The CUDA side runs without torch: Triton's own runtime (``triton.runtime.driver``) imports
+torch to ask for the current device and stream, which would add an import of torch (1.6 s
+on a CPU test machine) to the warm start this executor is for. So each cubin is loaded with
+``triton.backends.nvidia.driver``'s ``CudaUtils`` into the CUDA context current on the
+callback's thread (XLA's, for the device being run), once per kernel and context, and
+launched with that module's ``CudaLauncher``.
+
+On the CPU under ``TRITON_INTERPRET=1`` the callback gets host buffers and runs the
+kernels in Triton's interpreter on torch views of them (DLPack, no copy), so this
+executor is testable without a GPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import threading
+
+import numpy as np
+from jax.experimental.buffer_callback import buffer_callback
+
+from jqat.ffi import plan as plans
+from jqat.ffi.triton_call import set_triton_cache_dir
+
+# Triton's interpreter patches triton.language while it runs a kernel: the callbacks of several CPU devices,
+# which XLA runs on threads of their own, take turns.
+_INTERPRETER_LOCK = threading.Lock()
+
+ENV = "JQAT_JAX_LAUNCHER"
+LAUNCHERS = ("jax-triton", "callback")
+
+# Triton's pointer element types of the plan's dtype names (jax-triton's map).
+_POINTER_TYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64",
+                  "float8_e4m3fn": "fp8e4nv", "float8_e5m2": "fp8e5", "int64": "i64", "int32": "i32",
+                  "int16": "i16", "int8": "i8", "uint64": "u64", "uint32": "u32", "uint16": "u16", "uint8": "u8",
+                  "bool": "i1"}
+
+
+def launcher() -> str:
+  """The JAX launcher ``JQAT_JAX_LAUNCHER`` selects: "jax-triton" (default, also when unset or empty) or "callback"."""
+  name = os.environ.get(ENV) or "jax-triton"
+  if name not in LAUNCHERS:
+    raise ValueError(f"{ENV} must be one of {LAUNCHERS} (or unset), got {name!r}")
+  return name
+
+
+def interpreting() -> bool:
+  """True under ``TRITON_INTERPRET=1``: the kernels run in Triton's interpreter on host buffers."""
+  return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def launch(launch: plans.Launch, args: tuple, out_shape: tuple, aliases: dict, target: plans.Target) -> tuple:
+  """Runs one plan launch as a ``buffer_callback``; returns its outputs (a tuple of arrays).
+
+  args: the launch's arguments in kernel order, arrays where the plan has a :class:`~jqat.ffi.plan.Ref`,
+    else its Python scalars.
+  out_shape: ``jax.ShapeDtypeStruct`` per output of the launch.
+  aliases: ``{array operand index: output index}`` (operands numbered among the arrays only).
+  target: the plan's target: a compute capability, or the interpreter (a CPU backend).
+  """
+  refs = tuple(i for i, a in enumerate(launch.args) if isinstance(a, plans.Ref))
+  if target.interpret:
+    if not interpreting():
+      raise RuntimeError(f"{ENV}=callback on a CPU backend runs the kernels in Triton's interpreter: set "
+                         "TRITON_INTERPRET=1 before triton is first imported")
+    run = functools.partial(_run_interpreted, launch, refs)
+  else:
+    # Compiled while tracing, as jax-triton compiles while lowering: a kernel that fails to build fails here.
+    kernel = _compile(launch.kernel, _arg_types(launch, args, out_shape), _ones(launch),
+                      tuple(launch.constexprs.items()), launch.num_warps, launch.num_stages, target.compute_capability)
+    grid = tuple(launch.grid) + (1,) * (3 - len(launch.grid))
+    constexprs = tuple(launch.constexprs[p] for p in kernel.params[len(launch.args) + len(launch.outputs):])
+    run = functools.partial(_run_compiled, kernel, grid, launch.args, refs, constexprs)
+  call = buffer_callback(run, tuple(out_shape), input_output_aliases=dict(aliases), command_buffer_compatible=False)
+  return tuple(call(*(args[i] for i in refs)))
+
+
+def _arg_types(launch: plans.Launch, args: tuple, out_shape: tuple) -> tuple[str, ...]:
+  """Triton's type of each runtime argument, outputs last: ``*bf16`` for a buffer, scalars as jax-triton types them."""
+  types_ = []
+  for arg, value in zip(launch.args, args):
+    if isinstance(arg, plans.Ref):
+      types_.append(_pointer_type(value.dtype, launch))
+    elif isinstance(arg, float):
+      types_.append("fp32")  # kernel scalars are FP32 (jqat.ffi.triton_call passes np.float32)
+    elif isinstance(arg, int) and not isinstance(arg, bool):
+      types_.append("i32" if -2**31 <= arg < 2**31 else "u32" if 0 <= arg < 2**32 else
+                    "i64" if -2**63 <= arg < 2**63 else "u64")
+    else:
+      raise TypeError(f"{launch.name}: kernel scalars must be int or float, got {type(arg).__name__} {arg!r}")
+  return tuple(types_) + tuple(_pointer_type(o.dtype, launch) for o in out_shape)
+
+
+def _pointer_type(dtype, launch: plans.Launch) -> str:
+  name = np.dtype(dtype).name
+  if name not in _POINTER_TYPES:
+    raise TypeError(f"{launch.name}: no Triton pointer type for a {name} buffer; expected one of "
+                    f"{sorted(_POINTER_TYPES)}")
+  return "*" + _POINTER_TYPES[name]
+
+
+def _ones(launch: plans.Launch) -> tuple[int, ...]:
+  """Positions of the scalar arguments equal to 1: jax-triton compiles them in as constexprs."""
+  return tuple(i for i, a in enumerate(launch.args) if not isinstance(a, plans.Ref) and a == 1)
+
+
+class _Kernel:
+  """A compiled specialization: its kernel parameters, Triton's launcher (host code) and, per CUDA context, the
+  loaded function."""
+
+  def __init__(self, compiled, params: tuple[str, ...]):
+    from triton.backends.nvidia.driver import CudaLauncher  # noqa: PLC0415  (GPU only)
+
+    self.compiled = compiled
+    self.params = params
+    self.run = CudaLauncher(compiled.src, compiled.metadata)
+    self.functions = {}  # CUcontext -> CUfunction
+    self.lock = threading.Lock()
+
+  def function(self) -> int:
+    """The kernel's CUfunction in the current CUDA context (loaded from the cubin on first use there)."""
+    context, device = _current_context()
+    fn = self.functions.get(context)
+    if fn is None:
+      with self.lock:
+        fn = self.functions.get(context)
+        if fn is None:
+          k = self.compiled
+          fn = _cuda_utils().load_binary(k.name, k.kernel, k.metadata.shared, device)[1]
+          self.functions[context] = fn
+    return fn
+
+
+@functools.cache
+def _compile(fn, arg_types: tuple[str, ...], ones: tuple[int, ...], constexprs: tuple, num_warps: int,
+             num_stages: int, compute_capability: tuple[int, int]) -> _Kernel:
+  """:func:`build` once per process and key, with Triton's launcher.
+
+  The key is jax-triton's: kernel, argument types (outputs last), the scalars equal to 1, constexprs
+  (``(name, value)`` pairs), ``num_warps``, ``num_stages`` and the compute capability. Triton's disk cache
+  serves the cubin across processes.
+  """
+  compiled = build(fn, arg_types, ones, constexprs, num_warps, num_stages, compute_capability)
+  return _Kernel(compiled, tuple(fn.arg_names))
+
+
+def build(fn, arg_types: tuple[str, ...], ones: tuple[int, ...], constexprs: tuple, num_warps: int,
+          num_stages: int, compute_capability: tuple[int, int]):
+  """``triton.compile`` of kernel ``fn`` with jax-triton's specialization: Triton's ``CompiledKernel``.
+
+  arg_types: Triton types of the runtime arguments, outputs last (``"*bf16"``, ``"i32"``, ``"fp32"``).
+  ones: positions of the scalar arguments equal to 1 (compiled in as constexprs, as jax-triton does).
+  constexprs: ``(name, value)`` pairs of the kernel's remaining parameters.
+  Needs no GPU: the cubin is built for ``compute_capability`` (or read from Triton's disk cache).
+  """
+  import triton  # noqa: PLC0415
+  from triton.backends.compiler import GPUTarget  # noqa: PLC0415
+  from triton.compiler import ASTSource, make_backend  # noqa: PLC0415
+
+  _triton_cache_dir()
+  target = GPUTarget("cuda", 10 * compute_capability[0] + compute_capability[1], 32)
+  backend = make_backend(target)
+  params, given, n_args = tuple(fn.arg_names), dict(constexprs), len(arg_types)
+  if len(params) < n_args or any(p not in given for p in params[n_args:]):
+    raise ValueError(f"kernel {fn.__name__} takes {params}; the plan gives {n_args} arguments (outputs included) "
+                     f"and the constexprs {sorted(given)}")
+  # jax-triton's specialization: every buffer 16-byte aligned ("D", what Triton's specializer says of a pointer
+  # divisible by 16), no scalar specialized beyond == 1 (""). Written out: the specializer imports torch.
+  attrs = {(i,): backend.parse_attr("D" if t.startswith("*") else "") for i, t in enumerate(arg_types)}
+  constants = {params[i]: 1 for i in ones}
+  constants.update({p: given[p] for p in params[n_args:]})
+  signature = dict(zip(params, arg_types))  # parameter order, the order of the launcher's arguments
+  signature.update({p: "constexpr" for p in constants})
+  options = dict(num_warps=num_warps, num_stages=num_stages, num_ctas=1, enable_fp_fusion=True, debug=False)
+  return triton.compile(ASTSource(fn, signature, constexprs=constants, attrs=attrs), target=target, options=options)
+
+
+def _run_compiled(kernel: _Kernel, grid: tuple[int, int, int], template: tuple, refs: tuple[int, ...],
+                  constexprs: tuple, ctx, outs, *ins):
+  """The callback: the launch's arguments with XLA's device pointers in place of its buffers, on XLA's stream."""
+  args = list(template)
+  for i, buf in zip(refs, ins):
+    args[i] = buf.__cuda_array_interface__["data"][0]
+  args += [buf.__cuda_array_interface__["data"][0] for buf in outs]
+  k = kernel.compiled
+  # Triton's launcher as CompiledKernel's runner calls it, every parameter in order (constexprs are skipped
+  # by the launcher); no launch hooks, which need Triton's torch-based driver.
+  kernel.run(*grid, ctx.stream, kernel.function(), k.packed_metadata, None, None, None, *args, *constexprs)
+
+
+def _run_interpreted(launch: plans.Launch, refs: tuple[int, ...], ctx, outs, *ins):
+  """The callback on the CPU: Triton's interpreter on torch views of XLA's host buffers (outputs writeable)."""
+  import torch  # noqa: PLC0415  (the interpreter works on torch tensors)
+
+  del ctx  # no stream on the CPU
+  args = list(launch.args)
+  for i, buf in zip(refs, ins):
+    args[i] = torch.from_dlpack(buf)
+  args += [torch.from_dlpack(buf) for buf in outs]
+  with _INTERPRETER_LOCK:
+    launch.kernel[launch.grid](*args, **launch.constexprs, num_warps=launch.num_warps, num_stages=launch.num_stages)
+
+
+@functools.cache
+def _triton_cache_dir() -> str:
+  """Triton's cache directory, chosen as the jax-triton path chooses it (once, before the first compile)."""
+  return set_triton_cache_dir(os.environ.get("TRITON_CACHE_DIR"))
+
+
+@functools.cache
+def _cuda_utils():
+  from triton.backends.nvidia.driver import CudaUtils  # noqa: PLC0415  (no torch, unlike triton's driver)
+
+  return CudaUtils()
+
+
+@functools.cache
+def _libcuda():
+  return ctypes.CDLL("libcuda.so.1")
+
+
+def _current_context() -> tuple[int, int]:
+  """(CUcontext, device ordinal) current on this thread: XLA's for the device whose program calls back."""
+  lib = _libcuda()
+  context, device = ctypes.c_void_p(), ctypes.c_int()
+  if lib.cuCtxGetCurrent(ctypes.byref(context)) != 0 or not context.value:
+    raise RuntimeError("jqat callback launcher: no current CUDA context on XLA's callback thread")
+  if lib.cuCtxGetDevice(ctypes.byref(device)) != 0:
+    raise RuntimeError("jqat callback launcher: cuCtxGetDevice failed on XLA's callback thread")
+  return context.value, device.value

@@ -1,0 +1,261 @@
+"""The callback launcher (``JQAT_JAX_LAUNCHER=callback``, ``ffi/callback_launch.py``) of the JAX binding.
+
+CPU (``TRITON_INTERPRET=1``): ``buffer_callback`` hands the callback host buffers and the
+plan's kernels run in Triton's interpreter on them, so the public API with
+``implementation="triton"`` (the GPU check of the dispatcher bypassed) runs end to end
+under jit: its forward and gradients against the XLA reference, with the bounds of
+tests/test_attention_triton.py (whose reasons apply: the interpreter is not the reference).
+
+CPU, compiled for sm_90 without a GPU: each launch of the attention plans builds the same
+PTX as jax-triton 0.3.1's own factory, and the build path never imports torch.
+
+GPU (``@pytest.mark.gpu``): the callback launcher against jax-triton on the same plans, within
+the kernel bounds above, not bit for bit. The PTX is the same (the CPU test), but it is
+assembled by two ptxas: Triton's bundled one (CUDA 12.8 with triton 3.6) here, jaxlib's (CUDA 13)
+there, and the PTX holds plain ``mul.f32`` / ``add.f32`` that ptxas may contract into FMAs, which
+moves FP32 roundings and can flip an fq decision, as between kernel and reference. The test
+prints how many elements differ at all (0 when both assemblers agree).
+"""
+
+import os
+
+from conftest import HAS_GPU  # noqa: E402
+
+os.environ.setdefault("TRITON_INTERPRET", "0" if HAS_GPU else "1")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from conftest import assert_close  # noqa: E402
+
+pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+# BOUNDS and _inputs: tests/test_attention_triton.py's (importing it also applies its NumPy >= 2.4 interpreter fix).
+from test_attention_triton import BOUNDS, _inputs  # noqa: E402
+
+import jqat  # noqa: E402
+from jqat._src import dispatch  # noqa: E402
+from jqat.ffi import callback_launch, jax_launch  # noqa: E402
+
+INTERPRET = os.environ["TRITON_INTERPRET"] == "1"
+
+
+@pytest.fixture
+def launcher(monkeypatch):
+  """Sets ``JQAT_JAX_LAUNCHER`` for one test (read whenever an op is traced)."""
+  return lambda name: monkeypatch.setenv(callback_launch.ENV, name)
+
+
+def _loss_and_grads(q, k, v, w, implementation):
+  """O and d(sum(w * O))/d(q, k, v) of jqat.attention under jit (causal, GQA)."""
+
+  def loss(q, k, v):
+    o = jqat.attention(q, k, v, is_causal=True, implementation=implementation)
+    return jnp.sum(w * o.astype(jnp.float32)), o
+
+  (_, o), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(q, k, v)
+  return o, grads
+
+
+def _case(b, tq, tk, n, kh, d, seed=0):
+  q, k, v, w = _inputs(b, tq, tk, n, kh, d, "bfloat16", seed)
+  return tuple(jnp.asarray(x).astype(jnp.bfloat16) for x in (q, k, v)) + (jnp.asarray(w),)
+
+
+def test_launcher_env_is_validated(launcher):
+  launcher("cuda-graph")
+  with pytest.raises(ValueError, match="JQAT_JAX_LAUNCHER must be one of"):
+    callback_launch.launcher()
+
+
+@pytest.mark.skipif(not INTERPRET, reason="the interpreter path of the callback launcher (CPU)")
+def test_callback_interpreted_matches_reference(launcher, monkeypatch):
+  """Forward and gradients through buffer_callback + Triton's interpreter vs the XLA reference (odd sizes)."""
+  launcher("callback")
+  monkeypatch.setattr(dispatch, "triton_unavailable_reason", lambda: None)
+  q, k, v, w = _case(1, 17, 40, 2, 1, 64)
+  o, grads = _loss_and_grads(q, k, v, w, "triton")
+  r_o, r_grads = _loss_and_grads(q, k, v, w, "xla")
+  f = lambda x: np.asarray(x.astype(jnp.float32))
+  assert_close(f(o), f(r_o), rel=BOUNDS["O"], name="O")
+  for name, got, want in zip(("dQ", "dK", "dV"), grads, r_grads):
+    assert_close(f(got), f(want), rel=BOUNDS[name], name=name)
+
+
+@pytest.mark.parametrize("mode,shape", [(("fp4", 32, "ue8m0"), (5, 3, 128)), (("fp4", 16, "e4m3"), (7, 512)),
+                                        (("fp8", 32, "ue8m0"), (300, 512))], ids=str)
+def test_callback_rope_qdq_in_place(launcher, monkeypatch, mode, shape):
+  """rope_qdq through buffer_callback (its output aliases x, donated under jit) bit for bit against the oracle
+  (the spec is exact): compiled on a GPU; on the CPU interpreted, with the GPU's FMA and BF16 load as in
+  tests/test_rope_qdq.py."""
+  from oracle_rope import rope_qdq_oracle
+  from test_rope_qdq import _interpreter_kernel, assert_bitwise, random_case
+
+  if INTERPRET:
+    _interpreter_kernel()
+    monkeypatch.setattr(dispatch, "triton_unavailable_reason", lambda: None)
+  launcher("callback")
+  x, cache, pos = random_case(mode, shape, 1.0)
+  quantization, group_size, scale_format = mode
+  run = jax.jit(lambda x, c, p: jqat.rope_qdq(x, c, p, quantization=quantization, group_size=group_size,
+                                              scale_format=scale_format, implementation="triton"), donate_argnums=0)
+  got = run(jnp.asarray(x), jnp.asarray(cache), jnp.asarray(pos))
+  assert_bitwise(np.asarray(got), rope_qdq_oracle(x, cache, pos, *mode), "rope_qdq (callback)")
+
+
+@pytest.mark.fresh_process  # a real compile: not in a process where the interpreter has run
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_builds_jax_tritons_ptx(monkeypatch, tmp_path, direction):
+  """Every launch of the attention plans for sm_90 compiles to the PTX that jax-triton 0.3.1's own factory
+  (run on the CPU through tests/test_ffi.py's harness) builds for it: the same kernels, so the GPU comparison
+  below can be bitwise. jax-triton's argument types come from its own ``get_triton_type``."""
+  from test_ffi import _real_triton_lib
+  from triton.backends.compiler import GPUTarget
+  from triton.backends.nvidia.compiler import CUDABackend
+
+  from jqat.ffi import plan as plans
+  from jqat.ffi.options import DEFAULT_BLOCK_N, AttentionOptions, QATConfig
+
+  monkeypatch.setenv("JQAT_CACHE_DIR", str(tmp_path))
+  monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+  lib, _ = _real_triton_lib(monkeypatch)
+  target = plans.Target((9, 0))
+  q, k = plans.Tensor.dense((1, 40, 2, 64), "bfloat16"), plans.Tensor.dense((1, 72, 1, 64), "bfloat16")
+  lse = plans.Tensor.dense((1, 2, 40), "float32")
+  opts = AttentionOptions(64**-0.5, True, DEFAULT_BLOCK_N, QATConfig())
+  plan = (plans.attention_forward(q, k, k, opts, target) if direction == "forward"
+          else plans.attention_backward(q, q, k, k, q, lse, opts, target))
+  aval = lambda name: jax.core.ShapedArray(plan.buffers[name].shape, jnp.dtype(plan.buffers[name].dtype))
+  for launch in plan.launches:
+    args = tuple(aval(a.name) if isinstance(a, plans.Ref) else a for a in launch.args)
+    outs = tuple(aval(o) for o in launch.outputs)
+    # What jqat.ffi.triton_call hands jax-triton: FP32 scalars as np.float32, the rest as they are.
+    typed = tuple(np.float32(a) if isinstance(a, float) else a for a in args)
+    scalars = tuple((i, lib.get_triton_type(a), float(a) if isinstance(a, np.float32) else a)
+                    for i, a in enumerate(typed) if not isinstance(a, jax.core.ShapedArray))
+    want, _ = lib.get_or_create_triton_kernel(
+        lambda device, cc: CUDABackend(GPUTarget("cuda", cc, 32)), "cuda", launch.kernel,
+        [lib.get_triton_type(a) for a in typed + outs], scalars, num_warps=launch.num_warps,
+        num_stages=launch.num_stages, num_ctas=1, compute_capability=90, enable_fp_fusion=True,
+        metaparams=dict(launch.constexprs), dump=False)
+    got = callback_launch.build(launch.kernel, callback_launch._arg_types(launch, args, outs),
+                                callback_launch._ones(launch), tuple(launch.constexprs.items()), launch.num_warps,
+                                launch.num_stages, target.compute_capability)
+    assert got.asm["ptx"] == want.ctor_args[4], f"{launch.name}: the PTX differs from jax-triton's"
+    assert got.metadata.shared == want.ctor_args[3], f"{launch.name}: shared memory differs from jax-triton's"
+
+
+_NO_TORCH_CHILD = r"""
+import sys
+import jax
+from jqat.ffi import callback_launch, plan as plans
+x, cache, pos = (plans.Tensor.dense(s, d) for s, d in (((4, 128), "bfloat16"), ((8, 64), "float32"), ((4,), "int32")))
+(launch,) = plans.rope_qdq(x, cache, pos, plans.Target((9, 0)), heads=1, group=32, fp8=False, e4m3_scale=False,
+                           amax_floor=0.0).launches
+aval = {"x": x, "cache": cache, "positions": pos}
+args = tuple(jax.ShapeDtypeStruct(aval[a.name].shape, aval[a.name].dtype) if isinstance(a, plans.Ref) else a
+             for a in launch.args)
+types = callback_launch._arg_types(launch, args, (jax.ShapeDtypeStruct(x.shape, x.dtype),))
+callback_launch.build(launch.kernel, types, callback_launch._ones(launch), tuple(launch.constexprs.items()),
+                      launch.num_warps, launch.num_stages, (9, 0))
+print("RESULT", "torch" in sys.modules)
+"""
+
+
+def test_build_does_not_import_torch(tmp_path):
+  """The callback launcher's compile path (run in every new process, served by Triton's disk cache when warm)
+  must not import torch: that import would cost more of the warm start than ptxas does."""
+  import subprocess
+  import sys
+
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = {**os.environ, "TRITON_INTERPRET": "0", "JQAT_CACHE_DIR": str(tmp_path), "PYTHONPATH": root}
+  env.pop("TRITON_CACHE_DIR", None)
+  proc = subprocess.run([sys.executable, "-c", _NO_TORCH_CHILD], env=env, capture_output=True, text=True, timeout=300,
+                        check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "RESULT False" in proc.stdout, f"torch was imported: {proc.stdout[-500:]}"
+
+
+_SHARDED_CHILD = r"""
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import jqat
+from jqat._src import dispatch
+from test_attention_triton import _inputs
+dispatch.triton_unavailable_reason = lambda: None
+q, k, v = (jnp.asarray(x).astype(jnp.bfloat16) for x in _inputs(2, 17, 40, 2, 1, 64, "bfloat16")[:3])
+sharded = [jax.device_put(x, NamedSharding(Mesh(np.array(jax.devices()), ("b",)), P("b"))) for x in (q, k, v)]
+o = jax.jit(lambda q, k, v: jqat.attention(q, k, v, is_causal=True, implementation="triton"))(*sharded)
+jax.effects_barrier()
+r = jqat.attention(q, k, v, is_causal=True, implementation="xla")
+o, r = (np.asarray(x.astype(jnp.float32), np.float64) for x in (o, r))
+print("RESULT", len(jax.devices()), np.linalg.norm(o - r) / np.linalg.norm(r))
+"""
+
+
+@pytest.mark.skipif(not INTERPRET, reason="the interpreter path of the callback launcher (CPU)")
+def test_callback_interpreted_batch_sharded(tmp_path):
+  """Batch-sharded inputs on two CPU devices: the callback launcher has no partitioning rule (custom_partitioning
+  would drop its host callbacks: a segfault), so XLA gathers them; every device's callback must run cleanly
+  and O stay within the bound of tests/test_attention_triton.py."""
+  import subprocess
+  import sys
+
+  tests = os.path.dirname(os.path.abspath(__file__))
+  env = {**os.environ, "TRITON_INTERPRET": "1", "JQAT_JAX_LAUNCHER": "callback", "JAX_PLATFORMS": "cpu",
+         "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+         "PYTHONPATH": os.pathsep.join([os.path.dirname(tests), tests])}
+  proc = subprocess.run([sys.executable, "-c", _SHARDED_CHILD], env=env, capture_output=True, text=True, timeout=300,
+                        check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  devices, err = proc.stdout.split("RESULT")[-1].split()
+  assert int(devices) == 2 and float(err) <= BOUNDS["O"], proc.stdout[-1000:]
+
+
+def _bits(x):
+  x = np.asarray(x)
+  return x.view(f"u{x.dtype.itemsize}")
+
+
+def _kernel_outputs(q, k, v, do, opts):
+  """Forward (O, O', lse) and backward (dQ, dK, dV) plans run by the JAX binding under jit: kernel outputs only."""
+
+  def run(q, k, v, do):
+    o, o_hp, lse = jax_launch.attention_forward(q, k, v, opts)
+    return (o, o_hp, lse) + tuple(jax_launch.attention_backward(do, q, k, v, o_hp, lse, opts))
+
+  return jax.jit(run)(q, k, v, do)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_callback_matches_jax_triton_gpu(launcher, causal):
+  from jqat.ffi.options import DEFAULT_BLOCK_N, AttentionOptions, QATConfig
+
+  q, k, v, do = _case(2, 200, 333, 4, 2, 128)
+  do = do.astype(jnp.bfloat16)
+  opts = AttentionOptions(128**-0.5, causal, DEFAULT_BLOCK_N, QATConfig())
+  launcher("jax-triton")
+  want = _kernel_outputs(q, k, v, do, opts)
+  launcher("callback")
+  got = _kernel_outputs(q, k, v, do, opts)
+  f = lambda x: np.asarray(x.astype(jnp.float32))
+  for name, g, e in zip(("O", "O'", "lse", "dQ", "dK", "dV"), got, want):
+    print(f"{name}: {np.sum(_bits(g) != _bits(e))} of {g.size} elements differ from jax-triton's")
+    assert_close(f(g), f(e), rel=BOUNDS[name], name=name)
+
+
+@pytest.mark.gpu
+def test_callback_public_api_matches_xla_gpu(launcher):
+  """The public API under jit with the callback launcher: forward and gradients vs the XLA reference."""
+  launcher("callback")
+  q, k, v, w = _case(2, 257, 300, 4, 1, 64)
+  o, grads = _loss_and_grads(q, k, v, w, "triton")
+  r_o, r_grads = _loss_and_grads(q, k, v, w, "xla")
+  f = lambda x: np.asarray(x.astype(jnp.float32))
+  assert_close(f(o), f(r_o), rel=BOUNDS["O"], name="O")
+  for name, got, want in zip(("dQ", "dK", "dV"), grads, r_grads):
+    assert_close(f(got), f(want), rel=BOUNDS[name], name=name)
