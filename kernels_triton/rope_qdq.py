@@ -58,9 +58,7 @@ def launch_config(width: int, hw_e4m3: bool) -> dict:
   """Constexprs, ``num_warps`` and ``num_stages`` for rows of ``width`` channels (a power of two >= 128)."""
   head = width - ROPE
   head_block = 1 << (head - 1).bit_length()
-  # At most 8192 channels (16 KiB of bf16) and 32 rows per program: narrow rows (width 128) gather one cache
-  # row per x row, and smaller programs overlap those gathers better (docs/BENCHMARKS.md, RoPE-QDQ in place).
-  block_r = max(1, min(32, 8192 // width))
+  block_r = max(1, 8192 // width)  # 8192 channels, 16 KiB of bf16, per program
   return dict(BLOCK_R=block_r, HEAD_BLOCK=head_block, HW=bool(hw_e4m3), num_warps=8, num_stages=2)
 
 
@@ -210,30 +208,30 @@ def rope_qdq_kernel(x_ptr, cache_ptr, pos_ptr, n_rows, n_pos, heads, out_ptr,
   row_ok = row32 < n_rows
   base = row32.to(tl.int64)[:, None] * D
 
-  # Every load is issued before the first store. ``out`` may be ``x`` (in place), so the compiler
-  # cannot move a load of x across a store to out: with the stores in between, the tail's loads and
-  # the dependent cache gather waited for the head's whole round trip (76% of a copy's speed at
-  # H = 1, width 128; docs/BENCHMARKS.md). The position ids come first: they head the longest chain.
-  # Positions outside [0, n_pos) are a caller error; clamping keeps the read in bounds
-  # (and matches the clamping gather of the XLA reference).
-  pos = tl.load(pos_ptr + row32 // heads, mask=row_ok, other=0).to(tl.int64)
-  pos = tl.minimum(tl.maximum(pos, 0), n_pos - 1)
+  # x is streamed (read and written once: evict_first) so that it does not push the cache out of L2, whose
+  # rows are gathered at random positions (evict_last): 79.5% -> 84.3% of a copy's speed at width 128, H = 1
+  # (docs/BENCHMARKS.md, run 33). Issuing every load before the first store was tried and lost at width 512.
   # ---- head: channels [0, D - 64), as read.
   hc = tl.arange(0, HEAD_BLOCK)[None, :]
   if HEAD_BLOCK == HEAD:
     hmask = row_ok[:, None]
   else:
     hmask = row_ok[:, None] & (hc < HEAD)
-  h = tl.load(x_ptr + base + hc, mask=hmask, other=0.0, eviction_policy="evict_first")
+  h = tl.load(x_ptr + base + hc, mask=hmask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+  h = _qdq_tile(h, BLOCK_R, HEAD_BLOCK, GROUP, FP8, E4M3_SCALE, AMAX_FLOOR, HW)
+  tl.store(out_ptr + base + hc, _to_bf16(h), mask=hmask, eviction_policy="evict_first")
+
   # ---- tail: the 32 adjacent pairs of channels [D - 64, D).
   tc = HEAD + tl.arange(0, 64)[None, :]
-  t = tl.load(x_ptr + base + tc, mask=row_ok[:, None], other=0.0, eviction_policy="evict_first")
+  t = tl.load(x_ptr + base + tc, mask=row_ok[:, None], other=0.0, eviction_policy="evict_first").to(tl.float32)
+  a, b = tl.split(tl.reshape(t, (BLOCK_R, 32, 2)))  # channels 2p and 2p + 1
+  # Positions outside [0, n_pos) are a caller error; clamping keeps the read in bounds
+  # (and matches the clamping gather of the XLA reference).
+  pos = tl.load(pos_ptr + row32 // heads, mask=row_ok, other=0).to(tl.int64)
+  pos = tl.minimum(tl.maximum(pos, 0), n_pos - 1)
   cache_offs = pos[:, None] * 64 + tl.arange(0, 32)[None, :]
   cos = tl.load(cache_ptr + cache_offs, mask=row_ok[:, None], other=1.0, eviction_policy="evict_last")
   sin = tl.load(cache_ptr + cache_offs + 32, mask=row_ok[:, None], other=0.0, eviction_policy="evict_last")
-
-  h = _qdq_tile(h.to(tl.float32), BLOCK_R, HEAD_BLOCK, GROUP, FP8, E4M3_SCALE, AMAX_FLOOR, HW)
-  a, b = tl.split(tl.reshape(t.to(tl.float32), (BLOCK_R, 32, 2)))  # channels 2p and 2p + 1
   real = _round_bf16(tl.fma(a, cos, _negate(b * sin)), HW)
   imag = _round_bf16(tl.fma(b, cos, a * sin), HW)
 
@@ -249,5 +247,4 @@ def rope_qdq_kernel(x_ptr, cache_ptr, pos_ptr, n_rows, n_pos, heads, out_ptr,
   re3 = _qdq(re3, scale, inv, neg, nan, FP8, E4M3_SCALE, HW)
   im3 = _qdq(im3, scale, inv, neg, nan, FP8, E4M3_SCALE, HW)
   y = tl.reshape(tl.join(tl.reshape(re3, (BLOCK_R, 32)), tl.reshape(im3, (BLOCK_R, 32))), (BLOCK_R, 64))
-  tl.store(out_ptr + base + hc, _to_bf16(h), mask=hmask, eviction_policy="evict_first")
   tl.store(out_ptr + base + tc, _to_bf16(y), mask=row_ok[:, None], eviction_policy="evict_first")
