@@ -104,7 +104,7 @@ def main(argv=None):
   ap.add_argument("--fwd-config", default="", help='"field=int,...", as JQAT_ATTN_FWD_CONFIG')
   ap.add_argument("--bwd-config", default="", help='"field=int,...", as JQAT_ATTN_BWD_CONFIG')
   ap.add_argument("--arch", type=int, default=90, help="compute capability as an integer (90 = H100/H200)")
-  ap.add_argument("--kernels", default="fwd,bwd", help="which plans: fwd, bwd or both")
+  ap.add_argument("--kernels", default="fwd,bwd", help="which plans: fwd, bwd, rope (comma-separated)")
   ap.add_argument("--sass-dir", default=None, help="also write each kernel's SASS there")
   ap.add_argument("--json", default=None)
   args = ap.parse_args(argv)
@@ -139,10 +139,33 @@ def main(argv=None):
             f"{s['instructions']} instructions, {launch.num_warps} warps, {launch.num_stages} stages; {s['mix']}")
       for loop in s["loops"]:
         print(f"  loop {loop['start']}-{loop['end']}: {loop['instructions']} instructions/iteration {loop['mix']}")
+  if "rope" in args.kernels:
+    report["kernels"].update(rope_stats(args.arch))
   if args.json:
     with open(args.json, "w") as f:
       json.dump(report, f, indent=1)
   return report
+
+
+def rope_stats(arch: int) -> dict:
+  """Registers and SASS instructions per element of x of the in-place RoPE + QDQ kernel, per mode of SPEC
+  section 4 (1M rows, a 65,536-row cache, one position per row). No loop: each program handles one tile."""
+  from jqat._src.rope_qdq_reference import MODES  # noqa: PLC0415
+
+  out = {}
+  for (quant, group, scale_format), mode in MODES.items():
+    name, width, rows = f"{quant}/{group}/{scale_format}", mode.width, 1 << 20
+    plan = P.rope_qdq(P.Tensor.dense((rows, width), "bfloat16"), P.Tensor.dense((65536, 64), "float32"),
+                      P.Tensor.dense((rows,), "int32"), P.Target((arch // 10, arch % 10)), heads=1, group=group,
+                      fp8=mode.fp8, e4m3_scale=mode.e4m3_scale, amax_floor=mode.floor)
+    launch = plan.launches[0]
+    s = sass_stats(compile_launch(plan, launch, arch))
+    del s["sass"]
+    per_elem = s["instructions"] * 32 * launch.num_warps / (launch.constexprs["BLOCK_R"] * width)
+    out[f"rope_qdq {name}"] = {**s, "instructions_per_element": per_elem, "num_warps": launch.num_warps}
+    print(f"rope_qdq {name} (width {width}): {s['registers']} registers, {s['instructions']} instructions per "
+          f"thread = {per_elem:.1f} per element of x; {s['mix']}")
+  return out
 
 
 if __name__ == "__main__":
