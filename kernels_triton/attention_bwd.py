@@ -80,15 +80,25 @@ DELTA_LAUNCH = {"BLOCK_M": 64, "num_warps": 4, "num_stages": 1}
 
 
 @triton.jit
-def _delta_rows(o_ptr, do_ptr, b, h, offs_m, offs_d, ok, stride_ob, stride_ot, stride_on, stride_db, stride_dt,
-                stride_dn):
-  """``sum_d O * dO`` (FP32) of query rows ``offs_m`` of head ``h``, batch ``b``; ``ok`` masks rows and channels."""
+def _delta_block(o_ptr, do_ptr, tq, n_heads, stride_ob, stride_ot, stride_on, stride_db, stride_dt, stride_dn,
+                 delta_ptr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr):
+  """Stores ``delta = sum_d O * dO`` (FP32) of this program's BLOCK_M query rows; returns its batch and head."""
+  stride_ob, stride_ot, stride_on = aligned3(stride_ob, stride_ot, stride_on)
+  stride_db, stride_dt, stride_dn = aligned3(stride_db, stride_dt, stride_dn)
+  pid_bh = tl.program_id(1)
+  b = pid_bh // n_heads
+  h = pid_bh % n_heads
+  offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+  offs_d = tl.arange(0, D_PAD)
+  row_ok = offs_m < tq
+  ok = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
   rows = offs_m.to(tl.int64)[:, None]
   o = tl.load(o_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_on + rows * stride_ot + offs_d[None, :],
               mask=ok, other=0.0).to(tl.float32)
   do = tl.load(do_ptr + b.to(tl.int64) * stride_db + h.to(tl.int64) * stride_dn + rows * stride_dt + offs_d[None, :],
                mask=ok, other=0.0).to(tl.float32)
-  return tl.sum(o * do, axis=1)
+  tl.store(delta_ptr + pid_bh.to(tl.int64) * tq + offs_m, tl.sum(o * do, axis=1), mask=row_ok)
+  return b, h
 
 
 @triton.jit
@@ -99,18 +109,8 @@ def attention_bwd_delta_kernel(o_ptr, do_ptr, tq, n_heads, stride_ob, stride_ot,
 
   D = HEAD_DIM, read in tiles of D_PAD (a power of two) channels. Grid: (cdiv(Tq, BLOCK_M), B * N).
   """
-  stride_ob, stride_ot, stride_on = aligned3(stride_ob, stride_ot, stride_on)
-  stride_db, stride_dt, stride_dn = aligned3(stride_db, stride_dt, stride_dn)
-  pid_bh = tl.program_id(1)
-  b = pid_bh // n_heads
-  h = pid_bh % n_heads
-  offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-  offs_d = tl.arange(0, D_PAD)
-  row_ok = offs_m < tq
-  ok = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
-  delta = _delta_rows(o_ptr, do_ptr, b, h, offs_m, offs_d, ok, stride_ob, stride_ot, stride_on, stride_db, stride_dt,
-                      stride_dn)
-  tl.store(delta_ptr + pid_bh.to(tl.int64) * tq + offs_m, delta, mask=row_ok)
+  _delta_block(o_ptr, do_ptr, tq, n_heads, stride_ob, stride_ot, stride_on, stride_db, stride_dt, stride_dn,
+               delta_ptr, HEAD_DIM, D_PAD, BLOCK_M)
 
 
 @triton.jit
@@ -125,24 +125,22 @@ def attention_bwd_delta_fq_kernel(o_ptr, do_ptr, q_ptr, tq, n_heads, stride_ob, 
   before it writes the same rows of fq(Q), and no program touches another's rows.
   q: [B, Tq, N, D] with the shape of O. Grid: (cdiv(Tq, BLOCK_M), B * N).
   """
-  stride_ob, stride_ot, stride_on = aligned3(stride_ob, stride_ot, stride_on)
-  stride_db, stride_dt, stride_dn = aligned3(stride_db, stride_dt, stride_dn)
-  stride_qb, stride_qt, stride_qn = aligned3(stride_qb, stride_qt, stride_qn)
-  pid_bh = tl.program_id(1)
-  b = pid_bh // n_heads
-  h = pid_bh % n_heads
-  offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+  # delta exactly as attention_bwd_delta_kernel forms it (same tile and layout: the torch binding, which keeps
+  # that kernel, gets the same bits), then fq(Q) in slices of 4096 elements (a whole 64 x 128 tile took 244
+  # registers; a slice, 80).
+  b, h = _delta_block(o_ptr, do_ptr, tq, n_heads, stride_ob, stride_ot, stride_on, stride_db, stride_dt, stride_dn,
+                      delta_ptr, HEAD_DIM, D_PAD, BLOCK_M)
   offs_d = tl.arange(0, D_PAD)
-  row_ok = offs_m < tq
-  ok = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
-  delta = _delta_rows(o_ptr, do_ptr, b, h, offs_m, offs_d, ok, stride_ob, stride_ot, stride_on, stride_db, stride_dt,
-                      stride_dn)
-  tl.store(delta_ptr + pid_bh.to(tl.int64) * tq + offs_m, delta, mask=row_ok)
-  q_off = (b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qn + offs_m.to(tl.int64)[:, None] * stride_qt
-           + offs_d[None, :])
-  q = tl.load(q_ptr + q_off, mask=ok, other=0.0)
-  q_hat = fq_tile(q.to(tl.float32), ok, BLOCK_M, D_PAD, HW_E4M3, HW_E2M1)
-  tl.store(q_hat_ptr + q_off, q_hat.to(q_hat_ptr.dtype.element_ty), mask=ok)
+  stride_qb, stride_qt, stride_qn = aligned3(stride_qb, stride_qt, stride_qn)
+  FQ_ROWS: tl.constexpr = min(BLOCK_M, 4096 // D_PAD)
+  for i in tl.static_range(BLOCK_M // FQ_ROWS):
+    rows = tl.program_id(0) * BLOCK_M + i * FQ_ROWS + tl.arange(0, FQ_ROWS)
+    ok = (rows < tq)[:, None] & (offs_d[None, :] < HEAD_DIM)
+    q_off = (b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qn + rows.to(tl.int64)[:, None] * stride_qt
+             + offs_d[None, :])
+    q = tl.load(q_ptr + q_off, mask=ok, other=0.0)
+    q_hat = fq_tile(q.to(tl.float32), ok, FQ_ROWS, D_PAD, HW_E4M3, HW_E2M1)
+    tl.store(q_hat_ptr + q_off, q_hat.to(q_hat_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit

@@ -196,12 +196,12 @@ def test_kernels_match_reference(case):
     assert_close(_np(got), want, rel=BOUNDS[name], name=name)
 
 
-def test_backward_writes_fq_q_over_o_prime():
+@pytest.mark.parametrize("case", [CPU_CASES[0], (1, 70, 33, 2, 1, 128, True, "bfloat16", 16, ALL_ON)], ids=_case_id)
+def test_backward_writes_fq_q_over_o_prime(case):
   """The JAX binding's backward plan (``q_hat_over_out``): one launch forms delta from O' and writes fq(Q) over
   O''s storage, so fq(Q) needs no scratch. Gradients within the reference's bounds, and fq(Q) is what the
-  NumPy oracle quantizes, bit for bit."""
+  NumPy oracle quantizes, bit for bit. D = 128 quantizes a 64-row block in two slices of 32 rows."""
   device = kernel_device()
-  case = CPU_CASES[0]
   b, tq, tk, n, kh, d, causal, dtype, bn, cfg = case
   to_t = lambda x: torch.from_numpy(np.array(x)).to(_TORCH[dtype]).to(device)
   q, k, v, do = (to_t(x) for x in _inputs(b, tq, tk, n, kh, d, dtype))

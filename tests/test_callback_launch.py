@@ -70,18 +70,23 @@ def test_launcher_env_is_validated(launcher):
     callback_launch.launcher()
 
 
-@pytest.mark.skipif(not INTERPRET, reason="the interpreter path of the callback launcher (CPU)")
-def test_callback_interpreted_matches_reference(launcher, monkeypatch):
-  """Forward and gradients through buffer_callback + Triton's interpreter vs the XLA reference (odd sizes)."""
-  launcher("callback")
-  monkeypatch.setattr(dispatch, "triton_unavailable_reason", lambda: None)
-  q, k, v, w = _case(1, 17, 40, 2, 1, 64)
+def _assert_triton_matches_xla(q, k, v, w):
+  """Forward and gradients of the loss through the Triton path (the launcher in use) vs the XLA reference."""
   o, grads = _loss_and_grads(q, k, v, w, "triton")
   r_o, r_grads = _loss_and_grads(q, k, v, w, "xla")
   f = lambda x: np.asarray(x.astype(jnp.float32))
   assert_close(f(o), f(r_o), rel=BOUNDS["O"], name="O")
   for name, got, want in zip(("dQ", "dK", "dV"), grads, r_grads):
     assert_close(f(got), f(want), rel=BOUNDS[name], name=name)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="the interpreter path of the callback launcher (CPU)")
+def test_callback_interpreted_matches_reference(launcher, monkeypatch):
+  """Forward and gradients through buffer_callback + Triton's interpreter vs the XLA reference (odd sizes)."""
+  launcher("callback")
+  monkeypatch.setattr(dispatch, "triton_unavailable_reason", lambda: None)
+  q, k, v, w = _case(1, 17, 40, 2, 1, 64)
+  _assert_triton_matches_xla(q, k, v, w)
 
 
 @pytest.mark.parametrize("mode,shape", [(("fp4", 32, "ue8m0"), (5, 3, 128)), (("fp4", 16, "e4m3"), (7, 512)),
@@ -253,9 +258,4 @@ def test_callback_public_api_matches_xla_gpu(launcher):
   """The public API under jit with the callback launcher: forward and gradients vs the XLA reference."""
   launcher("callback")
   q, k, v, w = _case(2, 257, 300, 4, 1, 64)
-  o, grads = _loss_and_grads(q, k, v, w, "triton")
-  r_o, r_grads = _loss_and_grads(q, k, v, w, "xla")
-  f = lambda x: np.asarray(x.astype(jnp.float32))
-  assert_close(f(o), f(r_o), rel=BOUNDS["O"], name="O")
-  for name, got, want in zip(("dQ", "dK", "dV"), grads, r_grads):
-    assert_close(f(got), f(want), rel=BOUNDS[name], name=name)
+  _assert_triton_matches_xla(q, k, v, w)
