@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -102,7 +103,13 @@ def _partitioned(run, spec: partitioning.OpSpec, launcher: str):
   custom_partitioning lowers the per-shard function into a module of its own, whose host callbacks are
   dropped: the program would call a callback that is not there (seen: a segfault on two CPU devices).
   """
-  return run if launcher == "callback" else partitioning.partitioned(run, spec)
+  if launcher != "callback":
+    return partitioning.partitioned(run, spec)
+  if jax.device_count() > 1:
+    warnings.warn(f"{callback_launch.ENV}=callback has no partitioning rule: under jit, XLA gathers sharded operands "
+                  "of jqat's ops onto every device (correct, but each device does all the work); inside jax.shard_map "
+                  "each device runs its own shard", RuntimeWarning, stacklevel=3)
+  return run
 
 
 # The op functions are cached per launcher too: JAX caches what it traced of a function, so one function
