@@ -513,14 +513,14 @@ def _nonfinite_properties(run, mode, x, cache, pos):
   if mode == FP4_32:
     ids = np.repeat(ids, x.shape[1])
   rows = np.clip(ids, 0, cache.shape[0] - 1)
-  used = np.zeros_like(xf)  # the cache entry each rotated channel reads (cos and sin both matter)
+  # Per channel: a NaN among its inputs, a non-finite one (a rotated channel reads its pair's cos and sin).
+  # Flags, not sums: x = -Inf plus an Inf cache entry would make a NaN that no input holds.
   cos, sin = cache[rows, :32], cache[rows, 32:]
-  pair_nan = np.isnan(cos) | np.isnan(sin)
-  pair_bad = ~(np.isfinite(cos) & np.isfinite(sin))
-  used[:, width - 64:] = np.repeat(np.where(pair_nan, np.nan, np.where(pair_bad, np.inf, 0.0)), 2, axis=1)
-  g_in = (xf + used).reshape(len(xf), -1, group)  # NaN + anything is NaN; Inf + finite is Inf
-  must_nan = np.isnan(g_in).any(-1)
-  finite_in = np.isfinite(g_in).all(-1)
+  nan_in, bad_in = np.isnan(xf), ~np.isfinite(xf)
+  nan_in[:, width - 64:] |= np.repeat(np.isnan(cos) | np.isnan(sin), 2, axis=1)
+  bad_in[:, width - 64:] |= np.repeat(~(np.isfinite(cos) & np.isfinite(sin)), 2, axis=1)
+  must_nan = nan_in.reshape(len(xf), -1, group).any(-1)
+  finite_in = ~bad_in.reshape(len(xf), -1, group).any(-1)
   got = _group_view(out, mode)
   nan_out = np.isnan(got.view(ml_dtypes.bfloat16).astype(np.float32))
   assert (nan_out.all(-1) | ~nan_out.any(-1)).all(), "a group is partly NaN"
