@@ -70,18 +70,20 @@ def test_switches_forward_and_backward(cfg, is_causal):
   q, k, v, do = _inputs(shape, seed=3)
   scale = 0.3
   config = jqat.QATConfig(*cfg)
-  out, out_hp, lse = jqat.attention_forward(q, k, v, scale=scale, is_causal=is_causal, implementation="xla",
-                                            block_n=16, config=config)
+  # jax.grad through the custom VJP, in one program with the explicit forward (CI time: one compile per case).
+  loss = lambda q, k, v: jnp.sum(jqat.attention(q, k, v, scale=scale, is_causal=is_causal, implementation="xla",
+                                                block_n=16, **sw).astype(jnp.float32) * do.astype(jnp.float32))
+  (out, out_hp, lse), (dq, dk, dv) = jax.jit(lambda q, k, v: (
+      jqat.attention_forward(q, k, v, scale=scale, is_causal=is_causal, implementation="xla", block_n=16,
+                             config=config),
+      jax.grad(loss, argnums=(0, 1, 2))(q, k, v)))(q, k, v)
   ref_o, ref_ohp, ref_lse = attention_oracle(q, k, v, scale=scale, is_causal=is_causal, block_n=16,
                                              quantize_qkv=sw["quantize_qkv"], quantize_p=sw["quantize_p"])
   assert_close(out, ref_o, rel=OUT_BOUND, name="O")
   assert_close(out_hp, ref_ohp, rel=OUT_BOUND, name="O'")
   assert_close(lse, ref_lse, rel=LSE_BOUND, name="lse")
 
-  # jax.grad through the custom VJP == float64 backward fed with the residual the switch selects.
-  loss = lambda q, k, v: jnp.sum(jqat.attention(q, k, v, scale=scale, is_causal=is_causal, implementation="xla",
-                                                block_n=16, **sw).astype(jnp.float32) * do.astype(jnp.float32))
-  dq, dk, dv = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+  # The gradients == float64 backward fed with the residual the switch selects.
   o_delta = out_hp if sw["high_precision_delta"] else out
   rdq, rdk, rdv = attention_grad_oracle(do, q, k, v, o_delta, lse, scale=scale, is_causal=is_causal,
                                         quantize_qkv=sw["quantize_qkv"],

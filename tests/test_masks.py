@@ -76,8 +76,12 @@ def test_masks_forward_and_grads_match_float64(name, tq, tk):
   kw, vis = _kw(MASKS[name], tq, tk)
   q, k, v, do = _inputs(tq, tk, seed=len(name) + tq)
   scale = 32**-0.5
-  out, out_hp, lse = jax.jit(lambda q, k, v: jqat.attention_forward(q, k, v, implementation="xla", block_n=16, **kw))(
-      q, k, v)
+  loss = lambda q, k, v: jnp.sum(jqat.attention(q, k, v, implementation="xla", block_n=16, **kw).astype(jnp.float32)
+                                 * do.astype(jnp.float32))
+  # One program for the forward outputs and the gradients (CI time: one compile per case, not two).
+  (out, out_hp, lse), (dq, dk, dv) = jax.jit(lambda q, k, v: (
+      jqat.attention_forward(q, k, v, implementation="xla", block_n=16, **kw),
+      jax.grad(loss, argnums=(0, 1, 2))(q, k, v)))(q, k, v)
   r_o, r_ohp, r_lse = attention_oracle(q, k, v, scale=scale, is_causal=None, block_n=16, vis=vis)
   assert_close(out, r_o, rel=OUT_BOUND, name="O")
   assert_close(out_hp, r_ohp, rel=OUT_BOUND, name="O'")
@@ -88,9 +92,6 @@ def test_masks_forward_and_grads_match_float64(name, tq, tk):
           == 0).all(), "O = 0 on empty rows"
   assert_close(np.where(np.isinf(lse), 0, lse), np.where(np.isinf(r_lse), 0, r_lse), rel=LSE_BOUND, name="lse")
 
-  loss = lambda q, k, v: jnp.sum(jqat.attention(q, k, v, implementation="xla", block_n=16, **kw).astype(jnp.float32)
-                                 * do.astype(jnp.float32))
-  dq, dk, dv = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
   r_dq, r_dk, r_dv = attention_grad_oracle(do, q, k, v, out_hp, lse, scale=scale, is_causal=None, vis=vis)
   for got, want, nm in ((dq, r_dq, "dQ"), (dk, r_dk, "dK"), (dv, r_dv, "dV")):
     assert not np.isnan(np.asarray(got.astype(jnp.float32))).any(), nm
@@ -161,12 +162,16 @@ def _kernel_case(spec, tq, tk, d, seed, block_n=16, blocks=(16, 16, 16, 32)):
                           kw["causal_alignment"])
   names = ("query_seq_lengths", "key_value_seq_lengths", "q_segment_ids", "kv_segment_ids")
   masks_j = tuple(kw.get(n) for n in names)
-  # Under jit: one compile per case instead of one per primitive (eager dispatch compiled ~140 programs).
+  # Under jit, the forward and the backward it feeds as one program: one compile per case (eager dispatch
+  # compiled ~140 programs).
   static = dict(scale=opts.scale, is_causal=opts.is_causal, cfg=opts.config, local_window_size=opts.local_window_size,
                 causal_alignment=opts.causal_alignment)
-  o, o_hp, lse = jax.jit(lambda q, k, v, m: reference.forward(q, k, v, block_n=block_n, masks=m, **static))(
-      q, k, v, masks_j)
-  grads = jax.jit(lambda *a, m: reference.backward(*a, masks=m, **static))(do, q, k, v, o_hp, lse, m=masks_j)
+
+  def reference_run(q, k, v, do, m):
+    o, o_hp, lse = reference.forward(q, k, v, block_n=block_n, masks=m, **static)
+    return (o, o_hp, lse), reference.backward(do, q, k, v, o_hp, lse, masks=m, **static)
+
+  (o, o_hp, lse), grads = jax.jit(reference_run)(q, k, v, do, masks_j)
   to_t = lambda x: torch.from_numpy(np.array(x.astype(jnp.float32))).to(torch.bfloat16).to(device)
   qt, kt, vt, dot, ohp_t = map(to_t, (q, k, v, do, o_hp))
   masks_t = tuple(None if m is None else torch.from_numpy(np.array(m)).to(device) for m in masks_j)
@@ -198,13 +203,20 @@ def _kernel_case(spec, tq, tk, d, seed, block_n=16, blocks=(16, 16, 16, 32)):
 
 
 # Tq, Tk straddle the 16-row / 16- and 32-key tiles so every tile kind (skipped, masked, unmasked) occurs.
-@pytest.mark.parametrize("name,tq,tk", [(name, TQ, TK) for name in MASKS] + [("all", TK, TQ),
-                                                                              ("window-bottom-right", TK, TQ)])
+# Lengths alone and sorted segments alone run on the GPU only (CI time on the interpreter): on the CPU the
+# combinations below and test_numerics_modes_triton's "lengths" and "segments-empty-rows" kernels cover them.
+GPU_ONLY_KERNEL_MASKS = ("lengths", "segments")
+
+
+@pytest.mark.parametrize("name,tq,tk", [
+    pytest.param(name, TQ, TK, marks=[pytest.mark.gpu] if name in GPU_ONLY_KERNEL_MASKS else [])
+    for name in MASKS] + [("all", TK, TQ), ("window-bottom-right", TK, TQ)])
 def test_kernel_masks_match_reference(name, tq, tk):
   _kernel_case(MASKS[name], tq, tk, d=16, seed=len(name))
 
 
-@pytest.mark.parametrize("d", [48, 80])
+# d = 80 (D_PAD 128, five fq blocks) repeats d = 48's code path at about twice the interpreter's time: GPU only.
+@pytest.mark.parametrize("d", [48, pytest.param(80, marks=pytest.mark.gpu)])
 def test_kernel_padded_head_dims_match_reference(d):
   """D not a power of two: tiles padded to D_PAD with masked loads; fq blocks of 16 along D unchanged."""
   _kernel_case(MASKS["causal-lengths-segments"], 33, 40, d=d, seed=d)

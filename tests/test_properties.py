@@ -78,7 +78,15 @@ def test_random_cases_match_float64(case):
   q, k, v, do = _inputs(shape, dtype, seed)
   scale = shape[-1] ** -0.5
   config = jqat.QATConfig(kw["quantize_qkv"], kw["quantize_p"])
-  out, out_hp, lse = jqat.attention_forward(q, k, v, implementation="xla", config=config, **_static(kw), **_masks(kw))
+  bwd_static = {k_: v_ for k_, v_ in _static(kw).items() if k_ != "block_n"}
+
+  def run(q, k, v, do, masks):  # one program per example (CI time: each example's shapes compile anew)
+    out, out_hp, lse = jqat.attention_forward(q, k, v, implementation="xla", config=config, **_static(kw), **masks)
+    grads = jqat.attention_backward(do, q, k, v, out_hp, lse, implementation="xla", config=config, **bwd_static,
+                                    **masks)
+    return out, out_hp, lse, grads
+
+  out, out_hp, lse, grads = jax.jit(run)(q, k, v, do, _masks(kw))
   vis = _vis(shape, kw)
   want_o, want_ohp, want_lse = attention_oracle(q, k, v, scale=scale, is_causal=kw["is_causal"],
                                                 block_n=kw["block_n"], quantize_qkv=kw["quantize_qkv"],
@@ -88,8 +96,6 @@ def test_random_cases_match_float64(case):
   finite = np.isfinite(want_lse)
   assert (np.isneginf(np.asarray(lse)) == ~finite).all(), "rows without visible keys must have lse = -inf"
   assert_close(np.where(finite, lse, 0), np.where(finite, want_lse, 0), rel=LSE_BOUND, name="lse")
-  grads = jqat.attention_backward(do, q, k, v, out_hp, lse, implementation="xla", config=config,
-                                  **{k_: v_ for k_, v_ in _static(kw).items() if k_ != "block_n"}, **_masks(kw))
   want = attention_grad_oracle(do, q, k, v, out_hp, lse, scale=scale, is_causal=kw["is_causal"],
                                quantize_qkv=kw["quantize_qkv"], vis=vis)
   for name, g, w in zip(("dQ", "dK", "dV"), grads, want):
