@@ -29,8 +29,9 @@ ROOT = os.path.dirname(TESTS)
 SECONDS = {
     "test_masks.py": 170, "test_attention_reference.py": 150, "test_numerics_modes.py": 107, "test_qat_matmul.py": 98,
     "test_rope_qdq.py": 87, "test_grad_fidelity.py": 79, "test_torch.py": 78, "test_flax.py": 77,
-    "test_attention_triton.py": 72, "test_nvfp4.py": 68, "test_numerics_modes_triton.py": 40,
-    "test_nvfp4_pallas.py": 39, "test_properties.py": 37, "test_train_lm.py": 36, "test_nan.py": 36,
+    "test_attention_triton.py": 83, "test_nvfp4.py": 68, "test_numerics_modes_triton.py": 40,
+    "test_callback_launch.py": 45, "test_nvfp4_pallas.py": 39, "test_properties.py": 37, "test_train_lm.py": 36,
+    "test_nan.py": 36,
     "test_parallel.py": 31, "test_nvfp4_triton.py": 13, "test_ffi.py": 9, "test_bench_numerics.py": 7,
     "test_validation.py": 5, "test_packaging.py": 3, "test_bench_fastvideo.py": 3, "test_shard_map_xla.py": 2,
     "test_parallel_masks.py": 2, "test_plan.py": 1,
