@@ -42,7 +42,7 @@ import jqat  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fastvideo  # noqa: E402
-from _plot import pyplot  # noqa: E402
+from _figure import pyplot  # noqa: E402
 from _timing import cuda_event_ms  # noqa: E402
 
 # (B, N, K, S, D, causal): issue #13's shapes

@@ -24,7 +24,7 @@ import os
 
 import jax
 import jax.numpy as jnp
-from _plot import pyplot  # noqa: E402
+from _figure import pyplot  # noqa: E402
 from attention import time_ms  # noqa: E402
 
 import jqat  # noqa: E402

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _plot import pyplot  # noqa: E402
+from _figure import pyplot  # noqa: E402
 from attention import time_ms  # noqa: E402  (benchmarks/attention.py)
 
 import jqat  # noqa: E402

@@ -21,7 +21,7 @@ import os
 
 import jax
 import jax.numpy as jnp
-from _plot import pyplot  # noqa: E402
+from _figure import pyplot  # noqa: E402
 from attention import time_ms
 
 from jqat import nvfp4

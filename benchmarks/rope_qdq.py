@@ -34,7 +34,7 @@ import time
 
 import jax
 import jax.numpy as jnp
-from _plot import pyplot  # noqa: E402
+from _figure import pyplot  # noqa: E402
 from _timing import cuda_event_ms  # noqa: E402
 from jax import lax
 

@@ -22,7 +22,7 @@ import sys
 
 import jax
 import jax.numpy as jnp
-from _plot import pyplot  # noqa: E402
+from _figure import pyplot  # noqa: E402
 from attention import time_ms
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P

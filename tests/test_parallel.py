@@ -128,7 +128,7 @@ class _StandIn:
   def __init__(self, opts, rope_mode=None):
     self.opts, self.rope_mode, self.seen = opts, rope_mode, []
 
-  def __call__(self, plan, *arrays):
+  def __call__(self, plan, *arrays, launcher=None):
     import jax.numpy as jnp
 
     from jqat._src import attention_reference, rope_qdq_reference
