@@ -430,10 +430,9 @@ def attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out_for_d
   # fq(K) and fq(V) live in dK's and dV's storage (issue 13's memory bound: two fewer K/V-sized buffers at the
   # backward's peak). Safe in place: the dQ kernel, which reads every key, runs first, and each dK/dV program
   # reads only the key rows it owns and writes them after its last read.
-  stored_in = {kk: "dk", vv: "dv"} if cfg.quantize_qkv else {}
-  aliases = tuple((kv_args.index(Ref(name)), ("dk", "dv").index(out)) for name, out in stored_in.items())
-  if q_over_o:
-    stored_in[qq] = "o_for_delta"
+  in_grads = {kk: "dk", vv: "dv"} if cfg.quantize_qkv else {}
+  aliases = tuple((kv_args.index(Ref(name)), ("dk", "dv").index(out)) for name, out in in_grads.items())
+  stored_in = {**in_grads, **({qq: "o_for_delta"} if q_over_o else {})}
   dkdv = Launch("jqat_attention_bwd_dkdv", dkdv_kernel, (triton.cdiv(tk, c.kv_block_n), b * kh),
                 kv_args, ("dk", "dv"),
                 dict(BLOCK_M=c.kv_block_m, BLOCK_N=c.kv_block_n, QUANTIZE_P=cfg.quantize_p_backward, **flags,

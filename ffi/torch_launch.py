@@ -75,8 +75,8 @@ def carve(plan: plans.Plan, workspace) -> dict:
 
 
 def execute(plan: plans.Plan, tensors: dict, *, warmup: bool = False) -> None:
-  """Runs ``plan`` with ``tensors``: every buffer it names (inputs, scratch and outputs) by name; the buffers
-  of ``plan.stored_in`` are the named outputs' tensors.
+  """Runs ``plan`` with ``tensors``: every buffer it names (inputs, scratch and outputs) by name; each buffer
+  of ``plan.stored_in`` is the tensor of the buffer it is stored in.
 
   warmup: compile every kernel without launching anything (Triton ``warmup``; a no-op for the interpreter).
   """
