@@ -126,8 +126,8 @@ def attention_bwd_delta_fq_kernel(o_ptr, do_ptr, q_ptr, tq, n_heads, stride_ob, 
   q: [B, Tq, N, D] with the shape of O. Grid: (cdiv(Tq, BLOCK_M), B * N).
   """
   # delta exactly as attention_bwd_delta_kernel forms it (same tile and layout: the torch binding, which keeps
-  # that kernel, gets the same bits), then fq(Q) in slices of 4096 elements (a whole 64 x 128 tile took 244
-  # registers; a slice, 80).
+  # that kernel, gets the same bits), then fq(Q) in slices of 4096 elements: a whole tile at once needs three
+  # times the registers (docs/BENCHMARKS.md, run 33).
   b, h = _delta_block(o_ptr, do_ptr, tq, n_heads, stride_ob, stride_ot, stride_on, stride_db, stride_dt, stride_dn,
                       delta_ptr, HEAD_DIM, D_PAD, BLOCK_M)
   offs_d = tl.arange(0, D_PAD)

@@ -209,8 +209,8 @@ def rope_qdq_kernel(x_ptr, cache_ptr, pos_ptr, n_rows, n_pos, heads, out_ptr,
   base = row32.to(tl.int64)[:, None] * D
 
   # x is streamed (read and written once: evict_first) so that it does not push the cache out of L2, whose
-  # rows are gathered at random positions (evict_last): 79.5% -> 84.3% of a copy's speed at width 128, H = 1
-  # (docs/BENCHMARKS.md, run 33). Issuing every load before the first store was tried and lost at width 512.
+  # rows are gathered at random positions (evict_last). Figures, and the load order that was tried instead:
+  # docs/BENCHMARKS.md, run 33.
   # ---- head: channels [0, D - 64), as read.
   hc = tl.arange(0, HEAD_BLOCK)[None, :]
   if HEAD_BLOCK == HEAD:
