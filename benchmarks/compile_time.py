@@ -19,8 +19,8 @@ same shapes (its kernels are already in memory: expected 0 compiled). ``--implem
 xla`` runs the same on any backend (no Triton) to check the XLA cache alone.
 ``--launcher`` sets ``JQAT_JAX_LAUNCHER`` in the children: ``callback`` launches Triton's
 cubin from ``buffer_callback`` (``jqat.ffi.callback_launch``; its kernels are counted as
-the specializations it built or loaded from Triton's cache, and JAX's cache stores no
-program with a host callback), ``jax-triton`` (default) the custom calls.
+the specializations it built or loaded from Triton's cache), ``jax-triton`` (default) the
+custom calls.
 Each child also records whether it imported torch (the callback launcher must not).
 Each child also prints its phases (import jax, backend start, import jqat, inputs,
 a first tiny XLA op, trace + lowering, XLA compile or cache load, first run) so the warm start can be broken down.
