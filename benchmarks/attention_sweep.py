@@ -1,10 +1,12 @@
 """Launch-config sweep of the jqat attention kernels on one GPU, in one process (< 4 min on an H200).
 
-  python benchmarks/attention_sweep.py [--seq 4096] [--head_dim 128] [--causal both|no|yes] [--json sweep.json]
+  python benchmarks/attention_sweep.py [--seq 4096] [--head_dim 128] [--heads 16 --kv_heads 16]
+      [--causal both|no|yes] [--kinds fwd,bwd] [--only 0,6] [--json sweep.json]
 
 For each candidate forward config (``BLOCK_M, num_warps, num_stages``) and
 backward config (dQ and dK/dV tiles, warps, stages; each a delta over the defaults),
-at (B, N, K, S, D) = (1, 16, 16, S, D) (S = --seq, D = --head_dim), non-causal and causal:
+at (B, N, K, S, D) = (1, N, K, S, D) (S = --seq, D = --head_dim, N and K = --heads and --kv_heads, 16 each by
+default), non-causal and causal (``--only``: those candidates by index, 0 = the default, which is always run first):
 
 - times the forward (``jqat.attention_forward``, Triton) and the backward
   (``jqat.attention_backward`` on the default forward's O' and lse), median of
@@ -64,6 +66,9 @@ BWD = {
         {"kv_block_m": 64, "kv_num_stages": 2, "dq_num_stages": 3},
         {"kv_num_stages": 4, "dq_num_stages": 3},
         {"dq_block_n": 32, "dq_num_stages": 4},
+        # One warpgroup per dK/dV program (64 keys): two independent programs per SM instead of one of 8 warps.
+        {"kv_block_n": 64, "kv_num_warps": 4, "kv_num_stages": 2},
+        {"kv_block_n": 64, "kv_num_warps": 4, "kv_num_stages": 3},
     ],
     64: [
         {},
@@ -72,6 +77,8 @@ BWD = {
         {"kv_block_m": 64, "kv_num_warps": 8, "kv_num_stages": 3},
         {"kv_block_n": 64, "kv_block_m": 64, "kv_num_warps": 4, "kv_num_stages": 3},
         {"kv_num_warps": 4, "dq_num_warps": 4},
+        {"kv_block_n": 64, "kv_num_stages": 3},
+        {"kv_block_n": 64, "kv_num_stages": 2},
     ],
 }
 
@@ -152,20 +159,29 @@ def main():
   ap.add_argument("--iters", type=int, default=10)
   ap.add_argument("--repeats", type=int, default=5)
   ap.add_argument("--json", default=None)
-  ap.add_argument("--seq", type=int, default=4096, help="sequence length of the timed shape (1, 16 heads, S, D)")
+  ap.add_argument("--seq", type=int, default=4096, help="sequence length of the timed shape (1, S, heads, D)")
   ap.add_argument("--head_dim", type=int, choices=sorted(FWD), default=128)
   ap.add_argument("--causal", choices=["both", "no", "yes"], default="both")
+  ap.add_argument("--heads", type=int, default=16)
+  ap.add_argument("--kv_heads", type=int, default=16)
+  ap.add_argument("--kinds", default="fwd,bwd", help="which kernels to sweep: fwd, bwd or both")
+  ap.add_argument("--only", default=None, help="comma-separated candidate indices (0 = default, always kept)")
   ap.add_argument("--budget_s", type=float, default=200.0, help="skip the remaining configs after this many seconds")
   args = ap.parse_args()
   fwd_cfgs, bwd_cfgs = FWD[args.head_dim], BWD[args.head_dim]
   if args.quick:
     fwd_cfgs, bwd_cfgs = fwd_cfgs[:4], bwd_cfgs[:4]
+  if args.only:
+    keep = sorted({0, *(int(i) for i in args.only.split(","))})
+    fwd_cfgs = [c for i, c in enumerate(fwd_cfgs) if i in keep]
+    bwd_cfgs = [c for i, c in enumerate(bwd_cfgs) if i in keep]
+  kinds = set(args.kinds.split(","))
   t_start = time.perf_counter()
   d = args.head_dim
   print(jax.devices()[0], f"defaults at D={d}: fwd", plans.forward_config(d), "bwd", plans.backward_config(d),
         flush=True)
 
-  big = _inputs(1, args.seq, 16, 16, d, seed=0)
+  big = _inputs(1, args.seq, args.heads, args.kv_heads, d, seed=0)
   small = _inputs(1, 1000, 8, 2, d, seed=1)
   rows = []
   for causal in {"both": (False, True), "no": (False,), "yes": (True,)}[args.causal]:
@@ -175,17 +191,19 @@ def main():
     r_bwd = jax.jit(functools.partial(jqat.attention_backward, is_causal=causal, implementation="xla"))(
         sdo, sq, sk, sv, r_fwd[1], r_fwd[2])
     q, k, v, do = big
-    _sweep_kind("fwd", fwd_cfgs, _fwd_fn, (q, k, v), (sq, sk, sv), r_fwd, ("O", "O'", "lse"), causal, rows,
-                args, t_start)
+    if "fwd" in kinds:
+      _sweep_kind("fwd", fwd_cfgs, _fwd_fn, (q, k, v), (sq, sk, sv), r_fwd, ("O", "O'", "lse"), causal, rows, args,
+                  t_start)
     o_hp, lse = _fwd_fn(causal)(q, k, v)[1:]
-    _sweep_kind("bwd", bwd_cfgs, _bwd_fn, (do, q, k, v, o_hp, lse), (sdo, sq, sk, sv, r_fwd[1], r_fwd[2]),
-                r_bwd, ("dQ", "dK", "dV"), causal, rows, args, t_start)
+    if "bwd" in kinds:
+      _sweep_kind("bwd", bwd_cfgs, _bwd_fn, (do, q, k, v, o_hp, lse), (sdo, sq, sk, sv, r_fwd[1], r_fwd[2]), r_bwd,
+                  ("dQ", "dK", "dV"), causal, rows, args, t_start)
 
   if args.json:
     with open(args.json, "w") as f:
       json.dump(rows, f, indent=1)
-  print(f"\n(1,16,16,{args.seq},{d}) bf16; ref_err = worst error / test bound at (1,1000,8/2 heads,{d}) vs XLA; "
-        f"total {time.perf_counter() - t_start:.0f} s")
+  print(f"\n(1,{args.heads},{args.kv_heads},{args.seq},{d}) bf16; ref_err = worst error / test bound at "
+        f"(1,1000,8/2 heads,{d}) vs XLA; total {time.perf_counter() - t_start:.0f} s")
   print(f"{'kind':4} {'causal':6} {'config':58} {'ms':>7} {'vs_default':>10} {'ref_err':>7} ok")
   for r in rows:
     ms = f"{r['ms']:7.3f}" if "ms" in r else "      -"

@@ -1,6 +1,6 @@
 """Offline SASS statistics of the attention kernels: no GPU needed, only Triton's bundled ptxas and cuobjdump.
 
-  python benchmarks/sass_stats.py [--seq 4096 --heads 16 --head-dim 128] [--causal] [--p-scale row]
+  python benchmarks/sass_stats.py [--seq 4096 --heads 16 --head-dim 128] [--causal] [--p-scale row] [--qkv-scale tensor]
       [--fwd-config block_m=64,num_warps=8] [--bwd-config ...] [--arch 90] [--sass-dir DIR] [--json out.json]
 
 Builds the launch plans of one forward and one backward (``jqat.ffi.plan``: the exact kernels, constexprs and
@@ -101,6 +101,7 @@ def main(argv=None):
   ap.add_argument("--head-dim", type=int, default=128)
   ap.add_argument("--causal", action="store_true")
   ap.add_argument("--p-scale", default="block", choices=("block", "row"))
+  ap.add_argument("--qkv-scale", default="block", choices=("block", "tensor"))
   ap.add_argument("--fwd-config", default="", help='"field=int,...", as JQAT_ATTN_FWD_CONFIG')
   ap.add_argument("--bwd-config", default="", help='"field=int,...", as JQAT_ATTN_BWD_CONFIG')
   ap.add_argument("--arch", type=int, default=90, help="compute capability as an integer (90 = H100/H200)")
@@ -112,7 +113,8 @@ def main(argv=None):
   q = P.Tensor.dense((args.batch, args.seq, args.heads, args.head_dim), "bfloat16")
   k = P.Tensor.dense((args.batch, args.seq, kh, args.head_dim), "bfloat16")
   stats = P.Tensor.dense((args.batch, args.heads, args.seq), "float32")
-  opts = AttentionOptions(scale=args.head_dim ** -0.5, is_causal=args.causal, p_scale=args.p_scale)
+  opts = AttentionOptions(scale=args.head_dim ** -0.5, is_causal=args.causal, p_scale=args.p_scale,
+                          qkv_scale=args.qkv_scale)
   target = P.Target((args.arch // 10, args.arch % 10))
   fwd_cfg = P.kfwd.ForwardConfig(**{**vars(P.forward_config(args.head_dim)), **P.parse_config(args.fwd_config, "fwd")})
   bwd_cfg = P.kbwd.BackwardConfig(**{**vars(P.backward_config(args.head_dim)),
