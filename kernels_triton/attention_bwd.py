@@ -66,7 +66,7 @@ class BackwardConfig:
 
 
 # By head dim, from the H200 sweeps (docs/BENCHMARKS.md, with the register and spill figures).
-BACKWARD_CONFIGS = {64: BackwardConfig(128, 32, 4, 3, 128, 32, 4, 3), 128: BackwardConfig(128, 64, 8, 3, 128, 32, 8, 3),
+BACKWARD_CONFIGS = {64: BackwardConfig(128, 32, 4, 3, 128, 32, 4, 3), 128: BackwardConfig(128, 64, 8, 3, 64, 32, 4, 3),
                     256: BackwardConfig(64, 32, 8, 2, 64, 32, 8, 2)}
 
 

@@ -278,9 +278,9 @@ def test_launch_config_overrides(monkeypatch):
   try:
     plans.set_config_override("fwd", {"num_stages": 1})
     assert plans.forward_config(128) == ForwardConfig(32, 4, 1)
-    plans.set_config_override("bwd", "kv_num_warps=4,kv_block_n=64")
+    plans.set_config_override("bwd", "kv_num_warps=2,kv_block_n=32")  # neither is a default at D = 128
     bwd = plans.backward_config(128)
-    assert (bwd.kv_num_warps, bwd.kv_block_n) == (4, 64)
+    assert (bwd.kv_num_warps, bwd.kv_block_n) == (2, 32)
     assert bwd.dq_block_m == kbwd.backward_config(128).dq_block_m
     # Both bindings execute the plan, so the override reaches a plan built for torch tensors too.
     q = torch.zeros((1, 40, 2, 128), dtype=torch.bfloat16)
