@@ -305,13 +305,20 @@ def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, m_base, star
 
   q_dec, v_dec: the decode scales of this query head's Q and of V (QKV_TENSOR only)."""
   qm = start_m + offs_m
-  row_ok = qm < tq
   rows = qm.to(tl.int64)[:, None]
-  ok = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
-  q = tl.load(q_base + rows * stride_qt + offs_d[None, :], mask=ok, other=0.0)
-  do = tl.load(do_base + rows * stride_dt + offs_d[None, :], mask=ok, other=0.0)
-  lse = tl.load(lse_base + qm, mask=qm < q_lim, other=float("-inf"))  # padded rows: P = 0
-  delta = tl.load(delta_base + qm, mask=row_ok, other=0.0)
+  if MASKED:
+    row_ok = qm < tq
+    ok = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+    q = tl.load(q_base + rows * stride_qt + offs_d[None, :], mask=ok, other=0.0)
+    do = tl.load(do_base + rows * stride_dt + offs_d[None, :], mask=ok, other=0.0)
+    lse = tl.load(lse_base + qm, mask=qm < q_lim, other=float("-inf"))  # padded rows: P = 0
+    delta = tl.load(delta_base + qm, mask=row_ok, other=0.0)
+  else:  # every row is live (q_tile_range): only the channels past HEAD_DIM are masked
+    ok = offs_d[None, :] < HEAD_DIM
+    q = tl.load(q_base + rows * stride_qt + offs_d[None, :], mask=ok, other=0.0)
+    do = tl.load(do_base + rows * stride_dt + offs_d[None, :], mask=ok, other=0.0)
+    lse = tl.load(lse_base + qm)
+    delta = tl.load(delta_base + qm)
   lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)  # P = 0 for such rows
   if QUANTIZE_P and P_ROW_RANGE > 0:
     # Two-level: R * exp(S - m) with m the forward's final row max, formed below as p * (R * l),

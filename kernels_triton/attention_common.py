@@ -186,7 +186,8 @@ def q_tile_range(start_n, q_lim, kv_lim, off, BLOCK_M: tl.constexpr, BLOCK_N: tl
                  HAS_SEG: tl.constexpr):
   """``(lo, a, c, hi)`` for the key tile starting at ``start_n`` (the dK/dV kernel): query tiles
   ``[lo, a)`` and ``[c, hi)`` need the elementwise mask, ``[a, c)`` see every key of the tile; query
-  rows outside ``[lo, hi)`` see none of them and are skipped. ``lo``, ``a``, ``c`` are multiples of BLOCK_M."""
+  rows outside ``[lo, hi)`` see none of them and are skipped. ``lo``, ``a``, ``c`` are multiples of BLOCK_M,
+  and the tiles of ``[a, c)`` end at or before ``hi``: their rows are all live, so they load unmasked."""
   key_hi = tl.minimum(start_n + BLOCK_N, kv_lim) - 1  # last live key of the tile
   hi = q_lim
   if WINDOW_LEFT >= 0:
@@ -200,9 +201,9 @@ def q_tile_range(start_n, q_lim, kv_lim, off, BLOCK_M: tl.constexpr, BLOCK_N: tl
   if WINDOW_RIGHT >= 0:
     lo = tl.maximum(lo, tl.maximum(start_n - off - WINDOW_RIGHT, 0) // BLOCK_M * BLOCK_M)
     a = tl.maximum(a, tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - off - WINDOW_RIGHT, 0), BLOCK_M) * BLOCK_M)
-  c = hi
+  c = hi // BLOCK_M * BLOCK_M  # a ragged last tile goes to the masked walk
   if WINDOW_LEFT >= 0:
-    c = tl.maximum(start_n - off + WINDOW_LEFT + 1, 0) // BLOCK_M * BLOCK_M
+    c = tl.minimum(c, tl.maximum(start_n - off + WINDOW_LEFT + 1, 0) // BLOCK_M * BLOCK_M)
   lo = tl.minimum(lo, hi)
   a = tl.where(start_n + BLOCK_N > kv_lim, hi, a)  # a ragged key tile is masked against every row
   if HAS_SEG:
