@@ -39,7 +39,8 @@ def test_plan_uses_the_strides_it_is_given():
   assert fwd.buffers["k_hat"].strides == k.stride() and fwd.scratch == ("k_hat", "v_hat")
   bwd = plans.attention_backward(*map(torch_launch.describe, (q, q, k, v, q, lse)), opts, GPU)
   assert [bwd.buffers[n].strides for n in ("dq", "dk", "dv")] == [q.stride(), k.stride(), v.stride()]
-  assert bwd.scratch == ("q_hat", "delta") and bwd.launches[-1].grid == (1, 2 * 2)
+  key_tiles = -(-70 // plans.backward_config(128).kv_block_n)  # the dK/dV grid: key tiles x (batch, KV head)
+  assert bwd.scratch == ("q_hat", "delta") and bwd.launches[-1].grid == (key_tiles, 2 * 2)
   # fq(K), fq(V) live in dk's and dv's storage: the dK/dV launch reads them in place, after the dQ launch.
   dkdv = bwd.launches[-1]
   assert bwd.stored_in == {"k_hat": "dk", "v_hat": "dv"} and [la.name for la in bwd.launches[-2:]] == [
