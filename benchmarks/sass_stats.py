@@ -1,7 +1,8 @@
 """Offline SASS statistics of the attention kernels: no GPU needed, only Triton's bundled ptxas and cuobjdump.
 
-  python benchmarks/sass_stats.py [--seq 4096 --heads 16 --head-dim 128] [--causal] [--p-scale row] [--qkv-scale tensor]
-      [--fwd-config block_m=64,num_warps=8] [--bwd-config ...] [--arch 90] [--sass-dir DIR] [--json out.json]
+  python benchmarks/sass_stats.py [--seq 4096 --heads 16 --head-dim 128] [--causal] [--p-scale row]
+      [--qkv-scale tensor] [--segments] [--fwd-config block_m=64,num_warps=8] [--bwd-config ...] [--arch 90]
+      [--sass-dir DIR] [--json out.json]
 
 Builds the launch plans of one forward and one backward (``jqat.ffi.plan``: the exact kernels, constexprs and
 launch configurations the bindings run), compiles each launch for ``sm_<arch>`` as jax-triton does (pointers
@@ -102,6 +103,7 @@ def main(argv=None):
   ap.add_argument("--causal", action="store_true")
   ap.add_argument("--p-scale", default="block", choices=("block", "row"))
   ap.add_argument("--qkv-scale", default="block", choices=("block", "tensor"))
+  ap.add_argument("--segments", action="store_true", help="with q_segment_ids / kv_segment_ids (packed documents)")
   ap.add_argument("--fwd-config", default="", help='"field=int,...", as JQAT_ATTN_FWD_CONFIG')
   ap.add_argument("--bwd-config", default="", help='"field=int,...", as JQAT_ATTN_BWD_CONFIG')
   ap.add_argument("--arch", type=int, default=90, help="compute capability as an integer (90 = H100/H200)")
@@ -119,11 +121,13 @@ def main(argv=None):
   fwd_cfg = P.kfwd.ForwardConfig(**{**vars(P.forward_config(args.head_dim)), **P.parse_config(args.fwd_config, "fwd")})
   bwd_cfg = P.kbwd.BackwardConfig(**{**vars(P.backward_config(args.head_dim)),
                                      **P.parse_config(args.bwd_config, "bwd")})
+  seg = P.Tensor.dense((args.batch, args.seq), "int32")
+  masks = (None, None, seg, seg) if args.segments else P.NO_MASKS
   plans = []
   if "fwd" in args.kernels:
-    plans.append(P.attention_forward(q, k, k, opts, target, config=fwd_cfg))
+    plans.append(P.attention_forward(q, k, k, opts, target, config=fwd_cfg, masks=masks))
   if "bwd" in args.kernels:
-    plans.append(P.attention_backward(q, q, k, k, q, stats, opts, target, config=bwd_cfg,
+    plans.append(P.attention_backward(q, q, k, k, q, stats, opts, target, config=bwd_cfg, masks=masks,
                                       row_max=stats if args.p_scale == "row" else None))
   report = {"args": vars(args), "kernels": {}}
   for plan in plans:
