@@ -306,17 +306,17 @@ def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, m_base, star
   q_dec, v_dec: the decode scales of this query head's Q and of V (QKV_TENSOR only)."""
   qm = start_m + offs_m
   rows = qm.to(tl.int64)[:, None]
+  # Rows are masked in masked tiles only: every row of an unmasked tile is live (q_tile_range).
+  ok = offs_d[None, :] < HEAD_DIM
   if MASKED:
     row_ok = qm < tq
-    ok = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
-    q = tl.load(q_base + rows * stride_qt + offs_d[None, :], mask=ok, other=0.0)
-    do = tl.load(do_base + rows * stride_dt + offs_d[None, :], mask=ok, other=0.0)
+    ok = ok & row_ok[:, None]
+  q = tl.load(q_base + rows * stride_qt + offs_d[None, :], mask=ok, other=0.0)
+  do = tl.load(do_base + rows * stride_dt + offs_d[None, :], mask=ok, other=0.0)
+  if MASKED:
     lse = tl.load(lse_base + qm, mask=qm < q_lim, other=float("-inf"))  # padded rows: P = 0
     delta = tl.load(delta_base + qm, mask=row_ok, other=0.0)
-  else:  # every row is live (q_tile_range): only the channels past HEAD_DIM are masked
-    ok = offs_d[None, :] < HEAD_DIM
-    q = tl.load(q_base + rows * stride_qt + offs_d[None, :], mask=ok, other=0.0)
-    do = tl.load(do_base + rows * stride_dt + offs_d[None, :], mask=ok, other=0.0)
+  else:
     lse = tl.load(lse_base + qm)
     delta = tl.load(delta_base + qm)
   lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)  # P = 0 for such rows

@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 from conftest import kernel_device
+from oracle import visible_oracle
 
 from jqat.kernels_triton.attention_common import kv_tile_range, q_tile_range
 
@@ -39,18 +40,6 @@ def _ranges_kernel(args_ptr, out_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constex
   tl.store(out_ptr + 3, hi)
 
 
-def _visible(rows, keys, q_lim, kv_lim, off, causal, left, right):
-  r, k = rows[:, None], keys[None, :]
-  ok = (r < q_lim) & (k < kv_lim)
-  if causal:
-    ok &= k <= r + off
-  if left >= 0:
-    ok &= k >= r + off - left
-  if right >= 0:
-    ok &= k <= r + off + right
-  return ok
-
-
 MASKS = [(False, -1, -1), (True, -1, -1), (True, 40, -1), (False, 23, 17), (False, -1, 5), (True, 0, -1)]
 
 
@@ -65,7 +54,10 @@ def test_tile_walks_match_visibility(causal, left, right):
     q_lim, kv_lim = int(rng.integers(0, tq + 1)), int(rng.integers(0, tk + 1))
     off = int(rng.choice([0, tk - tq]))  # top-left or bottom-right alignment
     rows, keys = np.arange(tq), np.arange(tk)
-    vis = _visible(rows, keys, q_lim, kv_lim, off, causal, left, right)
+    unbounded = tq + tk  # a window side of -1 (none) reaches every key
+    window = None if left < 0 and right < 0 else (unbounded if left < 0 else left, unbounded if right < 0 else right)
+    vis = visible_oracle(1, tq, tk, is_causal=causal, q_len=[q_lim], kv_len=[kv_lim], window=window,
+                         bottom_right=off != 0)[0]
     for kv_walk, block, other, n_outer in ((True, bn, bm, tq), (False, bm, bn, tk)):
       for start in range(0, n_outer, other):
         args = torch.tensor([start, q_lim, kv_lim, off], dtype=torch.int32, device=device)
