@@ -279,7 +279,7 @@ def _masks(masks, b: int, tq: int, tk: int, buffers: dict):
   if "q_seg" in names:
     buffers["seg_sorted"] = Tensor.dense((b,), "int32")
     launches = (Launch("jqat_attention_segments_sorted", segments_sorted_kernel, (b,),
-                       (Ref("q_seg"), Ref("kv_seg"), tq, tk), ("seg_sorted",), {"BLOCK": 1024}, 4, 1),)
+                       (Ref("q_seg"), Ref("kv_seg"), tq, tk), ("seg_sorted",), {"BLOCK": 8192}, 8, 1),)
   args = tuple(Ref(name if name in buffers else "q") for name in MASK_OPERANDS + ("seg_sorted",))
   flags = dict(HAS_Q_LEN="q_len" in names, HAS_KV_LEN="kv_len" in names, HAS_SEG="q_seg" in names)
   return tuple(names), args, flags, launches

@@ -232,14 +232,10 @@ def _attention_bwd_dq(
 
   dq = tl.zeros([BLOCK_M, D_PAD], tl.float32)
   # The forward's tiling: [lo, a) and [c, hi) masked, [a, c) unmasked, the rest hidden and skipped.
-  lo, a, c, hi = kv_tile_range(start_m, q_lim, kv_lim, off, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT,
-                               HAS_SEG)
-  if HAS_SEG:  # packed documents: only the keys of this block's segments
-    live = offs_m < q_lim
-    lo, hi = narrow_to_segments(lo, hi, kv_seg_base, kv_lim, tl.min(tl.where(live, seg_q, 2147483647)),
-                                tl.max(tl.where(live, seg_q, -2147483648)), tl.load(seg_sorted_ptr + b), BLOCK_N)
-    a = hi
-    c = hi
+  lo, a, c, hi = kv_tile_range(start_m, q_lim, kv_lim, off, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT)
+  if HAS_SEG:  # packed documents: only the keys of this block's segments; unmasked inside a lone segment
+    lo, a, c, hi = narrow_to_segments(lo, a, c, hi, seg_q, offs_m < q_lim, kv_seg_base, kv_lim,
+                                      tl.load(seg_sorted_ptr + b), BLOCK_N)
   for start_n in range(lo, a, BLOCK_N):
     dq = _dq_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, offs_d, seg_q, kv_seg_base, q_lim,
                   kv_lim, off, stride_kt, stride_vt, qk_scale, v_dec, True, HEAD_DIM, IS_CAUSAL, WINDOW_LEFT,
@@ -411,14 +407,10 @@ def _attention_bwd_dkdv(
 
   # Query tiles [lo, a) and [c, hi) need the elementwise mask (causal diagonal, window edges, segments, or
   # every tile when this key tile is ragged); [a, c) do not; rows outside [lo, hi) see none of these keys.
-  lo, a, c, hi = q_tile_range(start_n, q_lim, kv_lim, off, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT,
-                              HAS_SEG)
-  if HAS_SEG:  # packed documents: only the query rows of this key tile's segments
-    live = kn < kv_lim
-    lo, hi = narrow_to_segments(lo, hi, q_seg_base, q_lim, tl.min(tl.where(live, seg_k, 2147483647)),
-                                tl.max(tl.where(live, seg_k, -2147483648)), tl.load(seg_sorted_ptr + b), BLOCK_M)
-    a = hi
-    c = hi
+  lo, a, c, hi = q_tile_range(start_n, q_lim, kv_lim, off, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT)
+  if HAS_SEG:  # packed documents: only the query rows of this key tile's segments; unmasked inside a lone one
+    lo, a, c, hi = narrow_to_segments(lo, a, c, hi, seg_k, kn < kv_lim, q_seg_base, q_lim,
+                                      tl.load(seg_sorted_ptr + b), BLOCK_M)
 
   dk = tl.zeros([BLOCK_N, D_PAD], tl.float32)
   dv = tl.zeros([BLOCK_N, D_PAD], tl.float32)

@@ -128,15 +128,24 @@ def visible(rows, keys, seg_q, seg_k, q_lim, kv_lim, off, IS_CAUSAL: tl.constexp
   rows/seg_q and keys/seg_k broadcast against each other (``[M, 1]`` and ``[1, N]``, or transposed for
   the dK/dV kernel's ``[keys, queries]`` tiles); seg_q, seg_k are ignored without HAS_SEG.
   WINDOW_LEFT / WINDOW_RIGHT: the window sides, -1 for none.
+
+  A window bounded on both sides (the causal mask bounds the right side at 0) is one unsigned compare per
+  element, ``keys - (diag - left)`` in ``[0, left + right]``, formed in 32 bits: written as two compares, the
+  compiler fused them itself, widened to 64 bits (two compares and a carry each, and one select per condition).
   """
   ok = (keys < kv_lim) & (rows < q_lim)
   diag = rows + off
-  if IS_CAUSAL:
-    ok = ok & (keys <= diag)
-  if WINDOW_LEFT >= 0:
-    ok = ok & (keys >= diag - WINDOW_LEFT)
-  if WINDOW_RIGHT >= 0:
-    ok = ok & (keys <= diag + WINDOW_RIGHT)
+  RIGHT: tl.constexpr = 0 if IS_CAUSAL else WINDOW_RIGHT  # the window's right side (causal: 0 or less)
+  if WINDOW_LEFT >= 0 and RIGHT >= 0:
+    rel = (keys - diag + WINDOW_LEFT).to(tl.uint32, bitcast=True)
+    ok = ok & (rel <= WINDOW_LEFT + RIGHT)
+  else:
+    if IS_CAUSAL:
+      ok = ok & (keys <= diag)
+    if WINDOW_LEFT >= 0:
+      ok = ok & (keys >= diag - WINDOW_LEFT)
+    if WINDOW_RIGHT >= 0:
+      ok = ok & (keys <= diag + WINDOW_RIGHT)
   if HAS_SEG:
     ok = ok & (seg_q == seg_k)
   return ok
@@ -149,8 +158,7 @@ def _clamp(x, lo, hi):
 
 @triton.jit
 def kv_tile_range(start_m, q_lim, kv_lim, off, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
-                  HAS_SEG: tl.constexpr):
+                  IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr):
   """``(lo, a, c, hi)`` for the query block starting at ``start_m``: KV tiles ``[lo, a)`` and ``[c, hi)``
   need the elementwise mask, ``[a, c)`` are visible to every row of the block; tiles outside ``[lo, hi)``
   are hidden from every live row and skipped (they would add exactly nothing). ``lo``, ``a``, ``c`` are
@@ -173,8 +181,6 @@ def kv_tile_range(start_m, q_lim, kv_lim, off, BLOCK_M: tl.constexpr, BLOCK_N: t
   if WINDOW_RIGHT >= 0:
     c = tl.minimum(c, tl.maximum(start_m + off + WINDOW_RIGHT + 1, 0) // BLOCK_N * BLOCK_N)
   lo = tl.minimum(lo, hi)
-  if HAS_SEG:
-    a = hi  # segments are checked element by element on every tile
   a = _clamp(a, lo, hi)
   c = _clamp(c, a, hi)
   return lo, a, c, hi
@@ -182,8 +188,7 @@ def kv_tile_range(start_m, q_lim, kv_lim, off, BLOCK_M: tl.constexpr, BLOCK_N: t
 
 @triton.jit
 def q_tile_range(start_n, q_lim, kv_lim, off, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
-                 HAS_SEG: tl.constexpr):
+                 IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr):
   """``(lo, a, c, hi)`` for the key tile starting at ``start_n`` (the dK/dV kernel): query tiles
   ``[lo, a)`` and ``[c, hi)`` need the elementwise mask, ``[a, c)`` see every key of the tile; query
   rows outside ``[lo, hi)`` see none of them and are skipped. ``lo``, ``a``, ``c`` are multiples of BLOCK_M,
@@ -206,8 +211,6 @@ def q_tile_range(start_n, q_lim, kv_lim, off, BLOCK_M: tl.constexpr, BLOCK_N: tl
     c = tl.minimum(c, tl.maximum(start_n - off + WINDOW_LEFT + 1, 0) // BLOCK_M * BLOCK_M)
   lo = tl.minimum(lo, hi)
   a = tl.where(start_n + BLOCK_N > kv_lim, hi, a)  # a ragged key tile is masked against every row
-  if HAS_SEG:
-    a = hi
   a = _clamp(a, lo, hi)
   c = _clamp(c, a, hi)
   return lo, a, c, hi
@@ -238,30 +241,56 @@ def segments_sorted_kernel(q_seg_ptr, kv_seg_ptr, tq, tk, out_ptr, BLOCK: tl.con
   tl.store(out_ptr + b, (bad == 0).to(tl.int32))
 
 
+SEARCH_FANOUT = tl.constexpr(128)  # ids read at once per step of ``_search``
+
+
 @triton.jit
 def _search(seg_base, n, value, STRICT: tl.constexpr):
-  """First index in [0, n) whose id is >= value (> value with STRICT), n if none; ids non-decreasing."""
-  lo = n * 0
+  """First index in [0, n) whose id is >= value (> value with STRICT), n if none; ids non-decreasing.
+
+  A SEARCH_FANOUT-ary search: each step reads SEARCH_FANOUT evenly spaced ids of the interval left in one
+  vector load and keeps the gap where the answer lies; 2 dependent loads for n <= 16384, 3 up to 2**21
+  (a binary search waits on log2(n) loads one after another, at L2 latency each).
+  """
+  offs = tl.arange(0, SEARCH_FANOUT)
+  lo = n * 0  # the answer lies in [lo, hi]
   hi = n
   while lo < hi:
-    mid = (lo + hi) // 2
-    x = tl.load(seg_base + mid)
+    step = tl.cdiv(hi - lo, SEARCH_FANOUT)
+    idx = lo + offs * step
+    inside = idx < hi
+    x = tl.load(seg_base + idx, mask=inside, other=0)
     if STRICT:
-      go_right = x <= value
+      below = inside & (x <= value)
     else:
-      go_right = x < value
-    lo = tl.where(go_right, mid + 1, lo)
-    hi = tl.where(go_right, hi, mid)
+      below = inside & (x < value)
+    cnt = tl.sum(below.to(tl.int32))  # the samples below the answer: a prefix, the ids being sorted
+    new_lo = tl.where(cnt > 0, lo + (cnt - 1) * step + 1, lo)  # past the last sample below
+    hi = tl.minimum(hi, lo + cnt * step)  # at or before the first sample not below
+    lo = new_lo
   return lo
 
 
 @triton.jit
-def narrow_to_segments(lo, hi, seg_base, n, seg_min, seg_max, is_sorted, BLOCK: tl.constexpr):
-  """``[lo, hi)`` narrowed to the indices whose segment id (``n`` ids at ``seg_base``) lies in
-  ``[seg_min, seg_max]``, when the ids are non-decreasing (``is_sorted``); ``lo`` stays a multiple of BLOCK.
-  Everything cut off holds other segments only, so it is hidden from every row: skipping it is exact."""
+def narrow_to_segments(lo, a, c, hi, seg_own, live, seg_base, n, is_sorted, BLOCK: tl.constexpr):
+  """The walk ``(lo, a, c, hi)`` of ``kv_tile_range`` / ``q_tile_range`` with segment ids.
+
+  ``seg_own``: the segment ids of the program's own rows (or keys), ``live`` which of them count; ``n`` ids at
+  ``seg_base`` along the walked axis. Unsorted ids (``is_sorted == 0``) keep ``[lo, hi)`` and mask every tile.
+  Sorted ids (packed documents) narrow ``[lo, hi)`` to the indices of the segments ``seg_own`` holds: the
+  rest belongs to other segments, hidden from every live row, so skipping it is exact. When every live own
+  index lies in one segment, the tiles inside that segment's run of indices see it in full and stay
+  unmasked (``[a, c)`` narrowed to them); otherwise every tile is masked. ``lo``, ``a``, ``c`` stay
+  multiples of BLOCK.
+  """
+  seg_min = tl.min(tl.where(live, seg_own, 2147483647))
+  seg_max = tl.max(tl.where(live, seg_own, -2147483648))
   first = _search(seg_base, n, seg_min, False)
   last = _search(seg_base, n, seg_max, True)
-  new_hi = tl.where(is_sorted != 0, tl.minimum(hi, last), hi)
-  new_lo = tl.where(is_sorted != 0, tl.maximum(lo, first // BLOCK * BLOCK), lo)
-  return tl.minimum(new_lo, new_hi), new_hi
+  srt = is_sorted != 0
+  hi = tl.where(srt, tl.minimum(hi, last), hi)
+  lo = tl.minimum(tl.where(srt, tl.maximum(lo, first // BLOCK * BLOCK), lo), hi)
+  one = srt & (seg_min == seg_max)  # also false without a live own index (seg_min > seg_max)
+  a = _clamp(tl.where(one, tl.maximum(a, tl.cdiv(first, BLOCK) * BLOCK), hi), lo, hi)
+  c = _clamp(tl.where(one, tl.minimum(c, last // BLOCK * BLOCK), hi), a, hi)
+  return lo, a, c, hi

@@ -189,14 +189,10 @@ def _attention_fwd(
   acc_hp = tl.zeros([BLOCK_M, D_PAD], tl.float32)
 
   # In key order, as the reference walks them: tiles hidden from every row are skipped (they add nothing).
-  lo, a, c, hi = kv_tile_range(start_m, q_lim, kv_lim, off, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT,
-                               HAS_SEG)
-  if HAS_SEG:  # packed documents: only the keys of this block's segments
-    live = offs_m < q_lim
-    lo, hi = narrow_to_segments(lo, hi, kv_seg_base, kv_lim, tl.min(tl.where(live, seg_q, 2147483647)),
-                                tl.max(tl.where(live, seg_q, -2147483648)), tl.load(seg_sorted_ptr + b), BLOCK_N)
-    a = hi
-    c = hi
+  lo, a, c, hi = kv_tile_range(start_m, q_lim, kv_lim, off, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT)
+  if HAS_SEG:  # packed documents: only the keys of this block's segments; unmasked inside a lone segment
+    lo, a, c, hi = narrow_to_segments(lo, a, c, hi, seg_q, offs_m < q_lim, kv_seg_base, kv_lim,
+                                      tl.load(seg_sorted_ptr + b), BLOCK_N)
   for start_n in range(lo, a, BLOCK_N):
     acc, acc_hp, m, l = _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, seg_q,
                                  kv_seg_base, q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, True, HEAD_DIM,

@@ -34,7 +34,7 @@ SECONDS = {
     "test_nan.py": 36,
     "test_parallel.py": 31, "test_nvfp4_triton.py": 13, "test_ffi.py": 9, "test_bench_numerics.py": 7,
     "test_validation.py": 5, "test_packaging.py": 3, "test_bench_fastvideo.py": 3, "test_shard_map_xla.py": 2,
-    "test_parallel_masks.py": 2, "test_plan.py": 1, "test_tile_ranges.py": 13,
+    "test_parallel_masks.py": 2, "test_plan.py": 1, "test_tile_ranges.py": 35,
 }
 NEW_FILE_SECONDS = 30
 NO_TESTS_COLLECTED = 5
