@@ -1,8 +1,8 @@
 """Offline SASS statistics of the attention kernels: no GPU needed, only Triton's bundled ptxas and cuobjdump.
 
   python benchmarks/sass_stats.py [--seq 4096 --heads 16 --head-dim 128] [--causal] [--p-scale row]
-      [--qkv-scale tensor] [--segments] [--fwd-config block_m=64,num_warps=8] [--bwd-config ...] [--arch 90]
-      [--sass-dir DIR] [--json out.json]
+      [--qkv-scale tensor] [--segments] [--window 1024] [--fwd-config block_m=64,num_warps=8] [--bwd-config ...]
+      [--arch 90] [--sass-dir DIR] [--json out.json]
 
 Builds the launch plans of one forward and one backward (``jqat.ffi.plan``: the exact kernels, constexprs and
 launch configurations the bindings run), compiles each launch for ``sm_<arch>`` as jax-triton does (pointers
@@ -104,6 +104,7 @@ def main(argv=None):
   ap.add_argument("--p-scale", default="block", choices=("block", "row"))
   ap.add_argument("--qkv-scale", default="block", choices=("block", "tensor"))
   ap.add_argument("--segments", action="store_true", help="with q_segment_ids / kv_segment_ids (packed documents)")
+  ap.add_argument("--window", type=int, default=0, help="W > 0: local_window_size=(W - 1, 0), as benchmarks/masks.py")
   ap.add_argument("--fwd-config", default="", help='"field=int,...", as JQAT_ATTN_FWD_CONFIG')
   ap.add_argument("--bwd-config", default="", help='"field=int,...", as JQAT_ATTN_BWD_CONFIG')
   ap.add_argument("--arch", type=int, default=90, help="compute capability as an integer (90 = H100/H200)")
@@ -116,7 +117,7 @@ def main(argv=None):
   k = P.Tensor.dense((args.batch, args.seq, kh, args.head_dim), "bfloat16")
   stats = P.Tensor.dense((args.batch, args.heads, args.seq), "float32")
   opts = AttentionOptions(scale=args.head_dim ** -0.5, is_causal=args.causal, p_scale=args.p_scale,
-                          qkv_scale=args.qkv_scale)
+                          qkv_scale=args.qkv_scale, local_window_size=(args.window - 1, 0) if args.window else None)
   target = P.Target((args.arch // 10, args.arch % 10))
   fwd_cfg = P.kfwd.ForwardConfig(**{**vars(P.forward_config(args.head_dim)), **P.parse_config(args.fwd_config, "fwd")})
   bwd_cfg = P.kbwd.BackwardConfig(**{**vars(P.backward_config(args.head_dim)),
