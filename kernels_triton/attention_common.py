@@ -135,7 +135,7 @@ def visible(rows, keys, seg_q, seg_k, q_lim, kv_lim, off, IS_CAUSAL: tl.constexp
   """
   ok = (keys < kv_lim) & (rows < q_lim)
   diag = rows + off
-  RIGHT: tl.constexpr = 0 if IS_CAUSAL else WINDOW_RIGHT  # the window's right side (causal: 0 or less)
+  RIGHT: tl.constexpr = 0 if IS_CAUSAL else WINDOW_RIGHT  # the right bound: causal caps any window side at 0
   if WINDOW_LEFT >= 0 and RIGHT >= 0:
     rel = (keys - diag + WINDOW_LEFT).to(tl.uint32, bitcast=True)
     ok = ok & (rel <= WINDOW_LEFT + RIGHT)

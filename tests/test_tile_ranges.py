@@ -56,6 +56,22 @@ def _ranges_kernel(args_ptr, q_seg_ptr, kv_seg_ptr, out_ptr, BLOCK_M: tl.constex
 MASKS = [(False, -1, -1), (True, -1, -1), (True, 40, -1), (False, 23, 17), (False, -1, 5), (True, 0, -1)]
 
 
+def _draw(rng, high):
+  """Random ``(tq, tk, q_lim, kv_lim, off)``: lengths below ``high``, live prefixes, top-left or bottom-right."""
+  tq, tk = (int(x) for x in rng.integers(1, high, 2))
+  q_lim, kv_lim = int(rng.integers(0, tq + 1)), int(rng.integers(0, tk + 1))
+  return tq, tk, q_lim, kv_lim, int(rng.choice([0, tk - tq]))
+
+
+def _oracle(tq, tk, q_lim, kv_lim, off, causal, left, right, q_seg=None, kv_seg=None):
+  """[Tq, Tk] visibility of one batch row (``visible_oracle``), window sides given as the kernels' (-1: none)."""
+  unbounded = tq + tk  # a window side of -1 (none) reaches every key
+  window = None if left < 0 and right < 0 else (unbounded if left < 0 else left, unbounded if right < 0 else right)
+  return visible_oracle(1, tq, tk, is_causal=causal, q_len=[q_lim], kv_len=[kv_lim], window=window,
+                        bottom_right=off != 0, q_seg=None if q_seg is None else [q_seg],
+                        kv_seg=None if kv_seg is None else [kv_seg])[0]
+
+
 def _segments(rng, tq, tk, sorted_ids):
   """Query and key segment ids: packed documents of random lengths (one sequence of ids, cut to Tq and Tk),
   or ids in random order."""
@@ -74,20 +90,14 @@ def test_tile_walks_match_visibility(causal, left, right, segments):
   out = torch.zeros(4, dtype=torch.int32, device=device)
   unmasked = possible = 0  # tiles walked without the elementwise mask / seen in full, over all draws
   for _ in range(20 if segments is None else 10):
-    tq, tk = (int(x) for x in rng.integers(1, 200, 2))
-    q_lim, kv_lim = int(rng.integers(0, tq + 1)), int(rng.integers(0, tk + 1))
-    off = int(rng.choice([0, tk - tq]))  # top-left or bottom-right alignment
+    tq, tk, q_lim, kv_lim, off = _draw(rng, 200)
     rows, keys = np.arange(tq), np.arange(tk)
-    unbounded = tq + tk  # a window side of -1 (none) reaches every key
-    window = None if left < 0 and right < 0 else (unbounded if left < 0 else left, unbounded if right < 0 else right)
     q_seg = kv_seg = None
     is_sorted = 0
     if segments is not None:
       q_seg, kv_seg = _segments(rng, tq, tk, segments == "sorted")
       is_sorted = int(all((np.diff(x) >= 0).all() for x in (q_seg, kv_seg)))  # as segments_sorted_kernel
-    vis = visible_oracle(1, tq, tk, is_causal=causal, q_len=[q_lim], kv_len=[kv_lim], window=window,
-                         bottom_right=off != 0, q_seg=None if q_seg is None else [q_seg],
-                         kv_seg=None if kv_seg is None else [kv_seg])[0]
+    vis = _oracle(tq, tk, q_lim, kv_lim, off, causal, left, right, q_seg, kv_seg)
     seg_args = [torch.tensor(x if x is not None else np.zeros(1, np.int32), device=device) for x in (q_seg, kv_seg)]
     for kv_walk, block, other, n_outer in ((True, bn, bm, tq), (False, bm, bn, tk)):
       for start in range(0, n_outer, other):
@@ -175,13 +185,8 @@ def test_tile_masks_match_visibility(causal, left, right, transposed):
   bm, bn = 32, 16
   rng = np.random.default_rng(11 + left + 3 * right + causal)
   for _ in range(6):
-    tq, tk = (int(x) for x in rng.integers(1, 120, 2))
-    q_lim, kv_lim = int(rng.integers(0, tq + 1)), int(rng.integers(0, tk + 1))
-    off = int(rng.choice([0, tk - tq]))
-    unbounded = tq + tk
-    window = None if left < 0 and right < 0 else (unbounded if left < 0 else left, unbounded if right < 0 else right)
-    vis = visible_oracle(1, tq, tk, is_causal=causal, q_len=[q_lim], kv_len=[kv_lim], window=window,
-                         bottom_right=off != 0)[0]
+    tq, tk, q_lim, kv_lim, off = _draw(rng, 120)
+    vis = _oracle(tq, tk, q_lim, kv_lim, off, causal, left, right)
     out = torch.full((tq, tk), -1, dtype=torch.int32, device=device)
     args = torch.tensor([q_lim, kv_lim, off, tq, tk], dtype=torch.int32, device=device)
     _mask_kernel[(triton.cdiv(tq, bm), triton.cdiv(tk, bn))](args, out, BLOCK_M=bm, BLOCK_N=bn, IS_CAUSAL=causal,
