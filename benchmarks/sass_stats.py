@@ -40,8 +40,11 @@ def _bin(name: str) -> str:
   return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
 
 
-def compile_launch(plan: P.Plan, launch: P.Launch, arch: int):
-  """The compiled kernel of ``launch`` for ``sm_<arch>``, specialized as jax-triton specializes it."""
+def compile_launch(plan: P.Plan, launch: P.Launch, arch: int, int_divisibility: bool = False):
+  """The compiled kernel of ``launch`` for ``sm_<arch>``, specialized as jax-triton specializes it.
+
+  int_divisibility: also mark integer arguments divisible by 16 as such, as Triton's own launcher (the torch
+  binding) does; jax-triton 0.3.1 does not."""
   fn = launch.kernel
   names = fn.arg_names
   params = [n for n in names if n not in launch.constexprs]
@@ -59,6 +62,8 @@ def compile_launch(plan: P.Plan, launch: P.Launch, arch: int):
       signature[name], constants[name] = "constexpr", 1
     else:
       signature[name] = "i32"
+      if int_divisibility and value % 16 == 0:
+        attrs[(names.index(name),)] = [["tt.divisibility", 16]]
   for name, value in launch.constexprs.items():
     signature[name], constants[name] = "constexpr", value
   return triton.compile(ASTSource(fn, signature, constants, attrs), target=GPUTarget("cuda", arch, 32),
@@ -109,6 +114,8 @@ def main(argv=None):
   ap.add_argument("--bwd-config", default="", help='"field=int,...", as JQAT_ATTN_BWD_CONFIG')
   ap.add_argument("--arch", type=int, default=90, help="compute capability as an integer (90 = H100/H200)")
   ap.add_argument("--kernels", default="fwd,bwd", help="which plans: fwd, bwd, rope (comma-separated)")
+  ap.add_argument("--int-divisibility", action="store_true",
+                  help="mark integer arguments divisible by 16 as Triton's launcher (torch) does; jax-triton does not")
   ap.add_argument("--sass-dir", default=None, help="also write each kernel's SASS there")
   ap.add_argument("--json", default=None)
   args = ap.parse_args(argv)
@@ -135,7 +142,7 @@ def main(argv=None):
     for launch in plan.launches:
       if "attention" not in launch.name:
         continue
-      s = sass_stats(compile_launch(plan, launch, args.arch))
+      s = sass_stats(compile_launch(plan, launch, args.arch, args.int_divisibility))
       if args.sass_dir:
         os.makedirs(args.sass_dir, exist_ok=True)
         with open(os.path.join(args.sass_dir, launch.name + ".sass"), "w") as f:
