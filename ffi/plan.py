@@ -37,7 +37,7 @@ from jqat.kernels_triton import attention_bwd as kbwd
 from jqat.kernels_triton import attention_fwd as kfwd
 from jqat.kernels_triton import nvfp4 as knv
 from jqat.kernels_triton import rope_qdq as krope
-from jqat.kernels_triton.attention_common import dot_flags, segments_sorted_kernel
+from jqat.kernels_triton.attention_common import dot_flags, segments_sorted_kernel, seq_align
 
 # ----------------------------------------------------------------------------- plan data
 
@@ -309,7 +309,9 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
   masks: optional mask operands in ``MASK_OPERANDS`` order; the present ones are inputs after q, k, v.
   qkv_scale="tensor" (docs/NUMERICS.md) adds launches before the forward: ``tensor_scale_kernel`` for Q, K, V
   (scratch ``q_enc``, ``k_enc``, ``v_enc``) and ``fake_quantize_scaled_kernel`` for K, V, in place of the
-  fake-quantize launches; the forward kernel is then its ``*_tensor`` entry point."""
+  fake-quantize launches; the forward kernel is then its ``*_tensor`` entry point.
+  With a causal mask or a window (and Q dense in storage), fq(Q) comes from the fake-quantize pass too (scratch
+  ``q_hat``) and the forward kernel reads it (``QUANTIZE_Q`` off); otherwise the kernel rounds its own Q tile."""
   b, tq, n, d = q.shape
   tk, kh = k.shape[1], k.shape[2]
   strides = tuple(out_strides) if out_strides is not None else Tensor.dense(q.shape, q.dtype).strides
@@ -329,7 +331,15 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
   tensor = _tensor_mode(opts)
   if tensor:  # Q is quantized inside the forward kernel, from its encode scale
     (kk, vv), scratch, launches = _two_level_inputs(("k", "v"), target, buffers)
-  else:
+  # fq(Q) by the pass, with K and V, where the tile walks are short or masked (causal, window): there the kernel
+  # without its own Q rounding ran faster; without those masks the kernel that rounds its Q tile itself (and keeps
+  # it in registers for the QK^T product) did (docs/BENCHMARKS.md, run 36).
+  q_pass = (cfg.quantize_qkv and not tensor and rows_dense(q)
+            and (opts.is_causal or opts.local_window_size is not None))
+  qq = "q"
+  if q_pass:
+    (qq, kk, vv), scratch, launches = _quantized_inputs(("q", "k", "v"), (q, k, v), True, target, buffers)
+  elif not tensor:
     (kk, vv), scratch, launches = _quantized_inputs(("k", "v"), (k, v), cfg.quantize_qkv, target, buffers)
   scratch += tuple(launch.outputs[0] for launch in mask_launches)
   launches += mask_launches
@@ -339,15 +349,16 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
   kernels = {(False, False): kfwd.attention_fwd_kernel, (True, False): kfwd.attention_fwd_row_kernel,
              (False, True): kfwd.attention_fwd_tensor_kernel, (True, True): kfwd.attention_fwd_row_tensor_kernel}
   flags = dict(P_ROW_RANGE=P_ROW_RANGE) if row else {}
-  flags.update({} if tensor else dict(QUANTIZE_Q=cfg.quantize_qkv))
+  flags.update({} if tensor else dict(QUANTIZE_Q=cfg.quantize_qkv and not q_pass))
   enc_args = (Ref("q_enc"), Ref("k_enc"), Ref("v_enc")) if tensor else ()
   fwd = Launch(
       "jqat_attention_fwd", kernels[row, tensor], (triton.cdiv(tq, c.block_m), b * n),
-      (Ref("q"), Ref(kk), Ref(vv), float(opts.scale), tq, tk, n, n // kh, *mask_args, *enc_args, *_s3(q), *_s3(k),
+      (Ref(qq), Ref(kk), Ref(vv), float(opts.scale), tq, tk, n, n // kh, *mask_args, *enc_args, *_s3(q), *_s3(k),
        *_s3(v), *_s3(o)),
       outputs,
       dict(**_head_dims(d), BLOCK_M=c.block_m, BLOCK_N=opts.block_n, **_static_masks(opts), **mask_flags,
-           QUANTIZE_P=cfg.quantize_p, **target.dot_flags(q.dtype), **target.quant_flags(), **flags),
+           QUANTIZE_P=cfg.quantize_p, **target.dot_flags(q.dtype), **target.quant_flags(), **flags,
+           SEQ_ALIGN=seq_align(tq, tk)),
       c.num_warps, c.num_stages)
   return Plan(buffers, inputs, scratch, outputs, launches + (fwd,))
 
@@ -423,7 +434,9 @@ def attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out_for_d
   dq_kernel, dkdv_kernel = ((kbwd.attention_bwd_dq_tensor_kernel, kbwd.attention_bwd_dkdv_tensor_kernel) if tensor
                             else (kbwd.attention_bwd_dq_kernel, kbwd.attention_bwd_dkdv_kernel))
   dq = Launch("jqat_attention_bwd_dq", dq_kernel, (triton.cdiv(tq, c.dq_block_m), b * n), common,
-              ("dq",), dict(BLOCK_M=c.dq_block_m, BLOCK_N=c.dq_block_n, **flags), c.dq_num_warps, c.dq_num_stages)
+              ("dq",), dict(BLOCK_M=c.dq_block_m, BLOCK_N=c.dq_block_n, **flags,
+                            SEQ_ALIGN=seq_align(tq, tk)),
+              c.dq_num_warps, c.dq_num_stages)
   # The dK/dV kernel's m_ptr follows delta; "block" never reads it (lse stands in).
   kv_args = common[:6] + (Ref(stats[-1]),) + common[6:]
   row_range = P_ROW_RANGE if row else 0.0

@@ -33,6 +33,7 @@ import triton.language as tl
 from jqat.kernels_triton.attention_common import (
   LOG2E,
   aligned3,
+  aligned_lengths,
   bf16_dot,
   cast_out,
   kv_tile_range,
@@ -177,7 +178,7 @@ def _attention_bwd_dq(
     IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
     HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
     QK_F32: tl.constexpr, DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr,
-    QKV_TENSOR: tl.constexpr):
+    QKV_TENSOR: tl.constexpr, SEQ_ALIGN: tl.constexpr):
   """dQ for query rows [pid0 * BLOCK_M, +BLOCK_M) of head pid1 % N, batch pid1 // N.
 
   q: fq(Q) [B, Tq, N, D] (strides stride_q*, shared by dq); k, v: fq(K), fq(V)
@@ -189,6 +190,7 @@ def _attention_bwd_dq(
   """
   # Strides are multiples of 16: visible to the compiler for 16-byte, cp.async-pipelined loads.
   stride_qb, stride_qt, stride_qn = aligned3(stride_qb, stride_qt, stride_qn)
+  tq, tk = aligned_lengths(tq, tk, SEQ_ALIGN)
   stride_kb, stride_kt, stride_kn = aligned3(stride_kb, stride_kt, stride_kn)
   stride_vb, stride_vt, stride_vn = aligned3(stride_vb, stride_vt, stride_vn)
   stride_db, stride_dt, stride_dn = aligned3(stride_db, stride_dt, stride_dn)
@@ -261,13 +263,15 @@ def attention_bwd_dq_kernel(
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
     HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
-    QK_F32: tl.constexpr, DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr):
+    QK_F32: tl.constexpr, DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr,
+    SEQ_ALIGN: tl.constexpr):
   """dQ with qkv_scale="block" (SPEC section 3). See ``_attention_bwd_dq``."""
   _attention_bwd_dq(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, scale, tq, tk, n_heads, group, q_len_ptr,
                     kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, lse_ptr, lse_ptr, lse_ptr, stride_qb, stride_qt,
                     stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn, stride_db, stride_dt,
                     stride_dn, dq_ptr, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT,
-                    BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, False)
+                    BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, False,
+                    SEQ_ALIGN)
 
 
 @triton.jit
@@ -280,14 +284,15 @@ def attention_bwd_dq_tensor_kernel(
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
     HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
-    QK_F32: tl.constexpr, DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr):
+    QK_F32: tl.constexpr, DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr,
+    SEQ_ALIGN: tl.constexpr):
   """dQ with qkv_scale="tensor": q, k, v are fq(enc * X), q_enc/k_enc/v_enc their encode scales."""
   _attention_bwd_dq(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, scale, tq, tk, n_heads, group, q_len_ptr,
                     kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr, stride_qb,
                     stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn, stride_db,
                     stride_dt, stride_dn, dq_ptr, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT,
                     WINDOW_RIGHT, BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC,
-                    True)
+                    True, SEQ_ALIGN)
 
 
 @triton.jit

@@ -43,6 +43,25 @@ def aligned3(a, b, c):
 
 
 @triton.jit
+def aligned_lengths(tq, tk, SEQ_ALIGN: tl.constexpr):
+  """``tq, tk`` unchanged, in a form that shows the compiler their divisibility by ``SEQ_ALIGN``.
+
+  SEQ_ALIGN: 16 when both lengths are multiples of 16 (``seq_align``), else 1. Triton's own launcher (the
+  torch binding) marks integer arguments divisible by 16 itself; jax-triton marks none, and without the
+  hint its forward compiled to a longer KV loop (docs/PERFORMANCE.md).
+  """
+  if SEQ_ALIGN > 1:
+    tq = tq // SEQ_ALIGN * SEQ_ALIGN
+    tk = tk // SEQ_ALIGN * SEQ_ALIGN
+  return tq, tk
+
+
+def seq_align(tq: int, tk: int) -> int:
+  """The ``SEQ_ALIGN`` constexpr of the attention kernels for query and key lengths ``tq``, ``tk``."""
+  return 16 if tq % 16 == 0 and tk % 16 == 0 else 1
+
+
+@triton.jit
 def round_bf16(x, SOFT_BF16: tl.constexpr):
   """FP32 ``x`` rounded to bf16 (nearest even), as a bf16 tensor."""
   if SOFT_BF16:

@@ -35,6 +35,7 @@ from jqat.kernels_triton.attention_common import (
   LOG2_P_ROW_RANGE,
   LOG2E,
   aligned3,
+  aligned_lengths,
   bf16_dot,
   cast_out,
   kv_tile_range,
@@ -122,7 +123,7 @@ def _attention_fwd(
     HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
     QUANTIZE_Q: tl.constexpr, QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr,
     SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr,
-    P_ROW_RANGE: tl.constexpr, QKV_TENSOR: tl.constexpr):
+    P_ROW_RANGE: tl.constexpr, QKV_TENSOR: tl.constexpr, SEQ_ALIGN: tl.constexpr):
   """Forward of SPEC section 3 for query rows [pid0 * BLOCK_M, +BLOCK_M) of head pid1 % N, batch pid1 // N.
 
   q: [B, Tq, N, D]; k, v: [B, Tk, K, D] (already fq when QUANTIZE_QKV), N = K * group;
@@ -147,6 +148,7 @@ def _attention_fwd(
   stride_kb, stride_kt, stride_kn = aligned3(stride_kb, stride_kt, stride_kn)
   stride_vb, stride_vt, stride_vn = aligned3(stride_vb, stride_vt, stride_vn)
   stride_ob, stride_ot, stride_on = aligned3(stride_ob, stride_ot, stride_on)
+  tq, tk = aligned_lengths(tq, tk, SEQ_ALIGN)
   pid_m = tl.program_id(0)
   pid_bh = tl.program_id(1)
   b = pid_bh // n_heads
@@ -245,14 +247,15 @@ def attention_fwd_kernel(
     IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
     HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
     QUANTIZE_Q: tl.constexpr, QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr,
-    SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr):
+    SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr,
+    SEQ_ALIGN: tl.constexpr):
   """The forward with p_scale="block" (SPEC section 3): outputs o, o_hp, lse. See ``_attention_fwd``."""
   _attention_fwd(q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr,
                  seg_sorted_ptr, lse_ptr, lse_ptr, lse_ptr, stride_qb, stride_qt, stride_qn, stride_kb, stride_kt,
                  stride_kn, stride_vb, stride_vt, stride_vn, stride_ob, stride_ot, stride_on, o_ptr, o_hp_ptr, lse_ptr,
                  lse_ptr, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, BOTTOM_RIGHT,
                  HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, QUANTIZE_Q, QUANTIZE_P, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC,
-                 HW_E4M3, HW_E2M1, 0.0, False)
+                 HW_E4M3, HW_E2M1, 0.0, False, SEQ_ALIGN)
 
 
 @triton.jit
@@ -267,14 +270,14 @@ def attention_fwd_row_kernel(
     HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
     QUANTIZE_Q: tl.constexpr, QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr,
     SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr,
-    P_ROW_RANGE: tl.constexpr):
+    P_ROW_RANGE: tl.constexpr, SEQ_ALIGN: tl.constexpr):
   """The forward with p_scale="row" (P_ROW_RANGE = 6 * 448): outputs o, o_hp, lse and the row max m."""
   _attention_fwd(q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr,
                  seg_sorted_ptr, lse_ptr, lse_ptr, lse_ptr, stride_qb, stride_qt, stride_qn, stride_kb, stride_kt,
                  stride_kn, stride_vb, stride_vt, stride_vn, stride_ob, stride_ot, stride_on, o_ptr, o_hp_ptr, lse_ptr,
                  m_ptr, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, BOTTOM_RIGHT,
                  HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, QUANTIZE_Q, QUANTIZE_P, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC,
-                 HW_E4M3, HW_E2M1, P_ROW_RANGE, False)
+                 HW_E4M3, HW_E2M1, P_ROW_RANGE, False, SEQ_ALIGN)
 
 
 @triton.jit
@@ -288,14 +291,15 @@ def attention_fwd_tensor_kernel(
     IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
     HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
     QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr,
-    SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr):
+    SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr,
+    SEQ_ALIGN: tl.constexpr):
   """The forward with qkv_scale="tensor", p_scale="block": outputs o, o_hp, lse. See ``_attention_fwd``."""
   _attention_fwd(q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr,
                  seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr, stride_qb, stride_qt, stride_qn, stride_kb,
                  stride_kt, stride_kn, stride_vb, stride_vt, stride_vn, stride_ob, stride_ot, stride_on, o_ptr,
                  o_hp_ptr, lse_ptr, lse_ptr, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT,
                  BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, True, QUANTIZE_P, QK_F32, DOT_BF16, SOFT_BF16,
-                 DOT_PREC, HW_E4M3, HW_E2M1, 0.0, True)
+                 DOT_PREC, HW_E4M3, HW_E2M1, 0.0, True, SEQ_ALIGN)
 
 
 @triton.jit
@@ -310,11 +314,11 @@ def attention_fwd_row_tensor_kernel(
     HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
     QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr,
     SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr,
-    P_ROW_RANGE: tl.constexpr):
+    P_ROW_RANGE: tl.constexpr, SEQ_ALIGN: tl.constexpr):
   """The forward with qkv_scale="tensor", p_scale="row": outputs o, o_hp, lse and the row max m."""
   _attention_fwd(q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr,
                  seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr, stride_qb, stride_qt, stride_qn, stride_kb,
                  stride_kt, stride_kn, stride_vb, stride_vt, stride_vn, stride_ob, stride_ot, stride_on, o_ptr,
                  o_hp_ptr, lse_ptr, m_ptr, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT,
                  BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, True, QUANTIZE_P, QK_F32, DOT_BF16, SOFT_BF16,
-                 DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, True)
+                 DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, True, SEQ_ALIGN)

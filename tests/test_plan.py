@@ -32,11 +32,20 @@ def test_plan_uses_the_strides_it_is_given():
   lse = torch.zeros(2, 8, 100)
   opts = AttentionOptions(0.1, True)
   fwd = plans.attention_forward(*map(torch_launch.describe, (q, k, v)), opts, GPU, out_strides=q.stride())
-  assert [la.name for la in fwd.launches] == ["jqat_nvfp4_fake_quantize_k", "jqat_nvfp4_fake_quantize_v",
-                                              "jqat_attention_fwd"]
+  # Causal: the pass quantizes Q too, and the forward kernel reads fq(Q) (QUANTIZE_Q off).
+  assert [la.name for la in fwd.launches] == ["jqat_nvfp4_fake_quantize_q", "jqat_nvfp4_fake_quantize_k",
+                                              "jqat_nvfp4_fake_quantize_v", "jqat_attention_fwd"]
   args = fwd.launches[-1].args
+  assert args[:3] == (plans.Ref("q_hat"), plans.Ref("k_hat"), plans.Ref("v_hat"))
+  assert not fwd.launches[-1].constexprs["QUANTIZE_Q"] and fwd.launches[-1].constexprs["SEQ_ALIGN"] == 1
   assert args[13:25] == q.stride()[:3] + k.stride()[:3] + v.stride()[:3] + q.stride()[:3]  # after 5 mask args
-  assert fwd.buffers["k_hat"].strides == k.stride() and fwd.scratch == ("k_hat", "v_hat")
+  assert fwd.buffers["q_hat"].strides == q.stride() and fwd.buffers["k_hat"].strides == k.stride()
+  assert fwd.scratch == ("q_hat", "k_hat", "v_hat")
+  # Without causal or window masks the forward kernel rounds its own Q tile.
+  dense = plans.attention_forward(*map(torch_launch.describe, (q, k, v)), dataclasses.replace(opts, is_causal=False),
+                                  GPU, out_strides=q.stride())
+  assert dense.scratch == ("k_hat", "v_hat") and dense.launches[-1].args[0] == plans.Ref("q")
+  assert dense.launches[-1].constexprs["QUANTIZE_Q"]
   bwd = plans.attention_backward(*map(torch_launch.describe, (q, q, k, v, q, lse)), opts, GPU)
   assert [bwd.buffers[n].strides for n in ("dq", "dk", "dv")] == [q.stride(), k.stride(), v.stride()]
   key_tiles = -(-70 // plans.backward_config(128).kv_block_n)  # the dK/dV grid: key tiles x (batch, KV head)
@@ -80,6 +89,20 @@ def test_empty_problems_fill_instead_of_launching():
   q, k, v = _bhsd_views(1, 2, 1, 5, 0, 16)
   plan = plans.attention_forward(*map(torch_launch.describe, (q, k, v)), AttentionOptions(0.25), GPU)
   assert plan.launches == () and plan.fills == {"o": 0.0, "o_hp": 0.0, "lse": float("-inf")}
+
+
+@pytest.mark.parametrize("tq,tk,align", [(128, 64, 16), (100, 64, 1), (128, 70, 1)])
+def test_lengths_divisible_by_16_are_shown_to_the_kernels(tq, tk, align):
+  """SEQ_ALIGN = 16 exactly when both lengths are multiples of 16 (the forward and dQ kernels then write them as
+  ``t // 16 * 16``, the hint Triton's own launcher gives and jax-triton does not); the dK/dV kernel takes none."""
+  q = plans.Tensor.dense((1, tq, 4, 64), "bfloat16")
+  k = plans.Tensor.dense((1, tk, 4, 64), "bfloat16")
+  lse = plans.Tensor.dense((1, 4, tq), "float32")
+  opts = AttentionOptions(0.125, True)
+  fwd = plans.attention_forward(q, k, k, opts, GPU)
+  bwd = {la.name: la for la in plans.attention_backward(q, q, k, k, q, lse, opts, GPU).launches}
+  assert fwd.launches[-1].constexprs["SEQ_ALIGN"] == align == bwd["jqat_attention_bwd_dq"].constexprs["SEQ_ALIGN"]
+  assert "SEQ_ALIGN" not in bwd["jqat_attention_bwd_dkdv"].constexprs
 
 
 def test_fake_quantize_needs_dense_rows():
