@@ -186,7 +186,7 @@ def _attention_bwd_dq(
   fp32 contiguous. D and the masks (seg_sorted included) as in ``attention_fwd_kernel``.
   QKV_TENSOR: q, k, v hold fq(enc * X) and q_enc [B, N], k_enc, v_enc [B, K] fp32 their encode scales (read
   only then); the decode scales 1 / enc join the softmax scale (Q, K), dO . V^T (V) and dQ's scale (K).
-  Grid: (cdiv(Tq, BLOCK_M), B * N).
+  Grid: (cdiv(Tq, BLOCK_M), B * N). SEQ_ALIGN as in ``attention_common.aligned_lengths``.
   """
   # Strides are multiples of 16: visible to the compiler for 16-byte, cp.async-pipelined loads.
   stride_qb, stride_qt, stride_qn = aligned3(stride_qb, stride_qt, stride_qn)

@@ -18,7 +18,8 @@ decode scales 1 / enc folded into the softmax scale (Q, K) and the final normali
 
 K and V arrive already fake-quantized (``fake_quantize_rows_kernel`` writes fq(K),
 fq(V) once, instead of every query block re-quantizing them); Q is quantized
-here, once per program. The softmax runs in base 2 with log2(e) folded into
+here, once per program (QUANTIZE_Q), or arrives from the same pass (causal and
+windowed plans, ``ffi/plan.py``). The softmax runs in base 2 with log2(e) folded into
 the scale: exp2(x * log2 e) equals exp(x) to within FP32 rounding, so fq(p)
 rounds as in the reference except where p sits on a rounding boundary.
 """
@@ -132,7 +133,8 @@ def _attention_fwd(
   q_seg [B, Tq], kv_seg [B, Tk] int32 dense, seg_sorted [B] int32 (``segments_sorted_kernel``);
   IS_CAUSAL, WINDOW_LEFT/RIGHT (-1: none) and BOTTOM_RIGHT as in ``attention_common.visible``.
   Outputs: o, o_hp [B, Tq, N, D] (strides stride_o*), lse [B, N, Tq] fp32 contiguous.
-  Grid: (cdiv(Tq, BLOCK_M), B * N). Flags: ``dot_flags`` and ``nvfp4.quant_flags``.
+  Grid: (cdiv(Tq, BLOCK_M), B * N). Flags: ``dot_flags`` and ``nvfp4.quant_flags``; SEQ_ALIGN as in
+  ``attention_common.aligned_lengths``.
   P_ROW_RANGE: 0 ("block"), or R > 0 ("row": fq(R p), O = acc / (R l), and m [B, N, Tq] fp32 (natural
   units, -inf for an empty row) stored through ``m_ptr``, which is not touched otherwise).
   QKV_TENSOR (qkv_scale="tensor"): k, v hold fq(enc * K), fq(enc * V) (``fake_quantize_scaled_kernel``) and
