@@ -329,17 +329,17 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
                                                    **({"row_max": float("-inf")} if row else {})})
   cfg = opts.config
   tensor = _tensor_mode(opts)
-  if tensor:  # Q is quantized inside the forward kernel, from its encode scale
-    (kk, vv), scratch, launches = _two_level_inputs(("k", "v"), target, buffers)
   # fq(Q) by the pass, with K and V, where the tile walks are short or masked (causal, window): there the kernel
   # without its own Q rounding ran faster; without those masks the kernel that rounds its Q tile itself (and keeps
   # it in registers for the QK^T product) did (docs/BENCHMARKS.md, run 36).
   q_pass = (cfg.quantize_qkv and not tensor and rows_dense(q)
             and (opts.is_causal or opts.local_window_size is not None))
   qq = "q"
-  if q_pass:
+  if tensor:  # Q is quantized inside the forward kernel, from its encode scale
+    (kk, vv), scratch, launches = _two_level_inputs(("k", "v"), target, buffers)
+  elif q_pass:
     (qq, kk, vv), scratch, launches = _quantized_inputs(("q", "k", "v"), (q, k, v), True, target, buffers)
-  elif not tensor:
+  else:
     (kk, vv), scratch, launches = _quantized_inputs(("k", "v"), (k, v), cfg.quantize_qkv, target, buffers)
   scratch += tuple(launch.outputs[0] for launch in mask_launches)
   launches += mask_launches
