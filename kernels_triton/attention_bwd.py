@@ -40,6 +40,7 @@ from jqat.kernels_triton.attention_common import (
   load_kv_tile,
   mask_limits,
   narrow_to_segments,
+  program_tile,
   q_tile_range,
   qk_dot,
   visible,
@@ -194,11 +195,11 @@ def _attention_bwd_dq(
   stride_kb, stride_kt, stride_kn = aligned3(stride_kb, stride_kt, stride_kn)
   stride_vb, stride_vt, stride_vn = aligned3(stride_vb, stride_vt, stride_vn)
   stride_db, stride_dt, stride_dn = aligned3(stride_db, stride_dt, stride_dn)
-  pid_bh = tl.program_id(1)
+  pid_m, pid_bh = program_tile(IS_CAUSAL, True)  # causal: the longest walks (last query tiles) first
   b = pid_bh // n_heads
   h = pid_bh % n_heads
   kvh = h // group
-  start_m = tl.program_id(0) * BLOCK_M
+  start_m = pid_m * BLOCK_M
   offs_m = start_m + tl.arange(0, BLOCK_M)
   offs_n = tl.arange(0, BLOCK_N)
   offs_d = tl.arange(0, D_PAD)
@@ -383,10 +384,10 @@ def _attention_bwd_dkdv(
   stride_vb, stride_vt, stride_vn = aligned3(stride_vb, stride_vt, stride_vn)
   stride_db, stride_dt, stride_dn = aligned3(stride_db, stride_dt, stride_dn)
   n_kv = n_heads // group
-  pid_bk = tl.program_id(1)
+  pid_n, pid_bk = program_tile(IS_CAUSAL, False)  # causal: the longest walks (first key tiles) first
   b = pid_bk // n_kv
   kvh = pid_bk % n_kv
-  start_n = tl.program_id(0) * BLOCK_N
+  start_n = pid_n * BLOCK_N
   kn = start_n + tl.arange(0, BLOCK_N)
   offs_m = tl.arange(0, BLOCK_M)
   offs_d = tl.arange(0, D_PAD)

@@ -43,6 +43,7 @@ from jqat.kernels_triton.attention_common import (
   load_kv_tile,
   mask_limits,
   narrow_to_segments,
+  program_tile,
   qk_dot,
   visible,
 )
@@ -151,8 +152,7 @@ def _attention_fwd(
   stride_vb, stride_vt, stride_vn = aligned3(stride_vb, stride_vt, stride_vn)
   stride_ob, stride_ot, stride_on = aligned3(stride_ob, stride_ot, stride_on)
   tq, tk = aligned_lengths(tq, tk, SEQ_ALIGN)
-  pid_m = tl.program_id(0)
-  pid_bh = tl.program_id(1)
+  pid_m, pid_bh = program_tile(IS_CAUSAL, True)  # causal: the longest walks (last query tiles) first
   b = pid_bh // n_heads
   h = pid_bh % n_heads
   kvh = h // group

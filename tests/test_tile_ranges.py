@@ -20,7 +20,14 @@ import triton.language as tl
 from conftest import kernel_device
 from oracle import visible_oracle
 
-from jqat.kernels_triton.attention_common import _search, kv_tile_range, narrow_to_segments, q_tile_range, visible
+from jqat.kernels_triton.attention_common import (
+  _search,
+  kv_tile_range,
+  narrow_to_segments,
+  program_tile,
+  q_tile_range,
+  visible,
+)
 
 
 @triton.jit
@@ -194,3 +201,30 @@ def test_tile_masks_match_visibility(causal, left, right, transposed):
                                                             TRANSPOSED=transposed)
     np.testing.assert_array_equal(out.cpu().numpy(), vis.astype(np.int32),
                                   err_msg=str(dict(tq=tq, tk=tk, q_lim=q_lim, kv_lim=kv_lim, off=off)))
+
+
+@triton.jit
+def _order_kernel(out_ptr, HEAVIEST_FIRST: tl.constexpr, DESCENDING: tl.constexpr):
+  """Each program writes its (tile, batch * head) at its place in launch order (program_id(0) fastest)."""
+  lin = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
+  tile, bh = program_tile(HEAVIEST_FIRST, DESCENDING)
+  tl.store(out_ptr + 2 * lin, tile)
+  tl.store(out_ptr + 2 * lin + 1, bh)
+
+
+@pytest.mark.parametrize("heaviest_first,descending", [(False, False), (True, True), (True, False)])
+def test_program_order(heaviest_first, descending):
+  """Every (tile, batch * head) of the grid exactly once; with HEAVIEST_FIRST tile-major in launch order, every
+  batch and head of a tile together, from the last tile when DESCENDING (the kernels' causal query tiles) or the
+  first (causal key tiles). The kernels compute the same tile wherever it falls in the order."""
+  tiles, bh = 7, 5
+  out = torch.full((tiles * bh, 2), -1, dtype=torch.int32, device=kernel_device())
+  _order_kernel[(tiles, bh)](out, HEAVIEST_FIRST=heaviest_first, DESCENDING=descending)
+  got = [tuple(r) for r in out.cpu().tolist()]
+  if not heaviest_first:
+    want = [(t, h) for h in range(bh) for t in range(tiles)]  # the grid as launched
+  else:
+    order = range(tiles - 1, -1, -1) if descending else range(tiles)
+    want = [(t, h) for t in order for h in range(bh)]
+  assert got == want
+  assert sorted(got) == sorted((t, h) for t in range(tiles) for h in range(bh))
