@@ -187,7 +187,8 @@ def _attention_bwd_dq(
   fp32 contiguous. D and the masks (seg_sorted included) as in ``attention_fwd_kernel``.
   QKV_TENSOR: q, k, v hold fq(enc * X) and q_enc [B, N], k_enc, v_enc [B, K] fp32 their encode scales (read
   only then); the decode scales 1 / enc join the softmax scale (Q, K), dO . V^T (V) and dQ's scale (K).
-  Grid: (cdiv(Tq, BLOCK_M), B * N). SEQ_ALIGN as in ``attention_common.aligned_lengths``.
+  Grid: (cdiv(Tq, BLOCK_M), B * N), longest walk first when causal (``program_tile``). SEQ_ALIGN as in
+  ``attention_common.aligned_lengths``.
   """
   # Strides are multiples of 16: visible to the compiler for 16-byte, cp.async-pipelined loads.
   stride_qb, stride_qt, stride_qn = aligned3(stride_qb, stride_qt, stride_qn)
@@ -373,7 +374,8 @@ def _attention_bwd_dkdv(
   """dK, dV for keys [pid0 * BLOCK_N, +BLOCK_N) of KV head pid1 % K, batch pid1 // K.
 
   Arrays and masks as in ``attention_bwd_dq_kernel``; dk, dv: [B, Tk, K, D] with the
-  strides of k and v. Grid: (cdiv(Tk, BLOCK_N), B * K). BLOCK_N % 16 == 0.
+  strides of k and v. Grid: (cdiv(Tk, BLOCK_N), B * K), longest walk first when causal (``program_tile``).
+  BLOCK_N % 16 == 0.
   P_ROW_RANGE: 0 (p_scale="block"; ``m_ptr`` is not read) or R = 6 * 448 ("row": m [B, N, Tq] fp32, the
   forward's row max in natural units, contiguous like lse).
   QKV_TENSOR: as in ``_attention_bwd_dq`` (the enc pointers are read only then).

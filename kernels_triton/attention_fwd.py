@@ -134,8 +134,8 @@ def _attention_fwd(
   q_seg [B, Tq], kv_seg [B, Tk] int32 dense, seg_sorted [B] int32 (``segments_sorted_kernel``);
   IS_CAUSAL, WINDOW_LEFT/RIGHT (-1: none) and BOTTOM_RIGHT as in ``attention_common.visible``.
   Outputs: o, o_hp [B, Tq, N, D] (strides stride_o*), lse [B, N, Tq] fp32 contiguous.
-  Grid: (cdiv(Tq, BLOCK_M), B * N). Flags: ``dot_flags`` and ``nvfp4.quant_flags``; SEQ_ALIGN as in
-  ``attention_common.aligned_lengths``.
+  Grid: (cdiv(Tq, BLOCK_M), B * N), handed out longest walk first when causal (``program_tile``).
+  Flags: ``dot_flags`` and ``nvfp4.quant_flags``; SEQ_ALIGN as in ``attention_common.aligned_lengths``.
   P_ROW_RANGE: 0 ("block"), or R > 0 ("row": fq(R p), O = acc / (R l), and m [B, N, Tq] fp32 (natural
   units, -inf for an empty row) stored through ``m_ptr``, which is not touched otherwise).
   QKV_TENSOR (qkv_scale="tensor"): k, v hold fq(enc * K), fq(enc * V) (``fake_quantize_scaled_kernel``) and
