@@ -180,7 +180,7 @@ def _attention_bwd_dq(
     HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
     QK_F32: tl.constexpr, DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr,
     QKV_TENSOR: tl.constexpr, SEQ_ALIGN: tl.constexpr):
-  """dQ for query rows [pid0 * BLOCK_M, +BLOCK_M) of head pid1 % N, batch pid1 // N.
+  """dQ for query rows [i * BLOCK_M, +BLOCK_M) of head j % N, batch j // N, ``(i, j) = program_tile(...)``.
 
   q: fq(Q) [B, Tq, N, D] (strides stride_q*, shared by dq); k, v: fq(K), fq(V)
   [B, Tk, K, D]; do: [B, Tq, N, D] (strides stride_d*); lse, delta: [B, N, Tq]
@@ -371,7 +371,7 @@ def _attention_bwd_dkdv(
     QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr,
     DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr, P_ROW_RANGE: tl.constexpr,
     QKV_TENSOR: tl.constexpr):
-  """dK, dV for keys [pid0 * BLOCK_N, +BLOCK_N) of KV head pid1 % K, batch pid1 // K.
+  """dK, dV for keys [i * BLOCK_N, +BLOCK_N) of KV head j % K, batch j // K, ``(i, j) = program_tile(...)``.
 
   Arrays and masks as in ``attention_bwd_dq_kernel``; dk, dv: [B, Tk, K, D] with the
   strides of k and v. Grid: (cdiv(Tk, BLOCK_N), B * K), longest walk first when causal (``program_tile``).

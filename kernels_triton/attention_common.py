@@ -64,10 +64,11 @@ def program_tile(HEAVIEST_FIRST: tl.constexpr, DESCENDING: tl.constexpr):
   Blocks are dispatched in launch order (``program_id(0)`` fastest). With a causal mask the tiles' work
   grows along the sequence (query tiles: with the index; key tiles: against it), and in launch order each
   head's heaviest tile would start last, the last head's after every other program: one whole tile's walk
-  of tail with most SMs idle (a quarter of a causal forward at 4k). HEAVIEST_FIRST hands out the programs
-  tile-major, every batch and head of one tile together, heaviest tile first (``DESCENDING``: from the
-  last index), so the programs still running at the end are the shortest. Each program computes the same
-  tile as before, only at another place in the order: the results are unchanged.
+  of tail with most SMs idle (18% of the causal forward kernel's time at 4k, docs/BENCHMARKS.md run 37).
+  HEAVIEST_FIRST hands out the programs tile-major, every batch and head of one tile together, heaviest
+  tile first (``DESCENDING``: from the last index), so the programs still running at the end are the
+  shortest. Each program computes the same tile as before, only at another place in the order: the
+  results are unchanged.
   """
   pid0 = tl.program_id(0)
   pid1 = tl.program_id(1)

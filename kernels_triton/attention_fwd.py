@@ -126,7 +126,8 @@ def _attention_fwd(
     QUANTIZE_Q: tl.constexpr, QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr,
     SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr,
     P_ROW_RANGE: tl.constexpr, QKV_TENSOR: tl.constexpr, SEQ_ALIGN: tl.constexpr):
-  """Forward of SPEC section 3 for query rows [pid0 * BLOCK_M, +BLOCK_M) of head pid1 % N, batch pid1 // N.
+  """Forward of SPEC section 3 for query rows [i * BLOCK_M, +BLOCK_M) of head j % N, batch j // N, where
+  ``(i, j) = program_tile(...)``.
 
   q: [B, Tq, N, D]; k, v: [B, Tk, K, D] (already fq when QUANTIZE_QKV), N = K * group;
   the last axis of every array is contiguous; D = HEAD_DIM, tiles padded to D_PAD (a power of two) with
