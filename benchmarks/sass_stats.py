@@ -2,7 +2,7 @@
 
   python benchmarks/sass_stats.py [--seq 4096 --heads 16 --head-dim 128] [--causal] [--p-scale row]
       [--qkv-scale tensor] [--segments] [--window 1024] [--fwd-config block_m=64,num_warps=8] [--bwd-config ...]
-      [--arch 90] [--sass-dir DIR] [--json out.json]
+      [--arch 90] [--sass-dir DIR] [--json out.json] [--int-divisibility]
 
 Builds the launch plans of one forward and one backward (``jqat.ffi.plan``: the exact kernels, constexprs and
 launch configurations the bindings run), compiles each launch for ``sm_<arch>`` as jax-triton does (pointers
@@ -11,6 +11,10 @@ stack bytes (spills), shared memory, the number of SASS instructions and the ins
 (a backward branch's body; the KV-tile and query-tile loops are the large ones), with the counts of local
 loads/stores (spills), MUFU, HGMMA and WARPGROUP (wgmma arrive/wait) instructions. Static counts: per thread,
 per loop iteration; they say what the compiler emitted, not how fast it runs (docs/PERFORMANCE.md).
+
+Each kernel's line also names any "Potential Performance Loss" that ptxas reports for it (``ptxas -v`` on its
+PTX), such as wgmma serialized after every instruction: the windowed forward and dQ were (docs/BENCHMARKS.md,
+run 37), which the loop counts show only as many WARPGROUP instructions.
 """
 
 from __future__ import annotations
@@ -68,6 +72,19 @@ def compile_launch(plan: P.Plan, launch: P.Launch, arch: int, int_divisibility: 
     signature[name], constants[name] = "constexpr", value
   return triton.compile(ASTSource(fn, signature, constants, attrs), target=GPUTarget("cuda", arch, 32),
                         options=dict(num_warps=launch.num_warps, num_stages=launch.num_stages))
+
+
+def ptxas_warnings(kernel, arch: int) -> list[str]:
+  """The "Potential Performance Loss" notes of the bundled ptxas (``-v``) on a compiled kernel's PTX."""
+  with tempfile.TemporaryDirectory() as tmp:
+    ptx, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
+    with open(ptx, "w") as f:
+      f.write(kernel.asm["ptx"])
+    suffix = "a" if arch >= 90 else ""  # wgmma needs the arch-specific target (sm_90a), as Triton compiles it
+    log = subprocess.run([_bin("ptxas"), "-v", "--gpu-name", f"sm_{arch}{suffix}", ptx, "-o", cubin],
+                         capture_output=True, text=True, check=True).stderr
+  return [re.sub(r" in the function '.*'$", "", line.split("Potential Performance Loss: ", 1)[1])
+          for line in log.splitlines() if "Potential Performance Loss" in line]
 
 
 def _opcode(text: str) -> str:
@@ -142,7 +159,9 @@ def main(argv=None):
     for launch in plan.launches:
       if "attention" not in launch.name:
         continue
-      s = sass_stats(compile_launch(plan, launch, args.arch, args.int_divisibility))
+      kernel = compile_launch(plan, launch, args.arch, args.int_divisibility)
+      s = sass_stats(kernel)
+      s["ptxas_warnings"] = ptxas_warnings(kernel, args.arch)
       if args.sass_dir:
         os.makedirs(args.sass_dir, exist_ok=True)
         with open(os.path.join(args.sass_dir, launch.name + ".sass"), "w") as f:
@@ -150,7 +169,8 @@ def main(argv=None):
       del s["sass"]
       report["kernels"][launch.name] = {**s, "num_warps": launch.num_warps, "num_stages": launch.num_stages}
       print(f"{launch.name}: {s['registers']} registers, {s['stack_bytes']} B stack, {s['shared_bytes']} B shared, "
-            f"{s['instructions']} instructions, {launch.num_warps} warps, {launch.num_stages} stages; {s['mix']}")
+            f"{s['instructions']} instructions, {launch.num_warps} warps, {launch.num_stages} stages; {s['mix']}"
+            + "".join(f"\n  ptxas: {w}" for w in s["ptxas_warnings"]))
       for loop in s["loops"]:
         print(f"  loop {loop['start']}-{loop['end']}: {loop['instructions']} instructions/iteration {loop['mix']}")
   if "rope" in args.kernels:
