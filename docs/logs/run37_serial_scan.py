@@ -37,7 +37,7 @@ C = {
   "lens": dict(masks=("q_len", "kv_len")), "lens_causal": dict(is_causal=True, masks=("q_len", "kv_len")),
   "bottom_right": dict(is_causal=True, causal_alignment="bottom_right"),
   "d64": dict(d=64), "d64_causal": dict(d=64, is_causal=True), "d80_causal": dict(d=80, is_causal=True, seq=1000),
-  "d256": dict(d=256), "gqa_causal": dict(heads=32, kvh=8, is_causal=True),
+  "d256": dict(d=256), "d256_causal": dict(d=256, is_causal=True), "d192": dict(d=192), "gqa_causal": dict(heads=32, kvh=8, is_causal=True),
   "row_causal": dict(is_causal=True, p_scale="row"), "tensor": dict(qkv_scale="tensor"),
 }
 for name, kw in C.items():
