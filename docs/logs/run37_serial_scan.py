@@ -39,6 +39,10 @@ C = {
   "d64": dict(d=64), "d64_causal": dict(d=64, is_causal=True), "d80_causal": dict(d=80, is_causal=True, seq=1000),
   "d256": dict(d=256), "d256_causal": dict(d=256, is_causal=True), "d192": dict(d=192), "gqa_causal": dict(heads=32, kvh=8, is_causal=True),
   "row_causal": dict(is_causal=True, p_scale="row"), "tensor": dict(qkv_scale="tensor"),
+  "window_row": dict(is_causal=True, local_window_size=(1023, 0), p_scale="row"),
+  "window_tensor": dict(is_causal=True, local_window_size=(1023, 0), qkv_scale="tensor"),
+  "window_lens_segments": dict(is_causal=True, local_window_size=(300, 0), masks=("kv_len", "q_seg", "kv_seg")),
+  "window_d64": dict(d=64, is_causal=True, local_window_size=(1023, 0)),
 }
 for name, kw in C.items():
   if cases is None or name in cases:
