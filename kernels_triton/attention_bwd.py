@@ -240,8 +240,8 @@ def _attention_bwd_dq(
   if HAS_SEG:  # packed documents: only the keys of this block's segments; unmasked inside a lone segment
     lo, a, c, hi = narrow_to_segments(lo, a, c, hi, seg_q, offs_m < q_lim, kv_seg_base, kv_lim,
                                       tl.load(seg_sorted_ptr + b), BLOCK_N)
-  for start_n in range(lo, a, BLOCK_N):
-    dq = _dq_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, offs_d, seg_q, kv_seg_base, q_lim,
+  for i in range(0, a - lo, BLOCK_N):  # from 0, as the forward's first walk (ptxas serialized range(lo, a))
+    dq = _dq_tile(dq, q, do, lse2, delta, k_base, v_base, lo + i, offs_m, offs_n, offs_d, seg_q, kv_seg_base, q_lim,
                   kv_lim, off, stride_kt, stride_vt, qk_scale, v_dec, True, HEAD_DIM, IS_CAUSAL, WINDOW_LEFT,
                   WINDOW_RIGHT, HAS_SEG, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, QKV_TENSOR)
   for start_n in range(a, c, BLOCK_N):

@@ -198,8 +198,10 @@ def _attention_fwd(
   if HAS_SEG:  # packed documents: only the keys of this block's segments; unmasked inside a lone segment
     lo, a, c, hi = narrow_to_segments(lo, a, c, hi, seg_q, offs_m < q_lim, kv_seg_base, kv_lim,
                                       tl.load(seg_sorted_ptr + b), BLOCK_N)
-  for start_n in range(lo, a, BLOCK_N):
-    acc, acc_hp, m, l = _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, seg_q,
+  # The first walk counts from 0: written as range(lo, a), with the window's lo, ptxas serialized every wgmma
+  # of the kernel ("non wgmma instructions defining accumulator registers", docs/PERFORMANCE.md, run 37).
+  for i in range(0, a - lo, BLOCK_N):
+    acc, acc_hp, m, l = _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, lo + i, offs_m, offs_n, offs_d, seg_q,
                                  kv_seg_base, q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, True, HEAD_DIM,
                                  IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N, QK_F32,
                                  DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE)

@@ -312,6 +312,7 @@ GPU_CASES = [
     (1, 1000, 17, 8, 2, 128, True, ALL_ON),
     (1, 128, 1000, 4, 4, 256, True, ALL_ON),
     (1, 1000, 1000, 8, 8, 256, False, QATConfig(quantize_qkv=False)),
+    (1, 1000, 1000, 4, 2, 192, False, ALL_ON),  # D > 128 without a mask: the forward reads fq(Q) from the pass
     (4, 128, 128, 16, 2, 128, True, QATConfig(quantize_p=False)),
     (1, 1000, 4096, 4, 1, 64, False, QATConfig(high_precision_delta=False)),
     (1, 4096, 4096, 16, 4, 128, True, ALL_ON),

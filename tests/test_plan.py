@@ -46,6 +46,12 @@ def test_plan_uses_the_strides_it_is_given():
                                   GPU, out_strides=q.stride())
   assert dense.scratch == ("k_hat", "v_hat") and dense.launches[-1].args[0] == plans.Ref("q")
   assert dense.launches[-1].constexprs["QUANTIZE_Q"]
+  # Above D = 128 the kernel's own Q rounding left too few registers (ptxas serialized its wgmma): fq(Q) from
+  # the pass, masks or not (docs/BENCHMARKS.md, run 38).
+  wq, wk, wv = _bhsd_views(2, 8, 2, 100, 70, 192)
+  wide = plans.attention_forward(*map(torch_launch.describe, (wq, wk, wv)), dataclasses.replace(opts, is_causal=False),
+                                 GPU, out_strides=wq.stride())
+  assert wide.scratch == ("q_hat", "k_hat", "v_hat") and not wide.launches[-1].constexprs["QUANTIZE_Q"]
   bwd = plans.attention_backward(*map(torch_launch.describe, (q, q, k, v, q, lse)), opts, GPU)
   assert [bwd.buffers[n].strides for n in ("dq", "dk", "dv")] == [q.stride(), k.stride(), v.stride()]
   key_tiles = -(-70 // plans.backward_config(128).kv_block_n)  # the dK/dV grid: key tiles x (batch, KV head)

@@ -3,7 +3,8 @@
   python run37_configs.py KIND CASES CONFIG [CONFIG ...]
 KIND: fwd or bwd (which launch config the CONFIGs override: "default" or "field=int,..." as JQAT_ATTN_*_CONFIG);
 CASES: comma-separated S:case with case full, causal, window1024, packed_causal1024 (packed as documents of 1024) or
-gqa_causal (32 query heads over 8 KV heads), e.g. 4096:causal,16384:window1024. One JSON line per (config, case)."""
+gqa_causal (32 query heads over 8 KV heads), e.g. 4096:causal,16384:window1024; a suffix _dN sets the head dim
+(default 128), e.g. 4096:full_d256 (added in run 38). One JSON line per (config, case)."""
 import sys, json
 from collections import defaultdict
 import jax, jax.numpy as jnp, torch
@@ -47,15 +48,17 @@ for config in CONFIGS:
   plans.set_config_override(KIND, None if config == "default" else config)
   for item in CASES:
     s, case = item.split(":")
-    s = int(s)
+    s, d = int(s), 128
+    if "_d" in case:
+      case, d = case.split("_d")[0], int(case.split("_d")[1])
     ks = jax.random.split(jax.random.key(0), 3)
     heads = (32, 8, 8) if case == "gqa_causal" else (16, 16, 16)
-    q, k, v = (jax.random.normal(kk, (1, s, n, 128), jnp.float32).astype(jnp.bfloat16) for kk, n in zip(ks, heads))
+    q, k, v = (jax.random.normal(kk, (1, s, n, d), jnp.float32).astype(jnp.bfloat16) for kk, n in zip(ks, heads))
     kw = keywords(case, s)
     attn = lambda q, k, v, kw=kw: jqat.attention(q, k, v, implementation="triton", **kw)
     fwd = jax.jit(attn)
     grad = jax.jit(jax.grad(lambda q, k, v: jnp.sum(attn(q, k, v).astype(jnp.float32)), argnums=(0, 1, 2)))
-    out = {"S": s, "case": case, KIND: config, "fwd_ms": round(time_ms(fwd, (q, k, v), 10, 5), 4),
+    out = {"S": s, "case": case, "D": d, KIND: config, "fwd_ms": round(time_ms(fwd, (q, k, v), 10, 5), 4),
            "fwd_bwd_ms": round(time_ms(grad, (q, k, v), 10, 5), 4),
            "fwd_bwd_kernels": kernel_ms(lambda: grad(q, k, v))}
     print(json.dumps(out), flush=True)
