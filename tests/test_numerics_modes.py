@@ -347,6 +347,22 @@ def test_tensor_scale_quantizer_is_bitwise_the_oracle():
     assert err(np.asarray(reference._fq(jnp.asarray(x[b:b + 1])))[0], b) > 0.5, name
 
 
+def test_div_rn_is_ieee_division():
+  """The reference's encode and decode scales divide with ``div_rn``: NumPy's IEEE FP32 division bit for bit,
+  on whatever backend runs the test (XLA's GPU division was one ulp off, run 38), over random bit patterns
+  (subnormals included), results that overflow to inf or fall to subnormals, and ``den = inf``."""
+  rng = np.random.default_rng(11)
+  den = rng.integers(1, 0x7F800000, 200_000, dtype=np.int64).astype(np.uint32).view(np.float32)
+  den = np.concatenate([den, np.float32([1e-45, 1.1754942e-38, 1.1754944e-38, 3.4028235e38, 1.0, 3.0, 448.0,
+                                         2688.0, np.inf])])
+  div = jax.jit(reference.div_rn)
+  for num in np.float32([2688.0, 1.0, 1e-45, 3.4028235e38, 0.1, 7e-39]):
+    with np.errstate(over="ignore", under="ignore"):
+      want = (num / den).astype(np.float32)
+    np.testing.assert_array_equal(bits(np.asarray(div(jnp.float32(num), jnp.asarray(den)))), bits(want),
+                                  err_msg=f"{num} / den")
+
+
 def test_tensor_scale_attention_matches_float64_oracle():
   """qkv_scale="tensor": forward and gradients against the float64 oracle fed the oracle's two-level Q, K, V
   (with lengths); NaN in a live key reaches the output. (The Triton kernels: tests/test_numerics_modes_triton.py.)"""

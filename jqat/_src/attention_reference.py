@@ -58,12 +58,55 @@ def _fill(value, shape, *like):
   return out
 
 
+def _significand(x):
+  """(M, E) with ``x == M * 2**E`` and M in [2**23, 2**24), for FP32 ``x > 0`` finite (subnormals normalized)."""
+  bits = lax.bitcast_convert_type(x, jnp.int32)
+  field, frac = bits >> 23, bits & 0x7FFFFF
+  m = jnp.where(field > 0, frac | 0x800000, frac)
+  e = jnp.where(field > 0, field - 150, -149)
+  shift = jnp.maximum(lax.clz(m) - 8, 0)  # a subnormal's leading bit moved up to bit 23
+  return m << shift, e - shift
+
+
+def div_rn(num, den):
+  """``num / den`` in FP32, correctly rounded (IEEE round-to-nearest-even, subnormal results and overflow to
+  inf included), for ``num > 0`` finite and ``den > 0`` (``den == inf`` gives 0).
+
+  XLA's GPU division is not correctly rounded: ``2688 / amax`` came out one ulp off on the H200 (run 38,
+  docs/VERIFICATION.md), which moved fq(enc * x) codes. This one divides the integer significands bit by
+  bit (exact int32 arithmetic, the same on every backend): Q = floor(Mn * 2**26 / Md) and its remainder, then
+  rounds Q to the result's precision."""
+  mn, en = _significand(num)
+  md, ed = _significand(den)
+  q = (mn >= md).astype(jnp.int32)  # Mn / Md is in (1/2, 2): the quotient's first bit
+  r = mn - q * md
+  for _ in range(26):  # r < Md < 2**24 stays within int32 when doubled
+    r = r << 1
+    bit = (r >= md).astype(jnp.int32)
+    r, q = r - bit * md, (q << 1) | bit
+  top = jnp.where(q >= 1 << 26, 26, 25)  # q in [2**25, 2**27): its leading bit
+  exp = en - ed - 26 + top  # the result is in [2**exp, 2**(exp + 1))
+  biased = exp + 127
+  # Bits below the result's last place: 24 significant bits when normal, fewer when subnormal.
+  drop = jnp.minimum(top - 23 + jnp.maximum(1 - biased, 0), 28)
+  kept = q >> drop
+  rest = q - (kept << drop)
+  half = 1 << (drop - 1)
+  up = (rest > half) | ((rest == half) & ((r != 0) | ((kept & 1) == 1)))
+  kept = kept + up.astype(jnp.int32)
+  # Normal: the exponent field plus the fraction (a carry out of the significand bumps the exponent);
+  # subnormal: the significand is the bit pattern (a carry to 2**23 is the smallest normal).
+  bits = jnp.where(biased >= 1, (jnp.clip(biased, 1, 255) << 23) + kept - (1 << 23), kept)
+  out = lax.bitcast_convert_type(jnp.minimum(bits, 0x7F800000), jnp.float32)  # overflow: inf
+  return jnp.where(jnp.isinf(den), 0.0, out)
+
+
 def tensor_scale(x, length=None):
   """The FP32 encode scale of ``qkv_scale="tensor"`` per (batch, head): ``[B, 1, H, 1]``.
 
   x: [B, T, H, D]; length: int32 [B] or None. amax = max |x| over the (batch, head)'s first ``length[b]``
-  rows (all T without lengths), all D channels; ``enc = 2688 / amax`` (IEEE FP32 division), or 1 when amax
-  is 0 or not finite (a zero slab; an infinite or NaN one, whose blocks then saturate or turn NaN exactly
+  rows (all T without lengths), all D channels; ``enc = 2688 / amax`` (IEEE FP32 division, :func:`div_rn`), or 1
+  when amax is 0 or not finite (a zero slab; an infinite or NaN one, whose blocks then saturate or turn NaN exactly
   as under "block").
   """
   ax = jnp.abs(x.astype(jnp.float32))
@@ -72,15 +115,15 @@ def tensor_scale(x, length=None):
     ax = jnp.where(jnp.arange(x.shape[1])[None, :, None, None] < length[:, None, None, None], ax, 0.0)
   amax = jnp.max(ax, axis=(1, 3), keepdims=True, initial=0.0)
   ok = jnp.isfinite(amax) & (amax > 0)
-  return jnp.where(ok, P_ROW_RANGE / jnp.where(ok, amax, 1.0), 1.0)
+  return jnp.where(ok, div_rn(jnp.float32(P_ROW_RANGE), jnp.where(ok, amax, 1.0)), 1.0)
 
 
 def fq_tensor(x, length=None):
   """Two-level NVFP4 of ``x`` [B, T, H, D] (docs/NUMERICS.md): ``(fq(enc * x), 1 / enc)`` in FP32, with
   ``enc = tensor_scale(x, length)`` and fq's blocks of 16 along D; ``fq(enc * x) * (1 / enc)`` is the
-  dequantized value. ``enc * x`` is one FP32 product, ``1 / enc`` one correctly rounded division."""
+  dequantized value. ``enc * x`` is one FP32 product, ``1 / enc`` one correctly rounded division (:func:`div_rn`)."""
   enc = tensor_scale(x, length)
-  return _fq(enc * x.astype(jnp.float32)), 1.0 / enc
+  return _fq(enc * x.astype(jnp.float32)), div_rn(jnp.float32(1.0), enc)
 
 
 def _inputs(q, k, v, cfg, qkv_scale, masks):
