@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Prepared in session 10 (run 38), not yet run: one pipelined walk over a masked program's tiles, the edge mask a
+# runtime branch (docs/logs/run38_window_single_walk.patch: window only; run38_single_walk_causal.patch: window
+# and causal), forward and dQ, against main, in one call. Build the three trees here first:
+#   R=$(pwd); git archive HEAD jqat kernels_triton ffi benchmarks > .device/main.tar
+#   for p in window_single_walk single_walk_causal; do rm -rf /tmp/t && mkdir /tmp/t && tar -xf .device/main.tar \
+#     -C /tmp/t && (cd /tmp/t && patch -p1 -s < $R/docs/logs/run38_$p.patch) && tar -cf .device/$p.tar -C /tmp/t .; done
+# then: cp docs/logs/run39a_single_walk.sh .device/ and run `bash .device/run39a_single_walk.sh` (carry .device).
+source .device/setup.sh
+CASES=16384:window1024,4096:causal,16384:causal,8192:gqa_causal,16384:packed_causal1024
+TREES="main window_single_walk single_walk_causal"
+for t in $TREES; do rm -rf /tmp/$t && mkdir -p /tmp/$t && tar -xf .device/$t.tar -C /tmp/$t; done
+for t in $TREES; do
+  PYTHONPATH=/tmp/site:/tmp/$t timeout 170 python3 docs/logs/run37_configs.py fwd $CASES default 2>&1 \
+    | grep -v -i warn | sed "s/^/$t /" | tee -a $OUT/A_ab.log
+done
+# Bits next (the same tiles in the same order; identical under the interpreter, docs/logs/run38_single_walk_*):
+#   docs/logs/run35_bits_hash.py OUT causal,gqa_causal,d80_ragged,window_lens,segments_causal_lens,row in each tree.
