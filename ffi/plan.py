@@ -310,8 +310,9 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
   qkv_scale="tensor" (docs/NUMERICS.md) adds launches before the forward: ``tensor_scale_kernel`` for Q, K, V
   (scratch ``q_enc``, ``k_enc``, ``v_enc``) and ``fake_quantize_scaled_kernel`` for K, V, in place of the
   fake-quantize launches; the forward kernel is then its ``*_tensor`` entry point.
-  With a causal mask or a window (and Q dense in storage), fq(Q) comes from the fake-quantize pass too (scratch
-  ``q_hat``) and the forward kernel reads it (``QUANTIZE_Q`` off); otherwise the kernel rounds its own Q tile."""
+  With a causal mask or a window, or D > 128 (and Q dense in storage), fq(Q) comes from the fake-quantize pass too
+  (scratch ``q_hat``) and the forward kernel reads it (``QUANTIZE_Q`` off); otherwise the kernel rounds its own Q
+  tile."""
   b, tq, n, d = q.shape
   tk, kh = k.shape[1], k.shape[2]
   strides = tuple(out_strides) if out_strides is not None else Tensor.dense(q.shape, q.dtype).strides
