@@ -64,7 +64,7 @@ def _significand(x):
   field, frac = bits >> 23, bits & 0x7FFFFF
   m = jnp.where(field > 0, frac | 0x800000, frac)
   e = jnp.where(field > 0, field - 150, -149)
-  shift = jnp.maximum(lax.clz(m) - 8, 0)  # a subnormal's leading bit moved up to bit 23
+  shift = lax.clz(m) - 8  # 0 when normal; a subnormal's leading bit moved up to bit 23 (m > 0 as x > 0)
   return m << shift, e - shift
 
 
