@@ -333,9 +333,11 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
   # fq(Q) by the pass, with K and V, where the tile walks are short or masked (causal, window): there the kernel
   # without its own Q rounding ran faster; without those masks the kernel that rounds its Q tile itself (and keeps
   # it in registers for the QK^T product) did (docs/BENCHMARKS.md, run 36). Above D = 128 that kernel is short of
-  # registers and ptxas serializes its wgmma: the pass is 12-16% faster there, masks or not (run 38).
+  # registers and ptxas serializes its wgmma: the pass is 12-16% faster there, masks or not (run 38). With packed
+  # documents (segment ids) the kernel that rounds its own Q spilled in every loop; from the pass it does not,
+  # and packed non-causal 16k with documents of 1024 ran 31% faster (run 39).
   q_pass = (cfg.quantize_qkv and not tensor and rows_dense(q)
-            and (opts.is_causal or opts.local_window_size is not None or q.shape[-1] > 128))
+            and (opts.is_causal or opts.local_window_size is not None or q.shape[-1] > 128 or mask_flags["HAS_SEG"]))
   qq = "q"
   if tensor:  # Q is quantized inside the forward kernel, from its encode scale
     (kk, vv), scratch, launches = _two_level_inputs(("k", "v"), target, buffers)

@@ -52,6 +52,11 @@ def test_plan_uses_the_strides_it_is_given():
   wide = plans.attention_forward(*map(torch_launch.describe, (wq, wk, wv)), dataclasses.replace(opts, is_causal=False),
                                  GPU, out_strides=wq.stride())
   assert wide.scratch == ("q_hat", "k_hat", "v_hat") and not wide.launches[-1].constexprs["QUANTIZE_Q"]
+  # Packed documents: the kernel that rounds its own Q spilled in every loop; fq(Q) from the pass (run 39).
+  seg_q, seg_k = plans.Tensor.dense((2, 100), "int32"), plans.Tensor.dense((2, 70), "int32")
+  packed = plans.attention_forward(*map(torch_launch.describe, (q, k, v)), dataclasses.replace(opts, is_causal=False),
+                                   GPU, out_strides=q.stride(), masks=(None, None, seg_q, seg_k))
+  assert packed.scratch[:3] == ("q_hat", "k_hat", "v_hat") and not packed.launches[-1].constexprs["QUANTIZE_Q"]
   bwd = plans.attention_backward(*map(torch_launch.describe, (q, q, k, v, q, lse)), opts, GPU)
   assert [bwd.buffers[n].strides for n in ("dq", "dk", "dv")] == [q.stride(), k.stride(), v.stride()]
   key_tiles = -(-70 // plans.backward_config(128).kv_block_n)  # the dK/dV grid: key tiles x (batch, KV head)
