@@ -43,6 +43,7 @@ from jqat.kernels_triton.attention_common import (
   program_tile,
   q_tile_range,
   qk_dot,
+  row_tile_visible,
   visible,
 )
 from jqat.kernels_triton.nvfp4 import fq_probs_t, fq_tile
@@ -150,17 +151,20 @@ def _dq_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, of
              kv_lim, off, stride_kt, stride_vt, qk_scale, v_dec, MASKED: tl.constexpr, HEAD_DIM: tl.constexpr,
              IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, HAS_SEG: tl.constexpr,
              QK_F32: tl.constexpr, DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr,
-             QKV_TENSOR: tl.constexpr):
+             QKV_TENSOR: tl.constexpr, RUNTIME_MASK: tl.constexpr = False, edge=False):
   kn = start_n + offs_n
-  k, v = load_kv_tile(k_base, v_base, start_n, offs_n, offs_d, kv_lim, stride_kt, stride_vt, HEAD_DIM, MASKED)
+  k, v = load_kv_tile(k_base, v_base, start_n, offs_n, offs_d, kv_lim, stride_kt, stride_vt, HEAD_DIM,
+                      MASKED or RUNTIME_MASK)
   p = tl.math.exp2(qk_dot(q, k, QK_F32, DOT_PREC) * qk_scale - lse2[:, None])
   if MASKED:
-    seg_k = kn
-    if HAS_SEG:
-      seg_k = tl.load(kv_seg_base + kn, mask=kn < kv_lim, other=0)
-    valid = visible(offs_m[:, None], kn[None, :], seg_q[:, None], seg_k[None, :], q_lim, kv_lim, off, IS_CAUSAL,
-                    WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG)
+    valid = row_tile_visible(offs_m, kn, seg_q, kv_seg_base, q_lim, kv_lim, off, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT,
+                             HAS_SEG)
     p = tl.where(valid, p, 0.0)
+  elif RUNTIME_MASK:
+    if edge:
+      valid = row_tile_visible(offs_m, kn, seg_q, kv_seg_base, q_lim, kv_lim, off, IS_CAUSAL, WINDOW_LEFT,
+                               WINDOW_RIGHT, HAS_SEG)
+      p = tl.where(valid, p, 0.0)
   dp = qk_dot(do, v, QK_F32, DOT_PREC)
   if QKV_TENSOR:  # v holds fq(enc_v V): dO . V_hat^T is v_dec times the product
     dp = dp * v_dec
@@ -240,18 +244,25 @@ def _attention_bwd_dq(
   if HAS_SEG:  # packed documents: only the keys of this block's segments; unmasked inside a lone segment
     lo, a, c, hi = narrow_to_segments(lo, a, c, hi, seg_q, offs_m < q_lim, kv_seg_base, kv_lim,
                                       tl.load(seg_sorted_ptr + b), BLOCK_N)
-  for i in range(0, a - lo, BLOCK_N):  # from 0, as the forward's first walk (ptxas serialized range(lo, a))
-    dq = _dq_tile(dq, q, do, lse2, delta, k_base, v_base, lo + i, offs_m, offs_n, offs_d, seg_q, kv_seg_base, q_lim,
-                  kv_lim, off, stride_kt, stride_vt, qk_scale, v_dec, True, HEAD_DIM, IS_CAUSAL, WINDOW_LEFT,
-                  WINDOW_RIGHT, HAS_SEG, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, QKV_TENSOR)
-  for start_n in range(a, c, BLOCK_N):
-    dq = _dq_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, offs_d, seg_q, kv_seg_base, q_lim,
-                  kv_lim, off, stride_kt, stride_vt, qk_scale, v_dec, False, HEAD_DIM, IS_CAUSAL, WINDOW_LEFT,
-                  WINDOW_RIGHT, HAS_SEG, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, QKV_TENSOR)
-  for start_n in range(c, hi, BLOCK_N):
-    dq = _dq_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, offs_d, seg_q, kv_seg_base, q_lim,
-                  kv_lim, off, stride_kt, stride_vt, qk_scale, v_dec, True, HEAD_DIM, IS_CAUSAL, WINDOW_LEFT,
-                  WINDOW_RIGHT, HAS_SEG, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, QKV_TENSOR)
+  if WINDOW_LEFT >= 0:  # a window: one pipelined walk, the mask under a runtime branch, as in the forward
+    for i in range(0, hi - lo, BLOCK_N):
+      dq = _dq_tile(dq, q, do, lse2, delta, k_base, v_base, lo + i, offs_m, offs_n, offs_d, seg_q, kv_seg_base,
+                    q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, v_dec, False, HEAD_DIM, IS_CAUSAL,
+                    WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, QKV_TENSOR, True,
+                    (lo + i < a) | (lo + i >= c))
+  else:
+    for i in range(0, a - lo, BLOCK_N):  # from 0, as the forward's first walk (ptxas serialized range(lo, a))
+      dq = _dq_tile(dq, q, do, lse2, delta, k_base, v_base, lo + i, offs_m, offs_n, offs_d, seg_q, kv_seg_base, q_lim,
+                    kv_lim, off, stride_kt, stride_vt, qk_scale, v_dec, True, HEAD_DIM, IS_CAUSAL, WINDOW_LEFT,
+                    WINDOW_RIGHT, HAS_SEG, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, QKV_TENSOR)
+    for start_n in range(a, c, BLOCK_N):
+      dq = _dq_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, offs_d, seg_q, kv_seg_base, q_lim,
+                    kv_lim, off, stride_kt, stride_vt, qk_scale, v_dec, False, HEAD_DIM, IS_CAUSAL, WINDOW_LEFT,
+                    WINDOW_RIGHT, HAS_SEG, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, QKV_TENSOR)
+    for start_n in range(c, hi, BLOCK_N):
+      dq = _dq_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, offs_d, seg_q, kv_seg_base, q_lim,
+                    kv_lim, off, stride_kt, stride_vt, qk_scale, v_dec, True, HEAD_DIM, IS_CAUSAL, WINDOW_LEFT,
+                    WINDOW_RIGHT, HAS_SEG, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, QKV_TENSOR)
   tl.store(dq_ptr + q_off, cast_out(dq * dq_scale, dq_ptr, SOFT_BF16), mask=ok)
 
 

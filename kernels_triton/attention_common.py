@@ -198,6 +198,18 @@ def visible(rows, keys, seg_q, seg_k, q_lim, kv_lim, off, IS_CAUSAL: tl.constexp
 
 
 @triton.jit
+def row_tile_visible(offs_m, kn, seg_q, kv_seg_base, q_lim, kv_lim, off, IS_CAUSAL: tl.constexpr,
+                     WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, HAS_SEG: tl.constexpr):
+  """:func:`visible` for a ``[rows, keys]`` tile of the query-major kernels (forward, dQ): rows ``offs_m`` with
+  segment ids ``seg_q``, keys ``kn``, whose segment ids it loads from ``kv_seg_base`` (with HAS_SEG)."""
+  seg_k = kn
+  if HAS_SEG:
+    seg_k = tl.load(kv_seg_base + kn, mask=kn < kv_lim, other=0)
+  return visible(offs_m[:, None], kn[None, :], seg_q[:, None], seg_k[None, :], q_lim, kv_lim, off, IS_CAUSAL,
+                 WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG)
+
+
+@triton.jit
 def _clamp(x, lo, hi):
   return tl.minimum(tl.maximum(x, lo), hi)
 

@@ -19,7 +19,7 @@ decode scales 1 / enc folded into the softmax scale (Q, K) and the final normali
 K and V arrive already fake-quantized (``fake_quantize_rows_kernel`` writes fq(K),
 fq(V) once, instead of every query block re-quantizing them); Q is quantized
 here, once per program (QUANTIZE_Q), or arrives from the same pass (causal,
-windowed and D > 128 plans, ``ffi/plan.py``). The softmax runs in base 2 with log2(e) folded into
+windowed, packed and D > 128 plans, ``ffi/plan.py``). The softmax runs in base 2 with log2(e) folded into
 the scale: exp2(x * log2 e) equals exp(x) to within FP32 rounding, so fq(p)
 rounds as in the reference except where p sits on a rounding boundary.
 """
@@ -45,7 +45,7 @@ from jqat.kernels_triton.attention_common import (
   narrow_to_segments,
   program_tile,
   qk_dot,
-  visible,
+  row_tile_visible,
 )
 from jqat.kernels_triton.nvfp4 import fq_probs, fq_tile
 
@@ -79,21 +79,26 @@ def _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs
              IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, HAS_SEG: tl.constexpr,
              QUANTIZE_P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QK_F32: tl.constexpr,
              DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr,
-             HW_E2M1: tl.constexpr, P_ROW_RANGE: tl.constexpr):
+             HW_E2M1: tl.constexpr, P_ROW_RANGE: tl.constexpr, RUNTIME_MASK: tl.constexpr = False, edge=False):
   """One KV tile of the online softmax; MASKED for tiles that a mask hides in part (``visible``).
+  RUNTIME_MASK (with MASKED off): loads masked, the elementwise mask applied where ``edge`` (a runtime flag) is
+  true; one loop walks a window's edge and middle tiles.
 
   P_ROW_RANGE: 0 for p_scale="block"; R > 0 quantizes R * p (p <= 1, its row max 1 maps to R = 6 * 448).
   """
   kn = start_n + offs_n
-  k, v = load_kv_tile(k_base, v_base, start_n, offs_n, offs_d, kv_lim, stride_kt, stride_vt, HEAD_DIM, MASKED)
+  k, v = load_kv_tile(k_base, v_base, start_n, offs_n, offs_d, kv_lim, stride_kt, stride_vt, HEAD_DIM,
+                      MASKED or RUNTIME_MASK)
   s = qk_dot(q, k, QK_F32, DOT_PREC) * qk_scale  # log2 units
   if MASKED:
-    seg_k = kn
-    if HAS_SEG:
-      seg_k = tl.load(kv_seg_base + kn, mask=kn < kv_lim, other=0)
-    valid = visible(offs_m[:, None], kn[None, :], seg_q[:, None], seg_k[None, :], q_lim, kv_lim, off, IS_CAUSAL,
-                    WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG)
+    valid = row_tile_visible(offs_m, kn, seg_q, kv_seg_base, q_lim, kv_lim, off, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT,
+                             HAS_SEG)
     s = tl.where(valid, s, float("-inf"))
+  elif RUNTIME_MASK:
+    if edge:
+      valid = row_tile_visible(offs_m, kn, seg_q, kv_seg_base, q_lim, kv_lim, off, IS_CAUSAL, WINDOW_LEFT,
+                               WINDOW_RIGHT, HAS_SEG)
+      s = tl.where(valid, s, float("-inf"))
   m_new = tl.maximum(m, tl.max(s, axis=1))
   m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
   if QUANTIZE_P and P_ROW_RANGE > 0:
@@ -198,23 +203,36 @@ def _attention_fwd(
   if HAS_SEG:  # packed documents: only the keys of this block's segments; unmasked inside a lone segment
     lo, a, c, hi = narrow_to_segments(lo, a, c, hi, seg_q, offs_m < q_lim, kv_seg_base, kv_lim,
                                       tl.load(seg_sorted_ptr + b), BLOCK_N)
-  # The first walk counts from 0: written as range(lo, a), with the window's lo, ptxas serialized every wgmma
-  # of the kernel ("non wgmma instructions defining accumulator registers", docs/PERFORMANCE.md, run 37).
-  for i in range(0, a - lo, BLOCK_N):
-    acc, acc_hp, m, l = _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, lo + i, offs_m, offs_n, offs_d, seg_q,
-                                 kv_seg_base, q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, True, HEAD_DIM,
-                                 IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N, QK_F32,
-                                 DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE)
-  for start_n in range(a, c, BLOCK_N):
-    acc, acc_hp, m, l = _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, seg_q,
-                                 kv_seg_base, q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, False, HEAD_DIM,
-                                 IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N, QK_F32,
-                                 DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE)
-  for start_n in range(c, hi, BLOCK_N):
-    acc, acc_hp, m, l = _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, seg_q,
-                                 kv_seg_base, q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, True, HEAD_DIM,
-                                 IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N, QK_F32,
-                                 DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE)
+  if WINDOW_LEFT >= 0:
+    # A window: one pipelined walk over [lo, hi), the mask applied under a runtime branch on the edge tiles. Its
+    # programs are short (17 tiles at 1024 keys); three loops filled and drained the K/V pipeline three times
+    # each: this walk is 6% faster (docs/BENCHMARKS.md, run 39). Numerics: behind the branch the middle tiles'
+    # product and max subtraction are two roundings, as the masked tiles' always were, where the unmasked loop
+    # of the other masks contracts them into one FMA (docs/NUMERICS.md, "Rounding of the exponent").
+    for i in range(0, hi - lo, BLOCK_N):
+      acc, acc_hp, m, l = _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, lo + i, offs_m, offs_n, offs_d, seg_q,
+                                   kv_seg_base, q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, False, HEAD_DIM,
+                                   IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N,
+                                   QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, True,
+                                   (lo + i < a) | (lo + i >= c))
+  else:
+    # The first walk counts from 0: written as range(lo, a), with the window's lo, ptxas serialized every wgmma
+    # of the kernel ("non wgmma instructions defining accumulator registers", docs/PERFORMANCE.md, run 37).
+    for i in range(0, a - lo, BLOCK_N):
+      acc, acc_hp, m, l = _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, lo + i, offs_m, offs_n, offs_d, seg_q,
+                                   kv_seg_base, q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, True, HEAD_DIM,
+                                   IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N, QK_F32,
+                                   DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE)
+    for start_n in range(a, c, BLOCK_N):
+      acc, acc_hp, m, l = _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, seg_q,
+                                   kv_seg_base, q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, False, HEAD_DIM,
+                                   IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N, QK_F32,
+                                   DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE)
+    for start_n in range(c, hi, BLOCK_N):
+      acc, acc_hp, m, l = _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, seg_q,
+                                   kv_seg_base, q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, True, HEAD_DIM,
+                                   IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N, QK_F32,
+                                   DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE)
 
   # No visible key (or a padded query row, which the unmasked tiles do not hide): O = O' = 0, lse = -inf.
   empty = (l == 0.0) | (offs_m >= q_lim)
