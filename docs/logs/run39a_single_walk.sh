@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Not run as such: session 11 ran the same A/B, with the trees of all three patches and more cases, in one call
+# (docs/logs/run39a.sh, logs/run39a_ab.log).
 # Prepared in session 10 (run 38), not yet run: one pipelined walk over a masked program's tiles, the edge mask a
 # runtime branch (docs/logs/run38_window_single_walk.patch: window only; run38_single_walk_causal.patch: window
 # and causal), forward and dQ; and fq(Q) from the pass for packed documents (run38_segments_qpass.patch: the
