@@ -205,7 +205,7 @@ def _fake_quantize(src: str, dst: str, x: Tensor, target: Target) -> Launch:
   rows = x.size // d
   grid, launch = knv.fake_quantize_launch(rows, d)
   return Launch(f"jqat_nvfp4_fake_quantize_{src}", knv.fake_quantize_rows_kernel, grid, (Ref(src), rows, d, d, d),
-                (dst,), {"BLOCK_R": launch["BLOCK_R"], "BLOCK_C": launch["BLOCK_C"], **target.quant_flags()},
+                (dst,), {key: launch[key] for key in ("BLOCK_R", "BLOCK_C", "EVEN")} | target.quant_flags(),
                 launch["num_warps"], launch["num_stages"])
 
 

@@ -138,26 +138,35 @@ def e2m1_dequant(ax, s, AXIS: tl.constexpr, HW_E2M1: tl.constexpr):
 
 
 @triton.jit
-def fq_tile(x, valid, ROWS: tl.constexpr, COLS: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr):
+def fq_tile(x, valid, ROWS: tl.constexpr, COLS: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr,
+            ALL_VALID: tl.constexpr = False):
   """Fake-quantizes ``x: [ROWS, COLS] fp32`` in blocks of 16 along axis 1 (COLS % 16 == 0).
 
   valid: [ROWS, COLS] bool. Invalid elements are ignored for the amax and the
   NaN check (a padded tail must not shrink or poison its block) and give +0.
   A NaN among a block's valid elements makes the block NaN; +-Inf saturates.
+  ALL_VALID: every element is valid (``valid`` is not read).
   """
   NB: tl.constexpr = COLS // 16
   x3 = tl.reshape(x, [ROWS, NB, 16])
-  v3 = tl.reshape(valid, [ROWS, NB, 16])
   ax = tl.abs(x3)
-  nan = tl.max(((x3 != x3) & v3).to(tl.int32), axis=2) > 0
-  amax = tl.max(tl.where(v3, ax, 0.0), axis=2)
+  if ALL_VALID:
+    nan = tl.max((x3 != x3).to(tl.int32), axis=2) > 0
+    amax = tl.max(ax, axis=2)
+  else:
+    v3 = tl.reshape(valid, [ROWS, NB, 16])
+    nan = tl.max(((x3 != x3) & v3).to(tl.int32), axis=2) > 0
+    amax = tl.max(tl.where(v3, ax, 0.0), axis=2)
+  # The NaN flag is its own reduction: taken from a NaN-propagating amax, the NaN block's bits became that NaN's
+  # payload (0x7FFF) in some launch configurations on the H200 (docs/BENCHMARKS.md, run 35).
   s = e4m3_block_scale(tl.where(nan, 0.0, amax), HW_E4M3)
   mag = e2m1_dequant(ax, s, 2, HW_E2M1)
   # Copy the sign bit instead of negating: Triton lowers -x to 0 - x, which loses -0.
   sign = x3.to(tl.int32, bitcast=True) & -0x80000000
   out = (mag.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
   out = tl.where(nan[:, :, None], float("nan"), out)
-  out = tl.where(v3, out, 0.0)
+  if not ALL_VALID:
+    out = tl.where(v3, out, 0.0)
   return tl.reshape(out, [ROWS, COLS])
 
 
@@ -211,20 +220,26 @@ def fq_probs_t(pt, ROWS: tl.constexpr, COLS: tl.constexpr, HW_E4M3: tl.constexpr
 
 @triton.jit
 def fake_quantize_kernel(x_ptr, rows, cols, stride_x, stride_out, out_ptr, BLOCK_R: tl.constexpr,
-                         BLOCK_C: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr):
+                         BLOCK_C: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr,
+                         EVEN: tl.constexpr = False):
   """``out = fq(x)`` along the last axis of a 2-D view ``x: [rows, cols]`` (bf16, fp16 or fp32).
 
   Grid: (cdiv(rows, BLOCK_R), cdiv(cols, BLOCK_C)); BLOCK_C % 16 == 0, so
   blocks of 16 start at column 0 and a ragged tail block is masked. Row
   offsets are 64-bit: rows * stride may exceed 2**31.
+  EVEN: ``rows % BLOCK_R == 0`` and ``cols % BLOCK_C == 0`` (no tile has a tail: no masks).
   """
   r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
   c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-  valid = (r[:, None] < rows) & (c[None, :] < cols)
   r64 = r.to(tl.int64)[:, None]
-  x = tl.load(x_ptr + r64 * stride_x + c[None, :], mask=valid, other=0.0).to(tl.float32)
-  y = fq_tile(x, valid, BLOCK_R, BLOCK_C, HW_E4M3, HW_E2M1)
-  tl.store(out_ptr + r64 * stride_out + c[None, :], y.to(out_ptr.dtype.element_ty), mask=valid)
+  x_at, out_at = x_ptr + r64 * stride_x + c[None, :], out_ptr + r64 * stride_out + c[None, :]
+  if EVEN:
+    y = fq_tile(tl.load(x_at).to(tl.float32), None, BLOCK_R, BLOCK_C, HW_E4M3, HW_E2M1, True)
+    tl.store(out_at, y.to(out_ptr.dtype.element_ty))
+  else:
+    valid = (r[:, None] < rows) & (c[None, :] < cols)
+    y = fq_tile(tl.load(x_at, mask=valid, other=0.0).to(tl.float32), valid, BLOCK_R, BLOCK_C, HW_E4M3, HW_E2M1)
+    tl.store(out_at, y.to(out_ptr.dtype.element_ty), mask=valid)
 
 
 def fake_quantize_launch(rows: int, cols: int) -> tuple[tuple[int, int], dict]:
@@ -234,12 +249,14 @@ def fake_quantize_launch(rows: int, cols: int) -> tuple[tuple[int, int], dict]:
   block_c = min(128, triton.next_power_of_2(cols))
   block_r = max(1, 2048 // block_c)
   grid = (triton.cdiv(rows, block_r), triton.cdiv(cols, block_c))
-  return grid, {"BLOCK_R": block_r, "BLOCK_C": block_c, "num_warps": 4, "num_stages": 1}
+  even = rows % block_r == 0 and cols % block_c == 0
+  return grid, {"BLOCK_R": block_r, "BLOCK_C": block_c, "EVEN": even, "num_warps": 4, "num_stages": 1}
 
 
 @triton.jit
 def fake_quantize_rows_kernel(x_ptr, rows, cols, stride_x, stride_out, out_ptr, BLOCK_R: tl.constexpr,
-                              BLOCK_C: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr):
+                              BLOCK_C: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr,
+                              EVEN: tl.constexpr = False):
   """``nvfp4.fake_quantize_kernel`` (same arguments, same result) for ``cols % 16 == 0`` and strides
   that are multiples of 16, as for Q, K, V here (D % 16 == 0).
 
@@ -247,7 +264,7 @@ def fake_quantize_rows_kernel(x_ptr, rows, cols, stride_x, stride_out, out_ptr, 
   does not specialize integers) it emitted 2-byte LDG.E.U16 / STG.E.U16.
   """
   fake_quantize_kernel(x_ptr, rows, cols // 16 * 16, stride_x // 16 * 16, stride_out // 16 * 16, out_ptr, BLOCK_R,
-                       BLOCK_C, HW_E4M3, HW_E2M1)
+                       BLOCK_C, HW_E4M3, HW_E2M1, EVEN)
 
 
 # ----------------------------------------------------------------------------- qkv_scale="tensor"

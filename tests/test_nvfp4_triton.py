@@ -218,10 +218,12 @@ def test_block_scale_paths_agree_on_every_fp32_gpu():
   assert (counts >= 0).all() and counts.sum() == 0, f"{counts.sum()} mismatches, first block {np.argmax(counts > 0)}"
 
 
+@pytest.mark.parametrize("even", [False, True])
 @pytest.mark.parametrize("block_r,num_warps", [(8, 4), (16, 4), (32, 4), (32, 8), (64, 2)])
-def test_nan_block_bits_do_not_depend_on_launch(block_r, num_warps):
+def test_nan_block_bits_do_not_depend_on_launch(block_r, num_warps, even):
   """A NaN block reads 0x7FC0 (bf16) in every layout: on the H200 the block's NaN once took the max.NaN
-  result's payload (0x7FFF) in some launch configurations only (run 35); the other values are the oracle's."""
+  result's payload (0x7FFF) in some launch configurations only (run 35); the other values are the oracle's.
+  even: the unmasked variant (EVEN, no tile with a tail), as the plans launch it for whole tiles."""
   device = kernel_device()
   rng = np.random.default_rng(3)
   x32 = torch.from_numpy(rng.normal(size=(64, 128)).astype(np.float32) * 3).to(torch.bfloat16).float().numpy()
@@ -229,7 +231,8 @@ def test_nan_block_bits_do_not_depend_on_launch(block_r, num_warps):
   x = torch.from_numpy(x32).to(torch.bfloat16).to(device)
   out = torch.empty_like(x)
   knv.fake_quantize_rows_kernel[(triton.cdiv(64, block_r), 1)](x, 64, 128, 128, 128, out, BLOCK_R=block_r,
-                                                               BLOCK_C=128, num_warps=num_warps, **_flags(device))
+                                                               BLOCK_C=128, EVEN=even, num_warps=num_warps,
+                                                               **_flags(device))
   raw = out.view(torch.int16).cpu().numpy().astype(np.uint16)
   assert (raw[5, :16] == 0x7FC0).all() and not np.isnan(out.float().cpu().numpy()[np.arange(64) != 5]).any()
   want = torch.from_numpy(fq_oracle(x32).astype(np.float32)).to(torch.bfloat16).float().numpy()

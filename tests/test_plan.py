@@ -262,3 +262,14 @@ def test_jax_binding_launches_the_plan(monkeypatch, qkv_scale):
                         GPU, heads=2, group=32, fp8=False, e4m3_scale=False, amax_floor=6 * 2.0**-126)
   jax_launch.execute(rope, x, jnp.zeros((8, 64), jnp.float32), jnp.zeros((4,), jnp.int32))
   assert calls[-1]["aliases"] == {0: 0}
+
+
+def test_quantize_pass_drops_its_masks_only_for_whole_tiles():
+  """EVEN (no bounds masks in the quantize pass) only where every tile is whole: rows a multiple of BLOCK_R and D
+  of BLOCK_C. 2 x 100 x 8 rows of Q fill tiles of 16; 2 x 70 x 2 rows of K and V do not; D = 80 never does."""
+  for d, want in ((128, {"q": True, "k": False, "v": False}), (80, {"q": False, "k": False, "v": False})):
+    q, k, v = _bhsd_views(2, 8, 2, 100, 70, d)
+    fwd = plans.attention_forward(*map(torch_launch.describe, (q, k, v)), AttentionOptions(0.1, True), GPU,
+                                  out_strides=q.stride())
+    even = {la.name.rsplit("_", 1)[1]: la.constexprs["EVEN"] for la in fwd.launches if "fake_quantize" in la.name}
+    assert even == want, (d, even)
