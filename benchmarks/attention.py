@@ -225,7 +225,8 @@ def memory_accounting(b, n, s, d, causal=True, p_scale="block"):
     inputs: q, k, v; outputs: the loss (f32 scalar) and dq, dk, dv; residuals: the saved forward outputs
     that are not inputs (O', lse, row_max with p_scale="row");
     forward_transients: the forward plan's scratch (fq(K), fq(V), and fq(Q) when causal or windowed) and O,
-    which only the loss reads;
+    which only the loss reads (jqat.attention's VJP keeps the forward's fq(K), fq(V) for the backward, where
+    they become dk's and dv's storage: the same bytes, counted once, as outputs);
     backward_transients: dO (the cotangent XLA materializes for the backward's custom calls) and the
     backward plan's scratch (delta; fq(K), fq(V) live in dk's and dv's storage and fq(Q) in O''s, as the
     JAX binding plans it: ``backward_in_outputs``).

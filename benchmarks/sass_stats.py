@@ -144,7 +144,7 @@ def main(argv=None):
                           qkv_scale=args.qkv_scale, local_window_size=(args.window - 1, 0) if args.window else None)
   target = P.Target((args.arch // 10, args.arch % 10))
   fwd_cfg = P.kfwd.ForwardConfig(**{**vars(P.forward_config(args.head_dim)), **P.parse_config(args.fwd_config, "fwd")})
-  bwd_cfg = P.kbwd.BackwardConfig(**{**vars(P.backward_config(args.head_dim)),
+  bwd_cfg = P.kbwd.BackwardConfig(**{**vars(P.backward_config(args.head_dim, bool(args.window))),
                                      **P.parse_config(args.bwd_config, "bwd")})
   seg = P.Tensor.dense((args.batch, args.seq), "int32")
   masks = (None, None, seg, seg) if args.segments else P.NO_MASKS

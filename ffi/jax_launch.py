@@ -115,17 +115,18 @@ def _partitioned(run, spec: partitioning.OpSpec, launcher: str):
 # The op functions are cached per launcher too: JAX caches what it traced of a function, so one function
 # object per launcher keeps a trace for one launcher from serving the other.
 @functools.cache
-def _forward_fn(opts: AttentionOptions, config, present: tuple[bool, ...], launcher: str):
+def _forward_fn(opts: AttentionOptions, config, present: tuple[bool, ...], launcher: str, kept: tuple[str, ...]):
   def run(q, k, v, *masks):  # on the local shard: the plan is built from the shapes it sees
     plan = plans.attention_forward(dense(q), dense(k), dense(v), opts, target(launcher), config=config,
-                                   masks=_mask_tensors(present, masks))
+                                   masks=_mask_tensors(present, masks), keep_quantized=bool(kept))
     return execute(plan, q, k, v, *masks, launcher=launcher)
-  spec = partitioning.attention_forward_spec(present, row_max=opts.p_scale == "row")
+  spec = partitioning.attention_forward_spec(present, row_max=opts.p_scale == "row", kept=kept)
   return fold_batch(_partitioned(run, spec, launcher), 3 + sum(present))
 
 
 @functools.cache
-def _backward_fn(opts: AttentionOptions, config, present: tuple[bool, ...], launcher: str):
+def _backward_fn(opts: AttentionOptions, config, present: tuple[bool, ...], launcher: str,
+                 quantized: tuple[str, ...]):
   row = opts.p_scale == "row"
 
   def run(do, q, k, v, o_for_delta, lse, *rest):  # rest: row_max (p_scale="row"), then the masks
@@ -133,36 +134,40 @@ def _backward_fn(opts: AttentionOptions, config, present: tuple[bool, ...], laun
     plan = plans.attention_backward(*map(dense, (do, q, k, v, o_for_delta, lse)), opts, target(launcher),
                                     config=config, masks=_mask_tensors(present, masks),
                                     row_max=dense(stats[0]) if row else None,
-                                    q_hat_over_out=True)  # O' is dead after delta: XLA keeps any other reader safe
+                                    q_hat_over_out=True,  # O' is dead after delta: XLA keeps any other reader safe
+                                    quantized=quantized)
     return execute(plan, do, q, k, v, o_for_delta, lse, *stats, *masks, launcher=launcher)
   spec = partitioning.attention_backward_spec(present, row_max=row)
   return fold_batch(_partitioned(run, spec, launcher), 6 + row + sum(present))
 
 
-def attention_forward(query, key, value, opts: AttentionOptions, masks=plans.NO_MASKS):
+def attention_forward(query, key, value, opts: AttentionOptions, masks=plans.NO_MASKS, *, keep_quantized=False):
   """QAT forward on the GPU: ``(O, O', lse)``.
 
   query: [B, Tq, N, D]; key, value: [B, Tk, K, D] (N % K == 0, D % 16 == 0), one float dtype.
   masks: ``(q_len [B], kv_len [B], q_seg [B, Tq], kv_seg [B, Tk])`` int32, each optional (None); they lead
   with B like every other operand, so vmap folds them into the batch too.
   Returns O, O' [B, Tq, N, D] in the query dtype and lse [B, N, Tq] fp32; with ``opts.p_scale == "row"``
-  also row_max [B, N, Tq] fp32.
+  also row_max [B, N, Tq] fp32. keep_quantized: then also fq(X) for each X of ``jqat.ffi.plan.kept_quantized``
+  (fq(K), fq(V): the quantize passes' outputs, which :func:`attention_backward` takes as ``quantized``).
   """
   present = tuple(m is not None for m in masks)
-  fn = _forward_fn(opts, plans.forward_config(query.shape[-1]), present, callback_launch.launcher())
+  kept = plans.kept_quantized(opts) if keep_quantized else ()
+  fn = _forward_fn(opts, plans.forward_config(query.shape[-1]), present, callback_launch.launcher(), kept)
   return fn(query, key, value, *(m for m in masks if m is not None))
 
 
 def attention_backward(d_out, query, key, value, out_for_delta, lse, opts: AttentionOptions, masks=plans.NO_MASKS, *,
-                       row_max=None):
+                       row_max=None, quantized: tuple[str, ...] = ()):
   """QAT backward on the GPU: ``(dQ, dK, dV)`` in the dtypes of query, key, value.
 
   d_out, out_for_delta: [B, Tq, N, D]; query [B, Tq, N, D]; key, value [B, Tk, K, D];
   lse (and, with p_scale="row", row_max): [B, N, Tq] fp32 from :func:`attention_forward`; masks: those of
-  the forward.
+  the forward. quantized: the names among k, v whose argument is the forward's fq(X) (``keep_quantized``).
   """
   present = tuple(m is not None for m in masks)
-  fn = _backward_fn(opts, plans.backward_config(query.shape[-1]), present, callback_launch.launcher())
+  config = plans.backward_config(query.shape[-1], opts.local_window_size is not None)
+  fn = _backward_fn(opts, config, present, callback_launch.launcher(), tuple(quantized))
   stats = (row_max,) if opts.p_scale == "row" else ()
   return fn(d_out, query, key, value, out_for_delta, lse, *stats, *(m for m in masks if m is not None))
 

@@ -69,11 +69,16 @@ def _masks(present) -> tuple:
   return tuple(axes for axes, p in zip(_MASK_AXES, present) if p)
 
 
-def attention_forward_spec(present=(), row_max: bool = False) -> OpSpec:
-  """q, k, v and the present mask operands -> O, O', lse (and row_max with p_scale="row")."""
+_QKV_AXES = {"q": "btnd", "k": "bskd", "v": "bskd"}
+
+
+def attention_forward_spec(present=(), row_max: bool = False, kept=()) -> OpSpec:
+  """q, k, v and the present mask operands -> O, O', lse (and row_max with p_scale="row"), then fq(X) for each
+  name X of ``kept`` (the plan's ``keep_quantized`` outputs)."""
   return OpSpec("attention forward",
                 (("query", "btnd"), ("key", "bskd"), ("value", "bskd")) + _masks(present),
-                (("out", "btnd"), ("out_high_precision", "btnd"), ("lse", "bnt")) + (("row_max", "bnt"),) * row_max,
+                (("out", "btnd"), ("out_high_precision", "btnd"), ("lse", "bnt")) + (("row_max", "bnt"),) * row_max
+                + tuple((f"fq_{name}", _QKV_AXES[name]) for name in kept),
                 frozenset("d"))
 
 

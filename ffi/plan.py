@@ -184,9 +184,10 @@ def forward_config(head_dim: int) -> kfwd.ForwardConfig:
   return _launch_config("fwd", kfwd.forward_config(head_dim))
 
 
-def backward_config(head_dim: int) -> kbwd.BackwardConfig:
-  """The backward's launch configuration for ``head_dim``: defaults, then environment, then override."""
-  return _launch_config("bwd", kbwd.backward_config(head_dim))
+def backward_config(head_dim: int, windowed: bool = False) -> kbwd.BackwardConfig:
+  """The backward's launch configuration for ``head_dim`` (``windowed``: with a local window): defaults, then
+  environment, then override."""
+  return _launch_config("bwd", kbwd.backward_config(head_dim, windowed))
 
 
 # ----------------------------------------------------------------------------- attention
@@ -301,8 +302,20 @@ def _tensor_mode(opts: AttentionOptions) -> bool:
   return opts.qkv_scale == "tensor" and opts.config.quantize_qkv
 
 
+def kept_quantized(opts: AttentionOptions) -> tuple[str, ...]:
+  """Which of q, k, v the forward returns fake-quantized under ``keep_quantized``: K and V whenever the plans
+  quantize them by a pass (``quantize_qkv``, qkv_scale="block").
+
+  Not Q: the backward forms fq(Q) in the delta launch, over O''s storage, which is dead then. Kept from the
+  forward instead, fq(Q) and O' are both live in the backward: jax.grad at (1, 8, 65536, 128) causal peaked at
+  1212 MB against 1078 (issue 13's memory bound, 1.2x of inputs + outputs + residuals, exceeded: 1.287x;
+  docs/BENCHMARKS.md, run 40e), for a 42 us saving at 16k."""
+  return ("k", "v") if opts.config.quantize_qkv and not _tensor_mode(opts) else ()
+
+
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, target: Target, *,
-                      out_strides=None, config: kfwd.ForwardConfig | None = None, masks=NO_MASKS) -> Plan:
+                      out_strides=None, config: kfwd.ForwardConfig | None = None, masks=NO_MASKS,
+                      keep_quantized: bool = False) -> Plan:
   """Plan of the QAT forward: outputs ``o``, ``o_hp`` (``[B, Tq, N, D]``, strides ``out_strides``, default dense)
   and ``lse`` (``[B, N, Tq]`` fp32, dense); with ``opts.p_scale == "row"`` also ``row_max`` (``[B, N, Tq]``
   fp32, dense: the final row max, natural units). q: ``[B, Tq, N, D]``; k, v: ``[B, Tk, K, D]``, N % K == 0.
@@ -312,7 +325,10 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
   fake-quantize launches; the forward kernel is then its ``*_tensor`` entry point.
   With a causal mask or a window, or D > 128 (and Q dense in storage), fq(Q) comes from the fake-quantize pass too
   (scratch ``q_hat``) and the forward kernel reads it (``QUANTIZE_Q`` off); otherwise the kernel rounds its own Q
-  tile."""
+  tile.
+  keep_quantized: fq(K), fq(V) (:func:`kept_quantized`) are outputs after the others (``k_hat``, ``v_hat``, with
+  K's and V's shapes and strides), not scratch: a backward given them (:func:`attention_backward`'s
+  ``quantized``) needs no quantize pass for them."""
   b, tq, n, d = q.shape
   tk, kh = k.shape[1], k.shape[2]
   strides = tuple(out_strides) if out_strides is not None else Tensor.dense(q.shape, q.dtype).strides
@@ -325,9 +341,14 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
   if row:
     buffers["row_max"] = Tensor.dense((b, n, tq), "float32")
     outputs += ("row_max",)
-  if q.size == 0 or k.size == 0:  # no rows, or no keys: O = O' = 0, lse = row_max = -inf
-    return Plan(buffers, inputs, (), outputs, (), {"o": 0.0, "o_hp": 0.0, "lse": float("-inf"),
-                                                   **({"row_max": float("-inf")} if row else {})})
+  kept = tuple(f"{name}_hat" for name in kept_quantized(opts)) if keep_quantized else ()
+  for hat in kept:
+    buffers[hat] = buffers[hat[0]]
+  if q.size == 0 or k.size == 0:  # no rows, or no keys: O = O' = 0, lse = row_max = -inf; kept fq(X) 0
+    # (an empty op's backward reads none of its inputs)
+    return Plan(buffers, inputs, (), outputs + kept, (), {"o": 0.0, "o_hp": 0.0, "lse": float("-inf"),
+                                                          **({"row_max": float("-inf")} if row else {}),
+                                                          **dict.fromkeys(kept, 0.0)})
   cfg = opts.config
   tensor = _tensor_mode(opts)
   # fq(Q) by the pass, with K and V, where the tile walks are short or masked (causal, window): there the kernel
@@ -364,12 +385,14 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
            QUANTIZE_P=cfg.quantize_p, **target.dot_flags(q.dtype), **target.quant_flags(), **flags,
            SEQ_ALIGN=seq_align(tq, tk)),
       c.num_warps, c.num_stages)
-  return Plan(buffers, inputs, scratch, outputs, launches + (fwd,))
+  scratch = tuple(name for name in scratch if name not in kept)
+  return Plan(buffers, inputs, scratch, outputs + kept, launches + (fwd,))
 
 
 def attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out_for_delta: Tensor, lse: Tensor,
                        opts: AttentionOptions, target: Target, *, config: kbwd.BackwardConfig | None = None,
-                       masks=NO_MASKS, row_max: Tensor | None = None, q_hat_over_out: bool = False) -> Plan:
+                       masks=NO_MASKS, row_max: Tensor | None = None, q_hat_over_out: bool = False,
+                       quantized: tuple[str, ...] = ()) -> Plan:
   """Plan of the QAT backward: outputs ``dq``, ``dk``, ``dv`` with the strides of q, k, v.
 
   d_out, out_for_delta, q: ``[B, Tq, N, D]``; k, v: ``[B, Tk, K, D]``; lse: ``[B, N, Tq]`` fp32 dense.
@@ -385,7 +408,10 @@ def attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out_for_d
   that fq(Q) needs no scratch. Only for executors whose buffers are values, as XLA's are: XLA orders any
   other reader of O' first, or copies it. (The torch binding keeps O' intact: autograd may read a saved
   tensor again.) Applies with quantize_qkv, qkv_scale="block" and ``o_for_delta`` laid out as q.
-  """
+  quantized: names among ``("k", "v")`` whose tensor is already fq(X), the forward's (its ``keep_quantized``
+  outputs, :func:`kept_quantized`): the kernels read it as it is, with no quantize pass, and dK, dV overwrite it
+  in place (the launch aliases it), as they do the pass's output otherwise. With quantize_qkv and
+  qkv_scale="block" only."""
   b, tq, n, d = q.shape
   tk, kh = k.shape[1], k.shape[2]
   buffers = {"do": d_out, "q": q, "k": k, "v": v, "o_for_delta": out_for_delta, "lse": lse,
@@ -406,16 +432,23 @@ def attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out_for_d
     return Plan(buffers, inputs, (), outputs, (), {"dq": 0.0, "dk": 0.0, "dv": 0.0})
   cfg = opts.config
   tensor = _tensor_mode(opts)
+  given = tuple(quantized)
+  if given and (not set(given) <= {"k", "v"} or tensor or not cfg.quantize_qkv):
+    raise ValueError(f"quantized names inputs among k, v given as fq(X), with quantize_qkv and qkv_scale='block' "
+                     f"only; got {given} (quantize_qkv={cfg.quantize_qkv}, qkv_scale={opts.qkv_scale!r})")
   q_over_o = q_hat_over_out and cfg.quantize_qkv and not tensor and out_for_delta == q
   if tensor:
     (qq, kk, vv), scratch, launches = _two_level_inputs(("q", "k", "v"), target, buffers)
-  elif q_over_o:  # fq(Q) comes from the delta launch, into O''s storage
-    (kk, vv), scratch, launches = _quantized_inputs(("k", "v"), (k, v), True, target, buffers)
-    qq = "q_hat"
-    buffers[qq] = q
   else:
-    (qq, kk, vv), scratch, launches = _quantized_inputs(("q", "k", "v"), (q, k, v), cfg.quantize_qkv, target,
-                                                        buffers)
+    # fq(Q) over O''s storage comes from the delta launch; what is given is read as it is; the rest by the pass.
+    passed = [name for name in ("q", "k", "v") if name not in given and not (name == "q" and q_over_o)]
+    hats, scratch, launches = _quantized_inputs(passed, [buffers[name] for name in passed], cfg.quantize_qkv, target,
+                                                buffers)
+    read = {"q": "q", "k": "k", "v": "v", **dict(zip(passed, hats))}
+    if q_over_o:
+      read["q"] = "q_hat"
+      buffers["q_hat"] = q
+    qq, kk, vv = read["q"], read["k"], read["v"]
   scratch += tuple(launch.outputs[0] for launch in mask_launches)
   launches += mask_launches
   buffers["delta"] = Tensor.dense((b, n, tq), "float32")
@@ -430,7 +463,7 @@ def attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out_for_d
   else:
     delta = Launch("jqat_attention_bwd_delta", kbwd.attention_bwd_delta_kernel, grid, delta_args, ("delta",),
                    delta_flags, kbwd.DELTA_LAUNCH["num_warps"], kbwd.DELTA_LAUNCH["num_stages"])
-  c = config or backward_config(d)
+  c = config or backward_config(d, opts.local_window_size is not None)
   enc_args = (Ref("q_enc"), Ref("k_enc"), Ref("v_enc")) if tensor else ()
   common = (Ref(qq), Ref(kk), Ref(vv), Ref("do"), Ref("lse"), Ref("delta"), float(opts.scale), tq, tk, n, n // kh,
             *mask_args, *enc_args, *_s3(q), *_s3(k), *_s3(v), *_s3(d_out))
@@ -444,12 +477,13 @@ def attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out_for_d
   # The dK/dV kernel's m_ptr follows delta; "block" never reads it (lse stands in).
   kv_args = common[:6] + (Ref(stats[-1]),) + common[6:]
   row_range = P_ROW_RANGE if row else 0.0
-  # fq(K) and fq(V) live in dK's and dV's storage (issue 13's memory bound: two fewer K/V-sized buffers at the
-  # backward's peak). Safe in place: the dQ kernel, which reads every key, runs first, and each dK/dV program
-  # reads only the key rows it owns and writes them after its last read.
+  # fq(K) and fq(V), the pass's or the forward's (given), live in dK's and dV's storage (issue 13's memory bound:
+  # two fewer K/V-sized buffers at the backward's peak). Safe in place: the dQ kernel, which reads every key, runs
+  # first, and each dK/dV program reads only the key rows it owns and writes them after its last read.
   in_grads = {kk: "dk", vv: "dv"} if cfg.quantize_qkv else {}
   aliases = tuple((kv_args.index(Ref(name)), ("dk", "dv").index(out)) for name, out in in_grads.items())
-  stored_in = {**in_grads, **({qq: "o_for_delta"} if q_over_o else {})}
+  stored_in = {**{hat: grad for hat, grad in in_grads.items() if hat not in given},
+               **({qq: "o_for_delta"} if q_over_o else {})}
   dkdv = Launch("jqat_attention_bwd_dkdv", dkdv_kernel, (triton.cdiv(tk, c.kv_block_n), b * kh),
                 kv_args, ("dk", "dv"),
                 dict(BLOCK_M=c.kv_block_m, BLOCK_N=c.kv_block_n, QUANTIZE_P=cfg.quantize_p_backward, **flags,

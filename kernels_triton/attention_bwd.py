@@ -73,9 +73,16 @@ BACKWARD_CONFIGS = {64: BackwardConfig(128, 32, 4, 3, 128, 32, 4, 3), 128: Backw
                     256: BackwardConfig(64, 32, 8, 2, 64, 32, 8, 2)}
 
 
-def backward_config(head_dim: int) -> BackwardConfig:
-  """The default :class:`BackwardConfig` for head dim ``head_dim`` (a multiple of 16)."""
-  return BACKWARD_CONFIGS[min((d for d in BACKWARD_CONFIGS if d >= head_dim), default=256)]
+def backward_config(head_dim: int, windowed: bool = False) -> BackwardConfig:
+  """The default :class:`BackwardConfig` for head dim ``head_dim`` (a multiple of 16); ``windowed``: with a
+  ``local_window_size``, whose dQ programs walk a window's key tiles only."""
+  config = BACKWARD_CONFIGS[min((d for d in BACKWARD_CONFIGS if d >= head_dim), default=256)]
+  if windowed and config is BACKWARD_CONFIGS[128]:
+    # A window of 1024 at 16k: 64 query rows on 4 warps, 2 stages, walk 17 key tiles of 64 instead of 128 rows' 18,
+    # with fewer masked: the dQ kernel 0.455 -> 0.421 ms on the H200 (docs/BENCHMARKS.md, run 40b). Without a
+    # window the 128-row program stays (run 37).
+    config = dataclasses.replace(config, dq_block_m=64, dq_num_warps=4, dq_num_stages=2)
+  return config
 
 
 # Launch parameters of the delta kernel (grid: (cdiv(Tq, BLOCK_M), B * N)).

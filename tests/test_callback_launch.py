@@ -89,6 +89,27 @@ def test_callback_interpreted_matches_reference(launcher, monkeypatch):
   _assert_triton_matches_xla(q, k, v, w)
 
 
+@pytest.mark.skipif(not INTERPRET, reason="the interpreter path of the callback launcher (CPU)")
+@pytest.mark.parametrize("causal", [False, True])
+def test_vjp_residuals_are_the_forwards_quantized_inputs(launcher, monkeypatch, causal):
+  """jax.vjp of jqat.attention keeps the forward's fq(K), fq(V) as residuals and its backward does not quantize
+  them again: its gradients equal, bit for bit, the explicit attention_backward's on the inputs themselves, whose
+  plan runs the quantize passes (the same Triton kernels in the interpreter on the same values; the quantizer is
+  exact)."""
+  launcher("callback")
+  monkeypatch.setattr(dispatch, "triton_unavailable_reason", lambda: None)
+  q, k, v, w = _case(1, 17, 40, 2, 1, 64, seed=int(causal))
+  do = w.astype(jnp.bfloat16)
+  o, vjp = jax.vjp(lambda q, k, v: jqat.attention(q, k, v, is_causal=causal, implementation="triton"), q, k, v)
+  got = vjp(do)
+  o2, o_hp, lse = jqat.attention_forward(q, k, v, is_causal=causal, implementation="triton")
+  want = jqat.attention_backward(do, q, k, v, o_hp, lse, is_causal=causal, implementation="triton")
+  bits = lambda x: np.asarray(x).view(np.uint16)
+  np.testing.assert_array_equal(bits(o), bits(o2))
+  for name, g, r in zip(("dQ", "dK", "dV"), got, want):
+    np.testing.assert_array_equal(bits(g), bits(r), err_msg=name)
+
+
 @pytest.mark.parametrize("mode,shape", [(("fp4", 32, "ue8m0"), (5, 3, 128)), (("fp4", 16, "e4m3"), (7, 512)),
                                         (("fp8", 32, "ue8m0"), (300, 512))], ids=str)
 def test_callback_rope_qdq_in_place(launcher, monkeypatch, mode, shape):

@@ -132,12 +132,14 @@ class _StandIn:
     import jax.numpy as jnp
 
     from jqat._src import attention_reference, rope_qdq_reference
+    from jqat.nvfp4 import fake_quantize
 
     self.seen.append((plan.outputs, tuple(tuple(a.shape) for a in arrays)))
     o = self.opts
-    if plan.outputs == ("o", "o_hp", "lse"):
+    if plan.outputs[:3] == ("o", "o_hp", "lse"):  # then fq(X) of each X the plan keeps (keep_quantized)
+      kept = [arrays["qkv".index(name[0])] for name in plan.outputs[3:]]
       return attention_reference.forward(*arrays, scale=o.scale, is_causal=o.is_causal, block_n=o.block_n,
-                                         cfg=o.config)
+                                         cfg=o.config) + tuple(fake_quantize(x).astype(x.dtype) for x in kept)
     if plan.outputs == ("dq", "dk", "dv"):
       return attention_reference.backward(*arrays, scale=o.scale, is_causal=o.is_causal, cfg=o.config)
     x, cache, positions = arrays
@@ -165,13 +167,13 @@ def _triton_wrapper(monkeypatch_execute=True):
   def attn(q, k, v):
     return jax_launch.attention_forward(q, k, v, opts)[0]
 
-  def fwd(q, k, v):
-    o, o_hp, lse = jax_launch.attention_forward(q, k, v, opts)
-    return o, (q, k, v, o_hp, lse)
+  def fwd(q, k, v):  # as jqat.attention's VJP: the forward's fq(X) are the residuals
+    o, o_hp, lse, k_hat, v_hat = jax_launch.attention_forward(q, k, v, opts, keep_quantized=True)
+    return o, (q, k_hat, v_hat, o_hp, lse)
 
   def bwd(res, d_out):
     q, k, v, o_hp, lse = res
-    return jax_launch.attention_backward(d_out, q, k, v, o_hp, lse, opts)
+    return jax_launch.attention_backward(d_out, q, k, v, o_hp, lse, opts, quantized=("k", "v"))
 
   attn.defvjp(fwd, bwd)
   return attn, stand_in
@@ -198,7 +200,8 @@ def _triton_partitioned(partitioner: str):
       got = jax_jit(f)(*args)
       # JAX traces the op once on global shapes (to build it) and the partitioner once per shard shape.
       lb, lt, ln, lk = local
-      assert (("o", "o_hp", "lse"), ((lb, lt, ln, d), (lb, lt, lk, d), (lb, lt, lk, d))) in stand_in.seen, stand_in.seen
+      assert (("o", "o_hp", "lse", "k_hat", "v_hat"), ((lb, lt, ln, d), (lb, lt, lk, d), (lb, lt, lk, d))) \
+          in stand_in.seen, stand_in.seen
       assert (("dq", "dk", "dv"), ((lb, lt, ln, d), (lb, lt, ln, d), (lb, lt, lk, d), (lb, lt, lk, d), (lb, lt, ln, d),
                                    (lb, ln, lt))) in stand_in.seen, stand_in.seen
       _check_same(got, want)

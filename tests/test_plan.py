@@ -273,3 +273,49 @@ def test_quantize_pass_drops_its_masks_only_for_whole_tiles():
                                   out_strides=q.stride())
     even = {la.name.rsplit("_", 1)[1]: la.constexprs["EVEN"] for la in fwd.launches if "fake_quantize" in la.name}
     assert even == want, (d, even)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_reads_the_forwards_quantized_inputs(causal):
+  """keep_quantized: the forward returns the fq(K), fq(V) its passes wrote, and the backward given them launches no
+  quantize pass for them, reads them as they are and overwrites them with dK, dV in place (aliases); fq(Q) still
+  comes from the delta launch, over O''s storage."""
+  q, k, v = (jnp.zeros(s, jnp.bfloat16) for s in ((2, 100, 8, 128), (2, 70, 2, 128), (2, 70, 2, 128)))
+  opts = AttentionOptions(0.1, causal)
+  kept = plans.kept_quantized(opts)
+  assert kept == ("k", "v") and plans.kept_quantized(AttentionOptions(0.1, causal, qkv_scale="tensor")) == ()
+  fwd = plans.attention_forward(*map(jax_launch.dense, (q, k, v)), opts, GPU, keep_quantized=True)
+  assert fwd.outputs == ("o", "o_hp", "lse", "k_hat", "v_hat") and not {"k_hat", "v_hat"} & set(fwd.scratch)
+  assert plans.attention_forward(*map(jax_launch.dense, (q, k, v)), opts, GPU).outputs == ("o", "o_hp", "lse")
+  bwd = plans.attention_backward(*map(jax_launch.dense, (q, q, k, v, q)), plans.Tensor.dense((2, 8, 100), "float32"),
+                                 opts, GPU, q_hat_over_out=True, quantized=kept)
+  _assert_signatures(bwd)
+  assert not [la.name for la in bwd.launches if "fake_quantize" in la.name]
+  delta, dq, dkdv = bwd.launches
+  assert delta.kernel is kbwd.attention_bwd_delta_fq_kernel and bwd.stored_in == {"q_hat": "o_for_delta"}
+  assert dq.args[:3] == (plans.Ref("q_hat"), plans.Ref("k"), plans.Ref("v"))
+  assert {(dkdv.args[i].name, dkdv.outputs[o]) for i, o in dkdv.aliases} == {("k", "dk"), ("v", "dv")}
+  assert bwd.scratch == ("delta",)
+  with pytest.raises(ValueError, match="quantized names inputs among k, v"):
+    plans.attention_backward(*map(jax_launch.dense, (q, q, k, v, q)), plans.Tensor.dense((2, 8, 100), "float32"),
+                             AttentionOptions(0.1, causal, qkv_scale="tensor"), GPU, quantized=("k", "v"))
+  with pytest.raises(ValueError, match="quantized names inputs among k, v"):
+    plans.attention_backward(*map(jax_launch.dense, (q, q, k, v, q)), plans.Tensor.dense((2, 8, 100), "float32"),
+                             opts, GPU, quantized=("q",))
+
+
+def test_windowed_backward_takes_the_window_dq_config(monkeypatch):
+  """With a local window the dQ launch (D = 128) has 64 rows on 4 warps and 2 stages (run 40b), without one the
+  default 128 rows on 8 warps; the environment still overrides either."""
+  q = plans.Tensor.dense((1, 300, 4, 128), "bfloat16")
+  lse = plans.Tensor.dense((1, 4, 300), "float32")
+
+  def dq_launch(**kw):
+    plan = plans.attention_backward(q, q, q, q, q, lse, AttentionOptions(0.1, True, **kw), GPU)
+    (dq,) = [la for la in plan.launches if la.name == "jqat_attention_bwd_dq"]
+    return dq.constexprs["BLOCK_M"], dq.num_warps, dq.num_stages
+
+  assert dq_launch(local_window_size=(127, 0)) == (64, 4, 2)
+  assert dq_launch() == (128, 8, 3)
+  monkeypatch.setenv("JQAT_ATTN_BWD_CONFIG", "dq_num_stages=3")
+  assert dq_launch(local_window_size=(127, 0)) == (64, 4, 3)

@@ -87,10 +87,32 @@ def _forward(query, key, value, masks, opts: AttentionOptions, impl: str):
   return tuple(out) + (None,) * (4 - len(out))
 
 
-def _backward(d_out, query, key, value, out_for_delta, lse, row_max, masks, opts: AttentionOptions, impl: str):
+def _forward_keeping_quantized(query, key, value, masks, opts: AttentionOptions, impl: str):
+  """``(O, O', lse, row_max, (q, k, v))`` with fq(X) in place of X where the Triton plan keeps it
+  (``jqat.ffi.plan.kept_quantized``: fq(K), fq(V)). The custom VJP saves those instead of K and V (the same
+  bytes), so its backward does not quantize them again, also where the forward and the backward are separate
+  programs or loop bodies (a scan over layers), which XLA cannot merge. Same values as :func:`_forward` and
+  :func:`_backward` on the inputs."""
+  if impl != "triton":
+    return (*_forward(query, key, value, masks, opts, impl), (query, key, value))
+  from jqat.ffi import jax_launch  # noqa: PLC0415
+  from jqat.ffi import plan as plans  # noqa: PLC0415
+  out = jax_launch.attention_forward(query, key, value, opts, masks, keep_quantized=True)
+  kept = plans.kept_quantized(opts)
+  hats = dict(zip(kept, out[len(out) - len(kept):]))
+  out = tuple(out[:len(out) - len(kept)])
+  return (*out, *(None,) * (4 - len(out)), tuple(hats.get(name, x) for name, x in zip("qkv", (query, key, value))))
+
+
+def _backward(d_out, query, key, value, out_for_delta, lse, row_max, masks, opts: AttentionOptions, impl: str,
+              quantized=False):
+  """quantized: the arguments are :func:`_forward_keeping_quantized`'s residuals (Triton: fq(X) where it kept it)."""
   if impl == "triton":
     from jqat.ffi import jax_launch  # noqa: PLC0415
-    return jax_launch.attention_backward(d_out, query, key, value, out_for_delta, lse, opts, masks, row_max=row_max)
+    from jqat.ffi import plan as plans  # noqa: PLC0415
+    kept = plans.kept_quantized(opts) if quantized else ()
+    return jax_launch.attention_backward(d_out, query, key, value, out_for_delta, lse, opts, masks, row_max=row_max,
+                                         quantized=kept)
   return _reference_backward(d_out, query, key, value, out_for_delta, lse, scale=opts.scale, is_causal=opts.is_causal,
                             cfg=opts.config, masks=masks, local_window_size=opts.local_window_size,
                             causal_alignment=opts.causal_alignment, p_scale=opts.p_scale, row_max=row_max,
@@ -188,16 +210,16 @@ def _attention(query, key, value, masks, opts: AttentionOptions, impl: str):
 
 
 def _attention_fwd(query, key, value, masks, opts, impl):
-  out, out_hp, lse, row_max = _forward(query, key, value, masks, opts, impl)
+  out, out_hp, lse, row_max, qkv = _forward_keeping_quantized(query, key, value, masks, opts, impl)
   # The softmax-gradient term must use O' (P @ V_hat); O = fq(P) @ V_hat only for the ablation.
-  return out, (query, key, value, out_hp if opts.config.high_precision_delta else out, lse, row_max, masks)
+  return out, (*qkv, out_hp if opts.config.high_precision_delta else out, lse, row_max, masks)
 
 
 def _attention_bwd(opts, impl, res, d_out):
   *res, masks = res
   res, d_out = _first_order_only(tuple(res), d_out)
   # Integer masks have no cotangent (None: a symbolic zero).
-  return (*_backward(d_out, *res, masks, opts, impl), tuple(None for _ in masks))
+  return (*_backward(d_out, *res, masks, opts, impl, quantized=True), tuple(None for _ in masks))
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
