@@ -153,7 +153,8 @@ def main(argv=None):
     plans.append(P.attention_forward(q, k, k, opts, target, config=fwd_cfg, masks=masks))
   if "bwd" in args.kernels:
     plans.append(P.attention_backward(q, q, k, k, q, stats, opts, target, config=bwd_cfg, masks=masks,
-                                      row_max=stats if args.p_scale == "row" else None))
+                                      row_max=stats if args.p_scale == "row" else None,
+                                      q_hat_over_out=True))  # as the JAX binding plans it
   report = {"args": vars(args), "kernels": {}}
   for plan in plans:
     for launch in plan.launches:
