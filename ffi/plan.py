@@ -341,9 +341,10 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
   if row:
     buffers["row_max"] = Tensor.dense((b, n, tq), "float32")
     outputs += ("row_max",)
-  kept = tuple(f"{name}_hat" for name in kept_quantized(opts)) if keep_quantized else ()
-  for hat in kept:
-    buffers[hat] = buffers[hat[0]]
+  kept = ()
+  for name in kept_quantized(opts) if keep_quantized else ():
+    buffers[f"{name}_hat"] = buffers[name]
+    kept += (f"{name}_hat",)
   if q.size == 0 or k.size == 0:  # no rows, or no keys: O = O' = 0, lse = row_max = -inf; kept fq(X) 0
     # (an empty op's backward reads none of its inputs)
     return Plan(buffers, inputs, (), outputs + kept, (), {"o": 0.0, "o_hp": 0.0, "lse": float("-inf"),
