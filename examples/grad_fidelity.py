@@ -11,7 +11,7 @@ as relative Frobenius errors ``||g - g_ref|| / ||g_ref||``, with
 
 The straight-through reference, all in float64 after the quantizers (causal, top-left):
 
-  Kq = bf16(K - mean_keys(K)) with smooth_k (fp32 mean and difference, as jqat), else K;
+  Kq = bf16(K - mean_keys(K)) with smooth_k (fp32 mean and difference: jqat's own bits, computed once), else K;
   Qh, Kh, Vh = fq(Q), fq(Kq), fq(V)            (NVFP4, fp32, blocks of 16 along D; exact values)
   S = scale * Qh Kh^T;  m_i = max_j S_ij;  l_i = sum_j exp(S_ij - m_i);  P = exp(S - m) / l   (exact softmax)
   Pt_ij = the forward's quantized probability: with t the KV tile of key j (block_n keys) and m_i^t the
@@ -44,6 +44,7 @@ import numpy as np
 import train_lm  # noqa: E402
 
 import jqat
+from jqat._src.attention import smooth_keys  # the function jqat.attention_forward(smooth_k=True) runs
 from jqat.ffi.options import DEFAULT_BLOCK_N, P_ROW_RANGE
 
 # name -> (forward/backward keywords, QATConfig switches, backward's delta from O instead of O')
@@ -64,13 +65,16 @@ def _fq(x64, axis=-1):
 
 
 def ste_gradients(query, key, value, d_out, *, scale=None, is_causal=True, block_n=DEFAULT_BLOCK_N,
-                  p_scale="block", smooth_k=False, quantized=True, block_q=256):
+                  p_scale="block", smooth_k=False, quantized=True, block_q=256, smoothed_key=None):
   """The float64 straight-through gradient of jqat's quantized forward (module docstring): ``(dQ, dK, dV)``.
 
   query, d_out: [B, Tq, N, D]; key, value: [B, Tk, K, D] (any float dtype; N % K == 0). Returns float64
   arrays of those shapes; call it inside ``with jax.enable_x64(True):``. Walks query blocks of ``block_q``
   rows, so the largest float64 temporaries are [B, N, block_q, Tk]; ``block_n`` is the forward's KV tile
-  (it sets m_i^t).
+  (it sets m_i^t). smoothed_key (with smooth_k): the SmoothK key to quantize, as jqat computed it
+  (``smooth_keys(key)``, run as jqat runs it); default: computed here. Pass jqat's own when
+  comparing with jqat: in another XLA program the FP32 mean may round differently in its last place, and one bf16
+  ulp of a smoothed key flips NVFP4 codes (on the H200 that alone put variant 5 at 0.03-0.06 from this reference).
   """
   if not jax.config.jax_enable_x64:
     raise RuntimeError("ste_gradients needs float64: call it inside `with jax.enable_x64(True):`")
@@ -84,16 +88,22 @@ def ste_gradients(query, key, value, d_out, *, scale=None, is_causal=True, block
   if block_n % 16 or block_q < 1:
     raise ValueError(f"block_n must be a multiple of 16 and block_q positive, got {block_n}, {block_q}")
   scale = d**-0.5 if scale is None else scale
-  return _ste(query, key, value, d_out, scale=float(scale), is_causal=bool(is_causal), block_n=block_n,
-              p_scale=p_scale, smooth_k=bool(smooth_k), quantized=bool(quantized), block_q=min(block_q, tq))
+  given = bool(smooth_k) and smoothed_key is not None
+  if given and (smoothed_key.shape != key.shape or smoothed_key.dtype != key.dtype):
+    raise ValueError(f"smoothed_key must match key's shape and dtype, got {smoothed_key.shape} "
+                     f"{smoothed_key.dtype} for {key.shape} {key.dtype}")
+  return _ste(query, smoothed_key if given else key, value, d_out, scale=float(scale), is_causal=bool(is_causal),
+              block_n=block_n, p_scale=p_scale, smooth_k=bool(smooth_k), smooth_here=bool(smooth_k) and not given,
+              quantized=bool(quantized), block_q=min(block_q, tq))
 
 
 @functools.partial(jax.jit,
-                   static_argnames=("scale", "is_causal", "block_n", "p_scale", "smooth_k", "quantized", "block_q"))
-def _ste(query, key, value, d_out, *, scale, is_causal, block_n, p_scale, smooth_k, quantized, block_q):
+                   static_argnames=("scale", "is_causal", "block_n", "p_scale", "smooth_k", "smooth_here", "quantized",
+                                    "block_q"))
+def _ste(query, key, value, d_out, *, scale, is_causal, block_n, p_scale, smooth_k, smooth_here, quantized, block_q):
   b, tq, n, d = query.shape
   tk, kh = key.shape[1], key.shape[2]
-  if smooth_k:
+  if smooth_here:
     kf = key.astype(jnp.float32)
     key = (kf - jnp.mean(kf, axis=1, keepdims=True)).astype(key.dtype)
   prep = (lambda x: _fq(x.astype(jnp.float64))) if quantized else (lambda x: x.astype(jnp.float64))
@@ -214,9 +224,12 @@ def fidelity(model_path: str, lengths: list[int], *, layer: int, implementation=
     q, k, v, d_out, cfg = capture_layer(model_path, tokens, layer, implementation)
     t0 = time.perf_counter()
     refs = {}
+    # SmoothK's key as jqat.attention_forward(smooth_k=True) forms it (eagerly, x64 off): the reference quantizes
+    # these very bits (ste_gradients, smoothed_key).
+    k_smooth = smooth_keys(k)
     with jax.enable_x64(True):  # the reference alone: the model and jqat run as in training
-      for key, kw in {"exact": dict(quantized=False), "block": {}, "smooth_k": dict(smooth_k=True),
-                    "row": dict(p_scale="row")}.items():
+      for key, kw in {"exact": dict(quantized=False), "block": {},
+                      "smooth_k": dict(smooth_k=True, smoothed_key=k_smooth), "row": dict(p_scale="row")}.items():
         refs[key] = jax.device_get(ste_gradients(q, k, v, d_out, block_q=block_q, **kw))
     ref_s = time.perf_counter() - t0
     for name, (kw, switches, _) in VARIANTS.items():

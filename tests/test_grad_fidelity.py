@@ -13,6 +13,8 @@ from conftest import assert_close
 from oracle import attention_oracle, fq_oracle, visible_oracle
 from test_numerics_modes import row_oracle
 
+from jqat._src.attention import smooth_keys
+
 
 def _numpy_ste(q, k, v, do, *, scale, is_causal, block_n, p_scale, smooth_k, quantized):
   """The module docstring's formulas in NumPy, with the forward's quantized probabilities Pt read off the
@@ -84,6 +86,27 @@ def test_ste_reference_matches_numpy_oracle(p_scale, smooth_k, quantized, is_cau
   # their sums differ in order over <= 40 keys.
   for name, g, w in zip(("dQ", "dK", "dV"), got, want):
     assert_close(g, w, rel=1e-12, name=name)
+
+
+def test_ste_reference_quantizes_the_smoothed_key_it_is_given():
+  """smoothed_key: the reference quantizes exactly those bits (the fidelity table passes jqat's own SmoothK key:
+  the same mean rounded in another XLA program may differ in its last place, and NVFP4 codes flip with it)."""
+  b, tq, tk, n, kh, d = 1, 40, 40, 2, 2, 32
+  q, k, v, do = _inputs(b, tq, tk, n, kh, d)
+  k_smooth = smooth_keys(k)
+  nudged = k_smooth.at[0, 3, 1, 5].add(1.0)
+  kw = dict(scale=d**-0.5, is_causal=True, block_n=16, p_scale="block", quantized=True)
+  with jax.enable_x64(True):
+    given = grad_fidelity.ste_gradients(q, k, v, do, smooth_k=True, smoothed_key=k_smooth, block_q=16, **kw)
+    moved = grad_fidelity.ste_gradients(q, k, v, do, smooth_k=True, smoothed_key=nudged, block_q=16, **kw)
+    with pytest.raises(ValueError, match="smoothed_key"):
+      grad_fidelity.ste_gradients(q, k, v, do, smooth_k=True, smoothed_key=k_smooth[:, :1], **kw)
+  # The oracle on the same key (no smoothing of its own; dK projected as SmoothK's gradient does).
+  want = _numpy_ste(q, k_smooth, v, do, smooth_k=False, **kw)
+  want = (want[0], want[1] - want[1].mean(axis=1, keepdims=True), want[2])
+  for name, g, w in zip(("dQ", "dK", "dV"), given, want):
+    assert_close(g, w, rel=1e-12, name=name)
+  assert not np.array_equal(np.asarray(moved[0]), np.asarray(given[0]))  # the given bits are what is read
 
 
 def test_ste_reference_tiles_the_running_max():
