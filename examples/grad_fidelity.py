@@ -72,7 +72,7 @@ def ste_gradients(query, key, value, d_out, *, scale=None, is_causal=True, block
   arrays of those shapes; call it inside ``with jax.enable_x64(True):``. Walks query blocks of ``block_q``
   rows, so the largest float64 temporaries are [B, N, block_q, Tk]; ``block_n`` is the forward's KV tile
   (it sets m_i^t). smoothed_key (with smooth_k): the SmoothK key to quantize, as jqat computed it
-  (``smooth_keys(key)``, run as jqat runs it); default: computed here. Pass jqat's own when
+  (``smooth_keys(key)``, run as jqat runs it); default: ``smooth_keys(key)`` run here. Pass jqat's own when
   comparing with jqat: in another XLA program the FP32 mean may round differently in its last place, and one bf16
   ulp of a smoothed key flips NVFP4 codes (on the H200 that alone put variant 5 at 0.03-0.06 from this reference).
   """
@@ -88,24 +88,22 @@ def ste_gradients(query, key, value, d_out, *, scale=None, is_causal=True, block
   if block_n % 16 or block_q < 1:
     raise ValueError(f"block_n must be a multiple of 16 and block_q positive, got {block_n}, {block_q}")
   scale = d**-0.5 if scale is None else scale
-  given = bool(smooth_k) and smoothed_key is not None
-  if given and (smoothed_key.shape != key.shape or smoothed_key.dtype != key.dtype):
+  if smooth_k and smoothed_key is None:
+    smoothed_key = smooth_keys(key)
+  elif smooth_k and (smoothed_key.shape != key.shape or smoothed_key.dtype != key.dtype):
     raise ValueError(f"smoothed_key must match key's shape and dtype, got {smoothed_key.shape} "
                      f"{smoothed_key.dtype} for {key.shape} {key.dtype}")
-  return _ste(query, smoothed_key if given else key, value, d_out, scale=float(scale), is_causal=bool(is_causal),
-              block_n=block_n, p_scale=p_scale, smooth_k=bool(smooth_k), smooth_here=bool(smooth_k) and not given,
-              quantized=bool(quantized), block_q=min(block_q, tq))
+  return _ste(query, smoothed_key if smooth_k else key, value, d_out, scale=float(scale), is_causal=bool(is_causal),
+              block_n=block_n, p_scale=p_scale, smooth_k=bool(smooth_k), quantized=bool(quantized),
+              block_q=min(block_q, tq))
 
 
 @functools.partial(jax.jit,
-                   static_argnames=("scale", "is_causal", "block_n", "p_scale", "smooth_k", "smooth_here", "quantized",
-                                    "block_q"))
-def _ste(query, key, value, d_out, *, scale, is_causal, block_n, p_scale, smooth_k, smooth_here, quantized, block_q):
+                   static_argnames=("scale", "is_causal", "block_n", "p_scale", "smooth_k", "quantized", "block_q"))
+def _ste(query, key, value, d_out, *, scale, is_causal, block_n, p_scale, smooth_k, quantized, block_q):
+  """``ste_gradients``'s body; with smooth_k, ``key`` is already SmoothK's key (only dK's projection is left)."""
   b, tq, n, d = query.shape
   tk, kh = key.shape[1], key.shape[2]
-  if smooth_here:
-    kf = key.astype(jnp.float32)
-    key = (kf - jnp.mean(kf, axis=1, keepdims=True)).astype(key.dtype)
   prep = (lambda x: _fq(x.astype(jnp.float64))) if quantized else (lambda x: x.astype(jnp.float64))
   qh, khat, vh = prep(query), prep(key), prep(value)
   # [B, N, T, D], KV heads repeated per query head; keys padded to whole KV tiles, queries to whole blocks.
