@@ -14,7 +14,11 @@ No plain ``/``: Triton's FP32 division is not guaranteed correctly rounded.
 - E2M1 code of ``x / s``: in software, ``|x|`` is compared with the exact
   products ``s * b`` of the seven rounding boundaries ``b`` (a correctly
   rounded quotient reaches ``b`` only when ``|x| == s * b``), three of them per
-  element in a decision tree; on sm_100+ the native
+  element in a decision tree (Ampere and the interpreter); compiled on sm_89+
+  (with ``HW_E4M3``), the correctly rounded quotient from an approximate
+  reciprocal and one FMA correction, rounded onto the E2M1 grid by adding and
+  subtracting a power of two (fewer instructions, checked against the tree for
+  every scale and FP32 value on the H200); on sm_100+ the native
   ``cvt.rn.satfinite.e2m1x2.f32`` rounds ``tl.div_rn(x, s)``.
 
 Host side, :func:`quant_flags` picks the paths from the compute capability.
@@ -84,18 +88,34 @@ def e4m3_block_scale(amax, HW_E4M3: tl.constexpr):
 
 
 @triton.jit
-def e2m1_dequant(ax, s, AXIS: tl.constexpr, HW_E2M1: tl.constexpr):
+def e2m1_dequant(ax, s, AXIS: tl.constexpr, HW_E2M1: tl.constexpr, QUOTIENT: tl.constexpr = False):
   """``|e2m1(ax / s)| * s`` in FP32, RNE, saturating at 6; ``ax >= 0`` 3-D, ``s`` its E4M3 block
   scales with the block axis ``AXIS`` reduced away (``s`` expands along ``AXIS`` to broadcast).
 
   Ties: 0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4 (strict ``>`` where
-  the lower code is even). NaN gives 0, +Inf gives 6 * s.
+  the lower code is even). +Inf gives 6 * s. A NaN element gives 0 (software) or 6 * s (QUOTIENT): every
+  caller makes a block holding a NaN NaN by itself (``fq_tile``'s flag, ``fq_probs_t``'s NaN scale) or its
+  whole row NaN (``fq_probs``), so no result depends on which.
 
   Software path: the E2M1 code is found by a three-level decision tree on the
   exact threshold products ``s * b`` (``b`` has at most 3 significant bits and
   ``s`` 4, so each product is exact in FP32). The seven products are formed on
   the reduced ``s``, once per block: on an expanded ``s`` Triton repeats them
   for every element (each thread holds copies of the broadcast scale).
+
+  QUOTIENT (compiled code only: it needs a fused multiply-add; the callers pass ``HW_E4M3``): rounds the
+  correctly rounded quotient ``y = RN(ax / s)``, which lies on the same side of every boundary ``b`` as the exact
+  one and equals ``b`` only when the quotient does. (If ``ax != s * b``, both are FP32 values and ``s * b`` has at
+  most 7 significant bits, so ``|ax - s * b| >= ulp(s * b)`` unless ``s * b`` is a power of two, where ``s`` is
+  one and the quotient exact; divided by ``s`` (mantissa below 2) that is more than half an ulp of ``b``.)
+  ``y``: ``y0 = ax * r`` with ``r`` the hardware's approximate ``1 / s`` (per block), then
+  ``y0 + r * (ax - s * y0)`` in two FMAs: the residual is exact and the corrected value is within about 2**-44
+  relative of ``ax / s``, while a quotient by a 4-bit ``s`` is never closer than about 2**-28 to a midpoint
+  between FP32 values, so its rounding is ``RN(ax / s)``. Then ``min(y, 6)`` and RNE onto the grid of ``y``'s
+  binade (0.5 below 2, then 1, then 2) as ``(y + M) - M`` with ``M = 2**(max(e, 0) + 22)``, whose FP32 ulp is
+  that spacing; ties go to the even multiple, which is E2M1's even code. +Inf gives a NaN residual, which
+  ``min`` turns into 6. ``tests/test_nvfp4_triton.py`` compares this path with the tree for every E4M3 scale
+  and every non-negative FP32 value on the GPU (run 42: equal; without the FMA correction it is not).
   """
   if HW_E2M1:
     s3 = tl.expand_dims(s, AXIS)
@@ -117,6 +137,18 @@ def e2m1_dequant(ax, s, AXIS: tl.constexpr, HW_E2M1: tl.constexpr):
         pack=1,
     )
     out = h.to(tl.float32) * s3
+  elif QUOTIENT:
+    s3 = tl.expand_dims(s, AXIS)
+    # One MUFU.RCP per block (``1.0 / s`` compiles to a full-range division with its range checks).
+    r = tl.inline_asm_elementwise(asm="rcp.approx.ftz.f32 $0, $1;", constraints="=r,r", args=[s],
+                                  dtype=tl.float32, is_pure=True, pack=1)
+    r3 = tl.expand_dims(r, AXIS)
+    y = ax * r3
+    y = tl.fma(tl.fma(y, -s3, ax), r3, y)  # RN(ax / s): the residual ax - s * y0 is exact
+    y = tl.minimum(y, 6.0)  # also a NaN (from +Inf) to 6
+    e = tl.maximum(y.to(tl.int32, bitcast=True) & 0x7F800000, 127 << 23)  # y's binade, at least [1, 2)
+    m = (e + (22 << 23)).to(tl.float32, bitcast=True)  # 2**(e + 22): ulp 0.5 in [1, 2), 1 in [2, 4), 2 in [4, 8)
+    out = ((y + m) - m) * s3
   else:
     # Level 1 splits the codes {0..3} | {4..7} at 1.75 (>=), level 2 at 0.75 or 3.5 (>=),
     # level 3 at 0.25, 1.25, 2.5 or 5 (strict): the same predicates as counting the
@@ -160,7 +192,7 @@ def fq_tile(x, valid, ROWS: tl.constexpr, COLS: tl.constexpr, HW_E4M3: tl.conste
   # The NaN flag is its own reduction: taken from a NaN-propagating amax, the NaN block's bits became that NaN's
   # payload (0x7FFF) in some launch configurations on the H200 (docs/BENCHMARKS.md, run 35).
   s = e4m3_block_scale(tl.where(nan, 0.0, amax), HW_E4M3)
-  mag = e2m1_dequant(ax, s, 2, HW_E2M1)
+  mag = e2m1_dequant(ax, s, 2, HW_E2M1, HW_E4M3)
   # Copy the sign bit instead of negating: Triton lowers -x to 0 - x, which loses -0.
   sign = x3.to(tl.int32, bitcast=True) & -0x80000000
   out = (mag.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
@@ -200,7 +232,7 @@ def fq_probs(p, ROWS: tl.constexpr, COLS: tl.constexpr, HW_E4M3: tl.constexpr, H
   NB: tl.constexpr = COLS // 16
   p3 = tl.reshape(p, [ROWS, NB, 16])
   s = e4m3_block_scale(tl.max(p3, axis=2), HW_E4M3)
-  out = e2m1_dequant(p3, s, 2, HW_E2M1)
+  out = e2m1_dequant(p3, s, 2, HW_E2M1, HW_E4M3)
   return tl.reshape(out, [ROWS, COLS])
 
 
@@ -214,7 +246,7 @@ def fq_probs_t(pt, ROWS: tl.constexpr, COLS: tl.constexpr, HW_E4M3: tl.constexpr
   """
   NB: tl.constexpr = ROWS // 16
   p3 = tl.reshape(pt, [NB, 16, COLS])
-  out = e2m1_dequant(p3, _prob_block_scales(p3, 1, HW_E4M3), 1, HW_E2M1)
+  out = e2m1_dequant(p3, _prob_block_scales(p3, 1, HW_E4M3), 1, HW_E2M1, HW_E4M3)
   return tl.reshape(out, [ROWS, COLS])
 
 

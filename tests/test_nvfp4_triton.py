@@ -218,6 +218,39 @@ def test_block_scale_paths_agree_on_every_fp32_gpu():
   assert (counts >= 0).all() and counts.sum() == 0, f"{counts.sum()} mismatches, first block {np.argmax(counts > 0)}"
 
 
+@triton.jit
+def _e2m1_paths_kernel(mismatch_ptr, scales_ptr, BLOCK: tl.constexpr, STEPS: tl.constexpr):
+  """Mismatches between the compiled (quotient) and the software (threshold tree) ``e2m1_dequant`` over
+  BLOCK * STEPS magnitude bit patterns for one E4M3 scale."""
+  s = tl.load(scales_ptr + tl.program_id(1) + tl.zeros([BLOCK // 16], tl.int32))
+  bad = tl.zeros([BLOCK // 16, 16], tl.int32)
+  for i in range(STEPS):
+    bits_ = (tl.program_id(0) * STEPS + i) * BLOCK + tl.arange(0, BLOCK)  # every +0..+Inf and positive NaN pattern
+    ax = tl.reshape(bits_.to(tl.float32, bitcast=True), [BLOCK // 16, 16])
+    fast = knv.e2m1_dequant(ax, s, 1, False, True)
+    soft = knv.e2m1_dequant(ax, s, 1, False, False)
+    bad += ((ax == ax) & (fast.to(tl.int32, bitcast=True) != soft.to(tl.int32, bitcast=True))).to(tl.int32)
+  tl.atomic_add(mismatch_ptr + tl.program_id(1), tl.sum(tl.sum(bad, axis=1), axis=0))
+
+
+@pytest.mark.gpu
+def test_e2m1_paths_agree_on_every_fp32_and_scale_gpu():
+  """The compiled E2M1 rounding (the correctly rounded quotient ``|x| / s`` from an approximate reciprocal and
+  an FMA correction, then round-to-nearest-even by adding and subtracting a power of two) against the software
+  threshold tree, for every E4M3 scale (2**-9 .. 448) and every non-negative FP32 magnitude (2**31 patterns,
+  NaNs excluded: their blocks are NaN by the callers' flags); the tree is checked against the oracle above."""
+  if INTERPRET:
+    pytest.skip("compiled-kernel test: run with TRITON_INTERPRET=0")
+  device = kernel_device()
+  scales = torch.tensor(E4M3_VALUES[E4M3_VALUES > 0], dtype=torch.float32, device=device)
+  assert scales.numel() == 126
+  counts = torch.zeros((scales.numel(),), dtype=torch.int32, device=device)
+  block, steps = 2048, 256
+  _e2m1_paths_kernel[(2**31 // (block * steps), scales.numel())](counts, scales, BLOCK=block, STEPS=steps)
+  counts = counts.cpu().numpy()
+  assert counts.sum() == 0, f"{counts.sum()} mismatches, at scales {E4M3_VALUES[E4M3_VALUES > 0][counts > 0]}"
+
+
 @pytest.mark.parametrize("even", [False, True])
 @pytest.mark.parametrize("block_r,num_warps", [(8, 4), (16, 4), (32, 4), (32, 8), (64, 2)])
 def test_nan_block_bits_do_not_depend_on_launch(block_r, num_warps, even):
