@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 triton = pytest.importorskip("triton")
 tl = triton.language
 
-from oracle import E4M3_VALUES, bits, fq_oracle  # noqa: E402
+from oracle import E2M1_VALUES, E4M3_VALUES, bits, fq_oracle, round_to_table  # noqa: E402
 
 from jqat.kernels_triton import nvfp4 as knv  # noqa: E402
 
@@ -249,6 +249,51 @@ def test_e2m1_paths_agree_on_every_fp32_and_scale_gpu():
   _e2m1_paths_kernel[(2**31 // (block * steps), scales.numel())](counts, scales, BLOCK=block, STEPS=steps)
   counts = counts.cpu().numpy()
   assert counts.sum() == 0, f"{counts.sum()} mismatches, at scales {E4M3_VALUES[E4M3_VALUES > 0][counts > 0]}"
+
+
+def _fma32(a, b, c):
+  """FP32 ``fma(a, b, c)`` with one rounding, in NumPy: ``a * b`` is exact in FP64, TwoSum gives the FP64 sum's
+  exact error, which decides the FP32 rounding only when the FP64 sum sits exactly on an FP32 midpoint."""
+  p, c64 = a.astype(np.float64) * b.astype(np.float64), c.astype(np.float64)
+  s = p + c64
+  bb = s - p
+  err = (p - (s - bb)) + (c64 - bb)
+  r = s.astype(np.float32)
+  lo = np.where(r.astype(np.float64) <= s, r, np.nextafter(r, np.float32(-np.inf)))
+  hi = np.nextafter(lo, np.float32(np.inf))
+  at_mid = (s == (lo.astype(np.float64) + hi.astype(np.float64)) / 2) & (err != 0)
+  return np.where(at_mid, np.where(err > 0, hi, lo), r)
+
+
+@pytest.mark.parametrize("reciprocal_ulps", [-3, -1, 0, 1, 3])
+def test_e2m1_quotient_algorithm_matches_oracle(reciprocal_ulps):
+  """The arithmetic of ``e2m1_dequant``'s compiled QUOTIENT path, replayed in NumPy with exact FMAs and a
+  reciprocal off by ``reciprocal_ulps`` (the hardware's ``rcp.approx`` is within one), against the oracle's
+  rounding of the IEEE quotient: for every positive E4M3 scale, on magnitudes at and next to every rounding
+  boundary ``s * b`` and at random. The compiled code itself is checked on the GPU (every FP32 value, above)."""
+  rng = np.random.default_rng(42)
+  f32 = np.float32
+  scales = E4M3_VALUES[E4M3_VALUES > 0].astype(f32)
+  boundaries = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 6.5, 7.0], f32)
+  for s in scales:
+    up = down = (s * boundaries).astype(f32)  # exact
+    near = [up]
+    for _ in range(4):  # the four FP32 neighbours on each side
+      up, down = np.nextafter(up, f32(np.inf)), np.nextafter(down, f32(0))
+      near += [up, down]
+    ax = np.concatenate(near + [(rng.random(4096) * 8 * s).astype(f32), np.array([0, np.inf], f32)]).astype(f32)
+    r = f32(f32(1) / s)
+    for _ in range(abs(reciprocal_ulps)):
+      r = np.nextafter(r, f32(np.inf) if reciprocal_ulps > 0 else f32(0))
+    with np.errstate(over="ignore", invalid="ignore"):
+      y0 = (ax * r).astype(f32)
+      y = _fma32(_fma32(y0, np.full_like(ax, -s), ax), np.full_like(ax, r), y0)
+      y = np.where(np.isnan(y), f32(6), np.minimum(y, f32(6)))  # min.f32 returns the non-NaN operand
+      e = np.maximum(y.view(np.int32) & 0x7F800000, 127 << 23)
+      m = (e + (22 << 23)).astype(np.int32).view(f32)
+      got = (((y + m) - m) * s).astype(f32)
+      want = (round_to_table(np.where(np.isnan(ax / s), 0, (ax / s).astype(f32)), E2M1_VALUES) * s).astype(f32)
+    np.testing.assert_array_equal(bits(got), bits(want), err_msg=f"scale {s}")
 
 
 @pytest.mark.parametrize("even", [False, True])
