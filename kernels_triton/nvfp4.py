@@ -88,6 +88,25 @@ def e4m3_block_scale(amax, HW_E4M3: tl.constexpr):
 
 
 @triton.jit
+def round_grid(y, MIN_EXP_BITS: tl.constexpr, SHIFT_BITS: tl.constexpr):
+  """RNE of non-negative FP32 ``y`` keeping ``23 - SHIFT`` mantissa bits, with the spacing of the
+  binade starting at ``MIN_EXP`` below it (the subnormal grid of the small format).
+
+  ``M = 2**(e + SHIFT)`` with ``e = max(exponent(y), MIN_EXP)``: ``y + M`` rounds (FP32 RNE)
+  onto multiples of ``ulp(M) = 2**(e + SHIFT - 23)``, and subtracting ``M`` is exact.
+  """
+  e = tl.maximum(y.to(tl.int32, bitcast=True) & 0x7F800000, MIN_EXP_BITS)
+  m = (e + SHIFT_BITS).to(tl.float32, bitcast=True)
+  return (y + m) - m
+
+
+@triton.jit
+def round_e2m1(y):
+  """RNE of non-negative FP32 ``y <= 6`` onto E2M1 {0, .5, 1, 1.5, 2, 3, 4, 6}: 1 mantissa bit, grid .5 below 1."""
+  return round_grid(y, 127 << 23, 22 << 23)
+
+
+@triton.jit
 def e2m1_dequant(ax, s, AXIS: tl.constexpr, HW_E2M1: tl.constexpr, QUOTIENT: tl.constexpr = False):
   """``|e2m1(ax / s)| * s`` in FP32, RNE, saturating at 6; ``ax >= 0`` 3-D, ``s`` its E4M3 block
   scales with the block axis ``AXIS`` reduced away (``s`` expands along ``AXIS`` to broadcast).
@@ -145,10 +164,7 @@ def e2m1_dequant(ax, s, AXIS: tl.constexpr, HW_E2M1: tl.constexpr, QUOTIENT: tl.
     r3 = tl.expand_dims(r, AXIS)
     y = ax * r3
     y = tl.fma(tl.fma(y, -s3, ax), r3, y)  # RN(ax / s): the residual ax - s * y0 is exact
-    y = tl.minimum(y, 6.0)  # also a NaN (from +Inf) to 6
-    e = tl.maximum(y.to(tl.int32, bitcast=True) & 0x7F800000, 127 << 23)  # y's binade, at least [1, 2)
-    m = (e + (22 << 23)).to(tl.float32, bitcast=True)  # 2**(e + 22): ulp 0.5 in [1, 2), 1 in [2, 4), 2 in [4, 8)
-    out = ((y + m) - m) * s3
+    out = round_e2m1(tl.minimum(y, 6.0)) * s3  # min also takes a NaN (from +Inf) to 6
   else:
     # Level 1 splits the codes {0..3} | {4..7} at 1.75 (>=), level 2 at 0.75 or 3.5 (>=),
     # level 3 at 0.25, 1.25, 2.5 or 5 (strict): the same predicates as counting the

@@ -1,6 +1,6 @@
 """Tail RoPE + microscaled quantize/dequantize, one fused in-place pass (SPEC section 4).
 
-Framework-free: imports triton only. Each program handles ``BLOCK_R`` rows as two
+Framework-free: imports triton (and nvfp4's grid rounding). Each program handles ``BLOCK_R`` rows as two
 2-D tiles, so every load and store is a wide, coalesced access:
 
 - the head ``[BLOCK_R, HEAD_BLOCK]`` (channels ``[0, D - 64)``, ``HEAD_BLOCK`` the
@@ -50,6 +50,8 @@ Without ``HW`` the same roundings are done on the bits.
 import triton
 import triton.language as tl
 
+from jqat.kernels_triton.nvfp4 import round_e2m1, round_grid
+
 ROPE = 64  # rotated tail channels
 NAN_BITS = tl.constexpr(0x7FC00000)  # FP32 bits of the NaN written over a group holding a NaN (bf16 0x7FC0)
 
@@ -85,31 +87,12 @@ def _negate(v):
 
 
 @triton.jit
-def _round_grid(y, MIN_EXP_BITS: tl.constexpr, SHIFT_BITS: tl.constexpr):
-  """RNE of non-negative FP32 ``y`` keeping ``23 - SHIFT`` mantissa bits, with the spacing of the
-  binade starting at ``MIN_EXP`` below it (the subnormal grid of the small format).
-
-  ``M = 2**(e + SHIFT)`` with ``e = max(exponent(y), MIN_EXP)``: ``y + M`` rounds (FP32 RNE)
-  onto multiples of ``ulp(M) = 2**(e + SHIFT - 23)``, and subtracting ``M`` is exact.
-  """
-  e = tl.maximum(y.to(tl.int32, bitcast=True) & 0x7F800000, MIN_EXP_BITS)
-  m = (e + SHIFT_BITS).to(tl.float32, bitcast=True)
-  return (y + m) - m
-
-
-@triton.jit
-def _round_e2m1(y):
-  """RNE of non-negative FP32 ``y <= 6`` onto E2M1 {0, .5, 1, 1.5, 2, 3, 4, 6}: 1 mantissa bit, grid .5 below 1."""
-  return _round_grid(y, 127 << 23, 22 << 23)
-
-
-@triton.jit
 def _round_e4m3(y, HW: tl.constexpr):
   """RNE of non-negative FP32 ``y <= 448`` onto E4M3 (fn): 3 mantissa bits, subnormal grid 2**-9."""
   if HW:
     r = y.to(tl.float8e4nv).to(tl.float32)  # cvt.rn.satfinite.e4m3x2.f32 (sm_89+)
   else:
-    r = _round_grid(y, 121 << 23, 20 << 23)
+    r = round_grid(y, 121 << 23, 20 << 23)
   return r
 
 
@@ -167,7 +150,7 @@ def _qdq(v, scale, inv, neg_scale, nan, FP8: tl.constexpr, E4M3_SCALE: tl.conste
   if FP8:
     q = _round_e4m3(tl.minimum(y, 448.0), HW)
   else:
-    q = _round_e2m1(tl.minimum(y, 6.0))
+    q = round_e2m1(tl.minimum(y, 6.0))
   mag = (q * scale).to(tl.int32, bitcast=True)  # 6 * 2**126 and 448 * 2**120 overflow to +Inf
   sign = v.to(tl.int32, bitcast=True) & -2147483648
   return tl.where(nan, NAN_BITS, mag | sign)
