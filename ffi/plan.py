@@ -357,9 +357,12 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
   # it in registers for the QK^T product) did (docs/BENCHMARKS.md, run 36). Above D = 128 that kernel is short of
   # registers and ptxas serializes its wgmma: the pass is 12-16% faster there, masks or not (run 38). With packed
   # documents (segment ids) the kernel that rounds its own Q spilled in every loop; from the pass it does not,
-  # and packed non-causal 16k with documents of 1024 ran 31% faster (run 39).
+  # and packed non-causal 16k with documents of 1024 ran 31% faster (run 39). Since the E2M1 rounding became a
+  # quotient (run 42), the no-mask kernel at 64 < D <= 128 that rounds its own Q spills in its loop (965
+  # instructions, 21 LDL) where the one reading fq(Q) does not (930): the pass there too. Measured (run 43): that
+  # forward kernel 9-11% faster at 4k and 16k, the pass 0.012-0.038 ms longer; D = 64 keeps its own Q (unchanged).
   q_pass = (cfg.quantize_qkv and not tensor and rows_dense(q)
-            and (opts.is_causal or opts.local_window_size is not None or q.shape[-1] > 128 or mask_flags["HAS_SEG"]))
+            and (opts.is_causal or opts.local_window_size is not None or q.shape[-1] > 64 or mask_flags["HAS_SEG"]))
   qq = "q"
   if tensor:  # Q is quantized inside the forward kernel, from its encode scale
     (kk, vv), scratch, launches = _two_level_inputs(("k", "v"), target, buffers)

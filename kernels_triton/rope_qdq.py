@@ -35,9 +35,11 @@ Non-finite values (docs/NUMERICS.md), per group rather than per element: the
 group amax is an integer max of the FP32 magnitude patterns (a float max may drop
 a NaN; every NaN pattern lies above +Inf), a NaN group is written as the canonical
 NaN ``0x7FC0`` and an infinite amax is clamped to the largest finite FP32 value
-(one compare and one min per group). Per element: the E4M3-scale quotient is
-capped at 8 before its FMA correction (``fma(Inf, -s, Inf)`` would be NaN), and
-the NaN select. BF16 is stored by truncating the FP32 bits (exact: the values are
+(one compare and one min per group). Per element: an infinite element's E4M3-scale
+quotient is NaN after its FMA correction (``fma(Inf, -s, Inf)``); compiled, the
+clamp to the limit (``min.f32``, which returns the non-NaN operand) makes it the
+limit, and under the interpreter (NumPy's min keeps the NaN) the quotient is capped
+at 8 first; and the NaN select. BF16 is stored by truncating the FP32 bits (exact: the values are
 BF16 values), because ``cvt.rn.bf16.f32`` writes its own NaN (PTX canonical ``0x7FFF``).
 The rotation itself is IEEE (``tl.fma``); ids are clamped into ``[0, P)`` in int64.
 
@@ -106,7 +108,11 @@ def _scales(amax, FP8: tl.constexpr, E4M3_SCALE: tl.constexpr, AMAX_FLOOR: tl.co
     t0 = amax * (1.0 / 6.0)
     t = tl.fma(tl.fma(t0, -6.0, amax), 1.0 / 6.0, t0)
     scale = _round_e4m3(tl.minimum(t, 448.0), HW)  # >= 2**-9 thanks to the floor
-    inv = 1.0 / scale  # any faithful reciprocal will do (see the module docstring)
+    if HW:  # any faithful reciprocal will do (see the module docstring): one MUFU.RCP, no range checks
+      inv = tl.inline_asm_elementwise(asm="rcp.approx.ftz.f32 $0, $1;", constraints="=r,r", args=[scale],
+                                      dtype=tl.float32, is_pure=True, pack=1)
+    else:
+      inv = 1.0 / scale
   else:
     # 2**ceil(log2(t)) of the rounded FP32 product t (normal, >= 2**-126 thanks to the floor):
     # the exponent of t, plus one unless t is already a power of two.
@@ -145,7 +151,8 @@ def _qdq(v, scale, inv, neg_scale, nan, FP8: tl.constexpr, E4M3_SCALE: tl.conste
   if E4M3_SCALE:
     # The quotient, exact when representable. y is capped first (8 > 6 keeps every clamped
     # result at 6) so an infinite v gives fma(Inf, -s, Inf) = NaN nowhere.
-    y = tl.minimum(y, 8.0)
+    if not HW:  # compiled, min.f32 below turns the NaN of fma(Inf, -s, Inf) into the limit; NumPy's min would not
+      y = tl.minimum(y, 8.0)
     y = tl.fma(tl.fma(y, neg_scale, av), inv, y)
   if FP8:
     q = _round_e4m3(tl.minimum(y, 448.0), HW)

@@ -41,11 +41,16 @@ def test_plan_uses_the_strides_it_is_given():
   assert args[13:25] == q.stride()[:3] + k.stride()[:3] + v.stride()[:3] + q.stride()[:3]  # after 5 mask args
   assert fwd.buffers["q_hat"].strides == q.stride() and fwd.buffers["k_hat"].strides == k.stride()
   assert fwd.scratch == ("q_hat", "k_hat", "v_hat")
-  # Without causal or window masks the forward kernel rounds its own Q tile.
-  dense = plans.attention_forward(*map(torch_launch.describe, (q, k, v)), dataclasses.replace(opts, is_causal=False),
-                                  GPU, out_strides=q.stride())
+  # Without causal or window masks, at D <= 64, the forward kernel rounds its own Q tile.
+  nq, nk, nv = _bhsd_views(2, 8, 2, 100, 70, 64)
+  dense = plans.attention_forward(*map(torch_launch.describe, (nq, nk, nv)),
+                                  dataclasses.replace(opts, is_causal=False), GPU, out_strides=nq.stride())
   assert dense.scratch == ("k_hat", "v_hat") and dense.launches[-1].args[0] == plans.Ref("q")
   assert dense.launches[-1].constexprs["QUANTIZE_Q"]
+  # At 64 < D <= 128 that kernel spills in its loop since run 42's quotient rounding: fq(Q) from the pass.
+  d128 = plans.attention_forward(*map(torch_launch.describe, (q, k, v)), dataclasses.replace(opts, is_causal=False),
+                                 GPU, out_strides=q.stride())
+  assert d128.scratch == ("q_hat", "k_hat", "v_hat") and not d128.launches[-1].constexprs["QUANTIZE_Q"]
   # Above D = 128 the kernel's own Q rounding left too few registers (ptxas serialized its wgmma): fq(Q) from
   # the pass, masks or not (docs/BENCHMARKS.md, run 38).
   wq, wk, wv = _bhsd_views(2, 8, 2, 100, 70, 192)
