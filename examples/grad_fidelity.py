@@ -88,6 +88,9 @@ def ste_gradients(query, key, value, d_out, *, scale=None, is_causal=True, block
   if block_n % 16 or block_q < 1:
     raise ValueError(f"block_n must be a multiple of 16 and block_q positive, got {block_n}, {block_q}")
   scale = d**-0.5 if scale is None else scale
+  if smoothed_key is not None and not smooth_k:
+    raise ValueError("smoothed_key is SmoothK's key: pass it with smooth_k=True (without smooth_k the reference "
+                     "quantizes key itself)")
   if smooth_k and smoothed_key is None:
     smoothed_key = smooth_keys(key)
   elif smooth_k and (smoothed_key.shape != key.shape or smoothed_key.dtype != key.dtype):

@@ -101,6 +101,8 @@ def test_ste_reference_quantizes_the_smoothed_key_it_is_given():
     moved = grad_fidelity.ste_gradients(q, k, v, do, smooth_k=True, smoothed_key=nudged, block_q=16, **kw)
     with pytest.raises(ValueError, match="smoothed_key"):
       grad_fidelity.ste_gradients(q, k, v, do, smooth_k=True, smoothed_key=k_smooth[:, :1], **kw)
+    with pytest.raises(ValueError, match="smoothed_key.*smooth_k=True"):  # not silently ignored
+      grad_fidelity.ste_gradients(q, k, v, do, smoothed_key=k_smooth, **kw)
   # The oracle on the same key (no smoothing of its own; dK projected as SmoothK's gradient does).
   want = _numpy_ste(q, k_smooth, v, do, smooth_k=False, **kw)
   want = (want[0], want[1] - want[1].mean(axis=1, keepdims=True), want[2])
