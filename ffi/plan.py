@@ -323,9 +323,9 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
   qkv_scale="tensor" (docs/NUMERICS.md) adds launches before the forward: ``tensor_scale_kernel`` for Q, K, V
   (scratch ``q_enc``, ``k_enc``, ``v_enc``) and ``fake_quantize_scaled_kernel`` for K, V, in place of the
   fake-quantize launches; the forward kernel is then its ``*_tensor`` entry point.
-  With a causal mask or a window, or D > 128 (and Q dense in storage), fq(Q) comes from the fake-quantize pass too
-  (scratch ``q_hat``) and the forward kernel reads it (``QUANTIZE_Q`` off); otherwise the kernel rounds its own Q
-  tile.
+  With a causal mask, a window or segment ids, or D > 64 (and Q dense in storage), fq(Q) comes from the
+  fake-quantize pass too (scratch ``q_hat``) and the forward kernel reads it (``QUANTIZE_Q`` off); otherwise the
+  kernel rounds its own Q tile.
   keep_quantized: fq(K), fq(V) (:func:`kept_quantized`) are outputs after the others (``k_hat``, ``v_hat``, with
   K's and V's shapes and strides), not scratch: a backward given them (:func:`attention_backward`'s
   ``quantized``) needs no quantize pass for them."""

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Session 15: run as part of docs/logs/run43a.sh / run43b.sh (results: docs/BENCHMARKS.md, "Run 43").
 # Prepared in session 14 (run 42), not yet run: main against main + one prepared patch, in one device call.
 #   bash docs/logs/run43_ab_patch.sh NAME KERNEL_CASES BITS_CASES [AB_SHAPES]
 # NAME: the patch docs/logs/run42_NAME.patch; KERNEL_CASES as docs/logs/run37_configs.py takes them (device ms per

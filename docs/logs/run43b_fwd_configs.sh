@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Session 15: run as part of docs/logs/run43a.sh / run43b.sh (results: docs/BENCHMARKS.md, "Run 43").
 # Prepared in session 14 (run 42), not yet run: the forward's launch configurations again, now that the E2M1
 # rounding is a quotient (the D = 128 default, 64 rows on 4 warps with 3 stages, was swept in runs 9-10 and 36 for
 # the threshold tree). Offline SASS on the tree of docs/logs/run42_qpass_nomask.patch (fq(Q) from the pass), unmasked

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Session 15: run as part of docs/logs/run43a.sh / run43b.sh (results: docs/BENCHMARKS.md, "Run 43").
 # Prepared in session 14 (run 42), not yet run: RoPE-QDQ's E4M3-scale mode with one MUFU.RCP per group instead of
 # `1.0 / scale` (a full-range division with its range checks) and without the per-element cap at 8 on compiled code
 # (docs/logs/run42_rope_rcp.patch). Offline SASS (`python3 benchmarks/sass_stats.py --kernels rope`): fp4/16/e4m3 at
