@@ -149,9 +149,10 @@ def _qdq(v, scale, inv, neg_scale, nan, FP8: tl.constexpr, E4M3_SCALE: tl.conste
   av = tl.abs(v)
   y = av * inv  # exact for a power-of-two scale; +Inf for an infinite v, clamped to the limit below
   if E4M3_SCALE:
-    # The quotient, exact when representable. y is capped first (8 > 6 keeps every clamped
-    # result at 6) so an infinite v gives fma(Inf, -s, Inf) = NaN nowhere.
-    if not HW:  # compiled, min.f32 below turns the NaN of fma(Inf, -s, Inf) into the limit; NumPy's min would not
+    # The quotient, exact when representable. An infinite v gives fma(Inf, -s, Inf) = NaN: compiled, the min.f32
+    # below turns it into the limit; under the interpreter (NumPy's min keeps a NaN) y is capped first (8 > 6 keeps
+    # every clamped result at 6).
+    if not HW:
       y = tl.minimum(y, 8.0)
     y = tl.fma(tl.fma(y, neg_scale, av), inv, y)
   if FP8:
