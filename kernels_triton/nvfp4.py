@@ -88,6 +88,14 @@ def e4m3_block_scale(amax, HW_E4M3: tl.constexpr):
 
 
 @triton.jit
+def rcp_approx(x):
+  """``1 / x`` by one MUFU.RCP (``rcp.approx.ftz.f32``, within an ulp; compiled code only), where ``1.0 / x``
+  compiles to a full-range division with its range checks. For callers that correct the quotient afterwards."""
+  return tl.inline_asm_elementwise(asm="rcp.approx.ftz.f32 $0, $1;", constraints="=r,r", args=[x],
+                                   dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
 def round_grid(y, MIN_EXP_BITS: tl.constexpr, SHIFT_BITS: tl.constexpr):
   """RNE of non-negative FP32 ``y`` keeping ``23 - SHIFT`` mantissa bits, with the spacing of the
   binade starting at ``MIN_EXP`` below it (the subnormal grid of the small format).
@@ -158,10 +166,7 @@ def e2m1_dequant(ax, s, AXIS: tl.constexpr, HW_E2M1: tl.constexpr, QUOTIENT: tl.
     out = h.to(tl.float32) * s3
   elif QUOTIENT:
     s3 = tl.expand_dims(s, AXIS)
-    # One MUFU.RCP per block (``1.0 / s`` compiles to a full-range division with its range checks).
-    r = tl.inline_asm_elementwise(asm="rcp.approx.ftz.f32 $0, $1;", constraints="=r,r", args=[s],
-                                  dtype=tl.float32, is_pure=True, pack=1)
-    r3 = tl.expand_dims(r, AXIS)
+    r3 = tl.expand_dims(rcp_approx(s), AXIS)  # one MUFU.RCP per block
     y = ax * r3
     y = tl.fma(tl.fma(y, -s3, ax), r3, y)  # RN(ax / s): the residual ax - s * y0 is exact
     out = round_e2m1(tl.minimum(y, 6.0)) * s3  # min also takes a NaN (from +Inf) to 6

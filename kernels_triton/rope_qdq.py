@@ -52,7 +52,7 @@ Without ``HW`` the same roundings are done on the bits.
 import triton
 import triton.language as tl
 
-from jqat.kernels_triton.nvfp4 import round_e2m1, round_grid
+from jqat.kernels_triton.nvfp4 import rcp_approx, round_e2m1, round_grid
 
 ROPE = 64  # rotated tail channels
 NAN_BITS = tl.constexpr(0x7FC00000)  # FP32 bits of the NaN written over a group holding a NaN (bf16 0x7FC0)
@@ -108,11 +108,8 @@ def _scales(amax, FP8: tl.constexpr, E4M3_SCALE: tl.constexpr, AMAX_FLOOR: tl.co
     t0 = amax * (1.0 / 6.0)
     t = tl.fma(tl.fma(t0, -6.0, amax), 1.0 / 6.0, t0)
     scale = _round_e4m3(tl.minimum(t, 448.0), HW)  # >= 2**-9 thanks to the floor
-    if HW:  # any faithful reciprocal will do (see the module docstring): one MUFU.RCP, no range checks
-      inv = tl.inline_asm_elementwise(asm="rcp.approx.ftz.f32 $0, $1;", constraints="=r,r", args=[scale],
-                                      dtype=tl.float32, is_pure=True, pack=1)
-    else:
-      inv = 1.0 / scale
+    # Any faithful reciprocal will do (see the module docstring): compiled, one MUFU.RCP.
+    inv = rcp_approx(scale) if HW else 1.0 / scale
   else:
     # 2**ceil(log2(t)) of the rounded FP32 product t (normal, >= 2**-126 thanks to the floor):
     # the exponent of t, plus one unless t is already a power of two.
