@@ -91,14 +91,15 @@ def ste_gradients(query, key, value, d_out, *, scale=None, is_causal=True, block
   if smoothed_key is not None and not smooth_k:
     raise ValueError("smoothed_key is SmoothK's key: pass it with smooth_k=True (without smooth_k the reference "
                      "quantizes key itself)")
-  if smooth_k and smoothed_key is None:
-    smoothed_key = smooth_keys(key)
-  elif smooth_k and (smoothed_key.shape != key.shape or smoothed_key.dtype != key.dtype):
-    raise ValueError(f"smoothed_key must match key's shape and dtype, got {smoothed_key.shape} "
-                     f"{smoothed_key.dtype} for {key.shape} {key.dtype}")
-  return _ste(query, smoothed_key if smooth_k else key, value, d_out, scale=float(scale), is_causal=bool(is_causal),
-              block_n=block_n, p_scale=p_scale, smooth_k=bool(smooth_k), quantized=bool(quantized),
-              block_q=min(block_q, tq))
+  if smooth_k:
+    if smoothed_key is None:
+      smoothed_key = smooth_keys(key)
+    elif smoothed_key.shape != key.shape or smoothed_key.dtype != key.dtype:
+      raise ValueError(f"smoothed_key must match key's shape and dtype, got {smoothed_key.shape} "
+                       f"{smoothed_key.dtype} for {key.shape} {key.dtype}")
+    key = smoothed_key
+  return _ste(query, key, value, d_out, scale=float(scale), is_causal=bool(is_causal), block_n=block_n,
+              p_scale=p_scale, smooth_k=bool(smooth_k), quantized=bool(quantized), block_q=min(block_q, tq))
 
 
 @functools.partial(jax.jit,
