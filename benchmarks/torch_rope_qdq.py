@@ -6,19 +6,21 @@
 For each case (mode, row width, heads per position id; 1M rows) it runs
 ``jqat.torch.RopeQDQInplace.execute`` on a CUDA tensor, positions drawn at random from a
 cache of ``--cache-rows`` rows (65,536 x 256 B = 16 MB, L2-resident on an H200), and
-reports the time (CUDA events, median), the time of ``dst.copy_(x)`` in the same process,
-their ratio (the target: the op at 90% or more of the copy's speed, i.e. at most 1.11x its
-time), the HBM bandwidth over the bytes that must cross HBM (x read and written, the
-position ids, and the cache rows only when the cache does not fit in half of L2), and the
-change of ``torch.cuda.memory_allocated`` across the calls (0: truly in place). It checks
-that ``out is x`` and that x's ``data_ptr`` is unchanged. ``--sweep`` also times other
-launch configurations (channels per program : warps : stages) of the same kernel.
+reports the time (CUDA events, median), the time of ``dst.copy_(x)`` in the same process
+(the two alternate ``--rounds`` times; medians of each), their ratio (the target: the op at
+90% or more of the copy's speed, i.e. at most 1.11x its time), the HBM bandwidth over the
+bytes that must cross HBM (x read and written, the position ids, and the cache rows only
+when the cache does not fit in half of L2), and the change of ``torch.cuda.memory_allocated``
+across the calls (0: truly in place). It checks that ``out is x`` and that x's ``data_ptr``
+is unchanged. ``--sweep`` also times other launch configurations (channels per program :
+warps : stages) of the same kernel.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 
 import torch
 from _timing import cuda_event_ms  # noqa: E402
@@ -33,7 +35,7 @@ CASES = (("fp4/32/ue8m0", 128, 1), ("fp4/32/ue8m0", 128, 4), ("fp8/32/ue8m0", 51
 TARGET_COPY_FRACTION = 0.90
 
 
-def bench(mode, width, heads, rows, cache_rows, l2_bytes):
+def bench(mode, width, heads, rows, cache_rows, l2_bytes, rounds):
   kw = MODES[mode][0]
   g = torch.Generator(device="cuda").manual_seed(rows)
   three_d = MODES[mode][2] > 1  # this mode takes x as [N, H, width] (H = 1 included)
@@ -47,15 +49,20 @@ def bench(mode, width, heads, rows, cache_rows, l2_bytes):
   op.check_support()
   op.compile()
   ptr = x.data_ptr()
+  dst = torch.empty_like(x)
   torch.cuda.synchronize()
   alloc0 = torch.cuda.memory_allocated()
   torch.cuda.reset_peak_memory_stats()
-  ours = cuda_event_ms(lambda: op.execute(x, cache, positions))
+  # The op and the copy alternate, `rounds` times each, and each keeps its median: a clock or thermal drift
+  # during the case then moves both alike instead of whichever was timed second.
+  ours_t, copy_t = [], []
+  for _ in range(rounds):
+    ours_t.append(cuda_event_ms(lambda: op.execute(x, cache, positions)))
+    copy_t.append(cuda_event_ms(lambda: dst.copy_(x)))
+  ours, copy = statistics.median(ours_t), statistics.median(copy_t)
   alloc_delta = torch.cuda.memory_allocated() - alloc0
   peak_delta = torch.cuda.max_memory_allocated() - alloc0
   assert op.execute(x, cache, positions) is x and x.data_ptr() == ptr
-  dst = torch.empty_like(x)
-  copy = cuda_event_ms(lambda: dst.copy_(x))
   x_bytes = 2 * x.numel() * x.element_size()  # read + write of x: what the copy moves
   cache_bytes = cache.numel() * 4
   # HBM traffic: x both ways and the position ids; the cache only when it cannot stay in L2 (it is
@@ -65,7 +72,8 @@ def bench(mode, width, heads, rows, cache_rows, l2_bytes):
   return dict(mode=mode, width=width, heads=heads, rows=rows, cache_rows=cache_rows, cache_bytes=cache_bytes,
               cache_l2_resident=cache_resident, ours_ms=ours, copy_ms=copy, time_over_copy=ours / copy,
               copy_fraction=copy / ours, hbm_bytes=hbm, ours_hbm_gbs=hbm / ours / 1e6,
-              copy_gbs=x_bytes / copy / 1e6, allocated_delta=alloc_delta, peak_allocated_delta=peak_delta,
+              copy_gbs=x_bytes / copy / 1e6, ours_ms_rounds=ours_t, copy_ms_rounds=copy_t,
+              allocated_delta=alloc_delta, peak_allocated_delta=peak_delta,
               config={k: v for k, v in krope.launch_config(width, True).items() if k != "HW"})
 
 
@@ -74,6 +82,7 @@ def main():
   ap.add_argument("--out", default="torch_rope_qdq.json")
   ap.add_argument("--rows", type=int, default=1 << 20)
   ap.add_argument("--cache-rows", type=int, default=65536, help="positions in the cos/sin cache (64 fp32 each)")
+  ap.add_argument("--rounds", type=int, default=5, help="alternations of the op and the copy per case (medians)")
   ap.add_argument("--sweep", default="", help="launch configs to try instead of the default, e.g. "
                   "'4096:4:2,8192:8:2' (channels per program : warps : stages)")
   args = ap.parse_args()
@@ -92,7 +101,7 @@ def main():
           return c
         krope.launch_config = patched
       try:
-        r = bench(mode, width, heads, args.rows, args.cache_rows, l2)
+        r = bench(mode, width, heads, args.rows, args.cache_rows, l2, args.rounds)
       finally:
         krope.launch_config = default_config
       r["swept"] = cfg is not None

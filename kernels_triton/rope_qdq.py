@@ -3,8 +3,9 @@
 Framework-free: imports triton (and nvfp4's grid rounding). Each program handles ``BLOCK_R`` rows as two
 2-D tiles, so every load and store is a wide, coalesced access:
 
-- the head ``[BLOCK_R, HEAD_BLOCK]`` (channels ``[0, D - 64)``, ``HEAD_BLOCK`` the
-  next power of two, the excess masked off) is quantized/dequantized as read;
+- the head, channels ``[0, D - 64)``, is quantized/dequantized as read, in the tiles
+  ``[BLOCK_R, D/2], [BLOCK_R, D/4], ..., [BLOCK_R, 64]`` (``D - 64`` is their sum, so no
+  lane computes on a masked-off channel);
 - the tail ``[BLOCK_R, 64]`` is split into its adjacent pairs, rotated with the
   cache row of the row's position, rounded to BF16 and quantized/dequantized.
 
@@ -60,10 +61,9 @@ NAN_BITS = tl.constexpr(0x7FC00000)  # FP32 bits of the NaN written over a group
 
 def launch_config(width: int, hw_e4m3: bool) -> dict:
   """Constexprs, ``num_warps`` and ``num_stages`` for rows of ``width`` channels (a power of two >= 128)."""
-  head = width - ROPE
-  head_block = 1 << (head - 1).bit_length()
   block_r = max(1, 8192 // width)  # 8192 channels, 16 KiB of bf16, per program
-  return dict(BLOCK_R=block_r, HEAD_BLOCK=head_block, HW=bool(hw_e4m3), num_warps=8, num_stages=2)
+  head_tiles = width.bit_length() - ROPE.bit_length()  # D/2, D/4, ..., 64: log2(D) - 6 tiles
+  return dict(BLOCK_R=block_r, HEAD_TILES=head_tiles, HW=bool(hw_e4m3), num_warps=8, num_stages=2)
 
 
 @triton.jit
@@ -182,13 +182,13 @@ def _qdq_tile(v, R: tl.constexpr, C: tl.constexpr, GROUP: tl.constexpr, FP8: tl.
 @triton.jit
 def rope_qdq_kernel(x_ptr, cache_ptr, pos_ptr, n_rows, n_pos, heads, out_ptr,
                     D: tl.constexpr, GROUP: tl.constexpr, FP8: tl.constexpr, E4M3_SCALE: tl.constexpr,
-                    AMAX_FLOOR: tl.constexpr, BLOCK_R: tl.constexpr, HEAD_BLOCK: tl.constexpr,
+                    AMAX_FLOOR: tl.constexpr, BLOCK_R: tl.constexpr, HEAD_TILES: tl.constexpr,
                     HW: tl.constexpr):
   """x, out: [n_rows, D] bf16 (the same buffer in place); cache: [n_pos, 64] fp32;
   pos: [n_rows // heads] int32/int64 (row r uses pos[r // heads]).
 
-  Grid: (cdiv(n_rows, BLOCK_R),). D, GROUP, BLOCK_R and HEAD_BLOCK >= D - 64 are powers
-  of two, D >= 128. HW: hardware BF16/E4M3 conversions (compiled for sm_89+, see above).
+  Grid: (cdiv(n_rows, BLOCK_R),). D, GROUP and BLOCK_R are powers of two, D >= 128, and
+  HEAD_TILES = log2(D) - 6 (see launch_config). HW: hardware BF16/E4M3 conversions (compiled for sm_89+, see above).
   """
   HEAD: tl.constexpr = D - 64
   # 64-bit row offsets: 4M rows of 512 channels already pass 2**31 elements.
@@ -199,15 +199,12 @@ def rope_qdq_kernel(x_ptr, cache_ptr, pos_ptr, n_rows, n_pos, heads, out_ptr,
   # x is streamed (read and written once: evict_first) so that it does not push the cache out of L2, whose
   # rows are gathered at random positions (evict_last). Figures, and the load order that was tried instead:
   # docs/BENCHMARKS.md, run 33.
-  # ---- head: channels [0, D - 64), as read.
-  hc = tl.arange(0, HEAD_BLOCK)[None, :]
-  if HEAD_BLOCK == HEAD:
-    hmask = row_ok[:, None]
-  else:
-    hmask = row_ok[:, None] & (hc < HEAD)
-  h = tl.load(x_ptr + base + hc, mask=hmask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-  h = _qdq_tile(h, BLOCK_R, HEAD_BLOCK, GROUP, FP8, E4M3_SCALE, AMAX_FLOOR, HW)
-  tl.store(out_ptr + base + hc, _to_bf16(h), mask=hmask, eviction_policy="evict_first")
+  # ---- head: channels [0, D - 64), as read, in tiles of D/2, D/4, ..., 64 channels.
+  for i in tl.static_range(HEAD_TILES):
+    hc = (D - (D >> i)) + tl.arange(0, D >> (i + 1))[None, :]
+    h = tl.load(x_ptr + base + hc, mask=row_ok[:, None], other=0.0, eviction_policy="evict_first").to(tl.float32)
+    h = _qdq_tile(h, BLOCK_R, D >> (i + 1), GROUP, FP8, E4M3_SCALE, AMAX_FLOOR, HW)
+    tl.store(out_ptr + base + hc, _to_bf16(h), mask=row_ok[:, None], eviction_policy="evict_first")
 
   # ---- tail: the 32 adjacent pairs of channels [D - 64, D).
   tc = HEAD + tl.arange(0, 64)[None, :]
