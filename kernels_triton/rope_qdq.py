@@ -61,9 +61,9 @@ NAN_BITS = tl.constexpr(0x7FC00000)  # FP32 bits of the NaN written over a group
 
 def launch_config(width: int, hw_e4m3: bool) -> dict:
   """Constexprs, ``num_warps`` and ``num_stages`` for rows of ``width`` channels (a power of two >= 128)."""
-  block_r = max(1, 8192 // width)  # 8192 channels, 16 KiB of bf16, per program
+  block_r = max(1, 4096 // width)  # 4096 channels, 8 KiB of bf16, per program of 4 warps (docs/BENCHMARKS.md, run 44)
   head_tiles = width.bit_length() - ROPE.bit_length()  # D/2, D/4, ..., 64: log2(D) - 6 tiles
-  return dict(BLOCK_R=block_r, HEAD_TILES=head_tiles, HW=bool(hw_e4m3), num_warps=8, num_stages=2)
+  return dict(BLOCK_R=block_r, HEAD_TILES=head_tiles, HW=bool(hw_e4m3), num_warps=4, num_stages=2)
 
 
 @triton.jit
@@ -197,8 +197,18 @@ def rope_qdq_kernel(x_ptr, cache_ptr, pos_ptr, n_rows, n_pos, heads, out_ptr,
   base = row32.to(tl.int64)[:, None] * D
 
   # x is streamed (read and written once: evict_first) so that it does not push the cache out of L2, whose
-  # rows are gathered at random positions (evict_last). Figures, and the load order that was tried instead:
-  # docs/BENCHMARKS.md, run 33.
+  # rows are gathered at random positions (evict_last). Figures, and the load orders that were tried instead:
+  # docs/BENCHMARKS.md, runs 33 and 44.
+  # ---- the tail's cache rows first: the position ids, then the rows they select, are two dependent round trips
+  # that would otherwise wait behind the head's loads, arithmetic and stores (ptxas keeps the program order here).
+  # Positions outside [0, n_pos) are a caller error; clamping keeps the read in bounds
+  # (and matches the clamping gather of the XLA reference).
+  pos = tl.load(pos_ptr + row32 // heads, mask=row_ok, other=0).to(tl.int64)
+  pos = tl.minimum(tl.maximum(pos, 0), n_pos - 1)
+  cache_offs = pos[:, None] * 64 + tl.arange(0, 32)[None, :]
+  cos = tl.load(cache_ptr + cache_offs, mask=row_ok[:, None], other=1.0, eviction_policy="evict_last")
+  sin = tl.load(cache_ptr + cache_offs + 32, mask=row_ok[:, None], other=0.0, eviction_policy="evict_last")
+
   # ---- head: channels [0, D - 64), as read, in tiles of D/2, D/4, ..., 64 channels.
   for i in tl.static_range(HEAD_TILES):
     hc = (D - (D >> i)) + tl.arange(0, D >> (i + 1))[None, :]
@@ -210,13 +220,6 @@ def rope_qdq_kernel(x_ptr, cache_ptr, pos_ptr, n_rows, n_pos, heads, out_ptr,
   tc = HEAD + tl.arange(0, 64)[None, :]
   t = tl.load(x_ptr + base + tc, mask=row_ok[:, None], other=0.0, eviction_policy="evict_first").to(tl.float32)
   a, b = tl.split(tl.reshape(t, (BLOCK_R, 32, 2)))  # channels 2p and 2p + 1
-  # Positions outside [0, n_pos) are a caller error; clamping keeps the read in bounds
-  # (and matches the clamping gather of the XLA reference).
-  pos = tl.load(pos_ptr + row32 // heads, mask=row_ok, other=0).to(tl.int64)
-  pos = tl.minimum(tl.maximum(pos, 0), n_pos - 1)
-  cache_offs = pos[:, None] * 64 + tl.arange(0, 32)[None, :]
-  cos = tl.load(cache_ptr + cache_offs, mask=row_ok[:, None], other=1.0, eviction_policy="evict_last")
-  sin = tl.load(cache_ptr + cache_offs + 32, mask=row_ok[:, None], other=0.0, eviction_policy="evict_last")
   real = _round_bf16(tl.fma(a, cos, _negate(b * sin)), HW)
   imag = _round_bf16(tl.fma(b, cos, a * sin), HW)
 
