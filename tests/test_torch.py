@@ -551,6 +551,25 @@ def test_torch_launcher_rope_interpreted(mode):
   _same(x, want, "rope (interpreted launcher)")
 
 
+def test_torch_launcher_rope_plans_follow_the_shapes(monkeypatch):
+  """One prepared op over inputs of other shapes (token counts, cache lengths): each launch uses its own shapes'
+  plan, also after older plans were dropped to keep the op's cache bounded; bit-exact with the reference."""
+  from jqat.torch import vendor  # noqa: PLC0415
+
+  monkeypatch.setattr(vendor, "_PLANS_KEPT", 2)
+  mode = ("fp4", 32, "ue8m0")
+  x, cache, pos = _rope_inputs(mode)
+  op = jt.RopeQDQInplace(x, cache, pos)
+  op.check_support()
+  for tokens, p in ((7, 11), (3, 11), (7, 5), (9, 11), (7, 11)):  # the last one's plan was dropped
+    x, cache, pos = _rope_inputs(mode, seed=tokens + p)
+    x, cache, pos = x[:tokens].contiguous(), cache[:p].contiguous(), pos[:tokens].contiguous()  # ids >= p: clamped
+    want = jqat.rope_qdq(_j(x), jnp.asarray(cache.numpy()), jnp.asarray(pos.numpy()), implementation="xla")
+    op._launch(x, cache, pos)
+    _same(x, want, f"rope ({tokens} tokens, cache of {p})")
+    assert len(op._plans) <= 2
+
+
 def test_rope_refuses_an_inference_tensor_outside_inference_mode():
   """x made under torch.inference_mode() cannot be written in place outside it: refused before anything runs
   (it was overwritten and then raised)."""

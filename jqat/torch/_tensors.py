@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import jax
 import torch
@@ -24,9 +25,16 @@ def check_backend(device):
     return
   if device.type != "cuda":
     raise ValueError(f"tensors must be on a CUDA device or the CPU, got {device}")
-  cc = torch.cuda.get_device_capability(device)
+  _check_cuda_backend(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _check_cuda_backend(index: int) -> None:
+  """check_backend of CUDA device ``index``; cached, since a device's capability and triton's presence do not change
+  within a process (and a prepared op checks at every call)."""
+  cc = torch.cuda.get_device_capability(index)
   if cc < (8, 0):
-    raise RuntimeError(f"the jqat kernels need compute capability >= 8.0 (Ampere); {device} has {cc[0]}.{cc[1]}")
+    raise RuntimeError(f"the jqat kernels need compute capability >= 8.0 (Ampere); cuda:{index} has {cc[0]}.{cc[1]}")
   try:
     import triton  # noqa: F401, PLC0415
   except ImportError as e:  # pragma: no cover

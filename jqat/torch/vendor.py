@@ -208,6 +208,9 @@ def nvfp4_attention_qat_backward(do, q, k, v, high_precision_o, lse, is_causal=F
 
 
 
+_PLANS_KEPT = 16  # launch plans a RopeQDQInplace keeps (one per shape seen, the latest)
+
+
 def _check_rope(x, cache, positions, mode):
   """Static checks of rope_qdq_inplace (SPEC section 6); nothing is touched on failure."""
   for name, t in (("x", x), ("cache", cache), ("positions", positions)):
@@ -255,6 +258,7 @@ class RopeQDQInplace:
     self.quantization, self.group_size, self.scale_format = quantization, int(group_size), scale_format
     self._planned = (x, cache, positions)
     self._checked = False
+    self._plans = {}  # (x, cache, positions shapes) -> launch plan, at most _PLANS_KEPT, oldest first
 
   def check_support(self):
     x, cache, positions = self._planned
@@ -274,9 +278,17 @@ class RopeQDQInplace:
 
     m = self.mode
     positions = positions.reshape(-1)
-    plan = plans.rope_qdq(*(torch_launch.describe(t) for t in (x, cache, positions)), torch_launch.target(x),
-                          heads=x.shape[1] if m.per_token else 1, group=m.group, fp8=m.fp8, e4m3_scale=m.e4m3_scale,
-                          amax_floor=m.floor)
+    # The checks fixed the dtypes, the device and contiguity, so the shapes select the plan. Building one costs about
+    # as much host time as launching it (docs/BENCHMARKS.md, run 44), so the op keeps the latest few.
+    key = (x.shape, cache.shape, positions.shape)
+    plan = self._plans.get(key)
+    if plan is None:
+      plan = plans.rope_qdq(*(torch_launch.describe(t) for t in (x, cache, positions)), torch_launch.target(x),
+                            heads=x.shape[1] if m.per_token else 1, group=m.group, fp8=m.fp8,
+                            e4m3_scale=m.e4m3_scale, amax_floor=m.floor)
+      if len(self._plans) >= _PLANS_KEPT:
+        del self._plans[next(iter(self._plans))]  # the oldest
+      self._plans[key] = plan
     torch_launch.execute(plan, {"x": x, "cache": cache, "positions": positions, "out": x}, warmup=warmup)
 
   def compile(self):
