@@ -3,4 +3,4 @@
 # 44f: python3 docs/logs/run44_rope_host_split.py | tee $OUT/run44f_rope_host_split.log
 # 44i: python3 benchmarks/torch_rope_qdq.py --out $OUT/run44i_torch_rope_qdq.json | tee $OUT/run44i_torch_rope_qdq.log
 # 44j: python3 -m pytest -q -m gpu tests/test_rope_qdq.py tests/test_torch.py > $OUT/run44j_gpu_tests.log
-#      (the tree of 512384a; run44j_head.txt printed the device checkout's stale git log, not the tree's commit)
+#      (on the tree of 512384a, the same as runs 44h and 44i)
