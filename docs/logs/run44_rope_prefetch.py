@@ -3,10 +3,8 @@
 import triton
 import triton.language as tl
 
-from jqat.kernels_triton.nvfp4 import rcp_approx, round_e2m1, round_grid
-
-ROPE = 64  # rotated tail channels
-NAN_BITS = tl.constexpr(0x7FC00000)  # FP32 bits of the NaN written over a group holding a NaN (bf16 0x7FC0)
+from jqat.kernels_triton.rope_qdq import (  # unchanged since 4946c85
+    ROPE, _group_amax, _negate, _qdq, _qdq_tile, _round_bf16, _scales, _to_bf16)
 
 
 def launch_config(width: int, hw_e4m3: bool) -> dict:
@@ -15,119 +13,6 @@ def launch_config(width: int, hw_e4m3: bool) -> dict:
   head_block = 1 << (head - 1).bit_length()
   block_r = max(1, 8192 // width)  # 8192 channels, 16 KiB of bf16, per program
   return dict(BLOCK_R=block_r, HEAD_BLOCK=head_block, HW=bool(hw_e4m3), num_warps=8, num_stages=2)
-
-
-@triton.jit
-def _round_bf16(v, HW: tl.constexpr):
-  """FP32 ``v`` rounded to BF16, ties to even, kept in FP32 (overflow gives +-Inf, a NaN stays a NaN)."""
-  if HW:
-    r = v.to(tl.bfloat16).to(tl.float32)  # cvt.rn.bf16.f32
-  else:
-    # On the magnitude, so no carry reaches the sign bit. A NaN's payload could carry past
-    # bit 30 or round down to Inf, so a NaN becomes a quiet NaN, as cvt.rn.bf16.f32 makes it
-    # (a per-element select, on Ampere and in the interpreter only).
-    bits = v.to(tl.int32, bitcast=True)
-    mag = bits & 0x7FFFFFFF
-    mag = tl.where(mag > 0x7F800000, 0x7FC00000, (mag + 0x7FFF + ((mag >> 16) & 1)) & -65536)
-    r = (mag | (bits & -2147483648)).to(tl.float32, bitcast=True)
-  return r
-
-
-@triton.jit
-def _negate(v):
-  """``-v`` with IEEE semantics: Triton lowers unary minus to ``0 - v``, which turns -0 into +0."""
-  return (v.to(tl.int32, bitcast=True) ^ -2147483648).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _round_e4m3(y, HW: tl.constexpr):
-  """RNE of non-negative FP32 ``y <= 448`` onto E4M3 (fn): 3 mantissa bits, subnormal grid 2**-9."""
-  if HW:
-    r = y.to(tl.float8e4nv).to(tl.float32)  # cvt.rn.satfinite.e4m3x2.f32 (sm_89+)
-  else:
-    r = round_grid(y, 121 << 23, 20 << 23)
-  return r
-
-
-@triton.jit
-def _scales(amax, FP8: tl.constexpr, E4M3_SCALE: tl.constexpr, AMAX_FLOOR: tl.constexpr, HW: tl.constexpr):
-  """Per-group ``(scale, 1 / scale, -scale)`` from the group amax (FP32, any shape)."""
-  amax = tl.maximum(amax, AMAX_FLOOR)
-  if E4M3_SCALE:
-    # Correctly rounded amax / 6: t0 is within an ulp, the residual is exact, and one FMA
-    # with the rounded reciprocal lands on RN(amax / 6) (Markstein; no underflow here).
-    t0 = amax * (1.0 / 6.0)
-    t = tl.fma(tl.fma(t0, -6.0, amax), 1.0 / 6.0, t0)
-    scale = _round_e4m3(tl.minimum(t, 448.0), HW)  # >= 2**-9 thanks to the floor
-    # Any faithful reciprocal will do (see the module docstring): compiled, one MUFU.RCP.
-    inv = rcp_approx(scale) if HW else 1.0 / scale
-  else:
-    # 2**ceil(log2(t)) of the rounded FP32 product t (normal, >= 2**-126 thanks to the floor):
-    # the exponent of t, plus one unless t is already a power of two.
-    if FP8:
-      t = amax * (1.0 / 448.0)
-    else:
-      t = amax * (1.0 / 6.0)
-    tb = t.to(tl.int32, bitcast=True)
-    exp = (tb >> 23) + ((tb & 0x7FFFFF) != 0).to(tl.int32)
-    scale = (exp << 23).to(tl.float32, bitcast=True)
-    # The biased exponent stays in [1, 253] (floor below, amax <= FP32 max above), so 2**-k is normal.
-    inv = ((254 - exp) << 23).to(tl.float32, bitcast=True)
-  return scale, inv, 0.0 - scale
-
-
-@triton.jit
-def _group_amax(amax_bits):
-  """``(amax, nan)`` of groups from the integer max of their FP32 magnitude patterns.
-
-  Magnitude patterns order like the values and every NaN lies above +Inf, so the
-  integer max sees a NaN that a float max (``max.f32`` drops NaN operands) would
-  lose. An infinite amax counts as the largest finite FP32 value. Per group, not
-  per element: one compare and one min.
-  """
-  nan = amax_bits > 0x7F800000
-  amax = tl.minimum(amax_bits, 0x7F7FFFFF).to(tl.float32, bitcast=True)
-  return amax, nan
-
-
-@triton.jit
-def _qdq(v, scale, inv, neg_scale, nan, FP8: tl.constexpr, E4M3_SCALE: tl.constexpr, HW: tl.constexpr):
-  """``sign(v) * round(min(|v| / scale, limit)) * scale`` as FP32 bits (int32), the canonical NaN
-  where the group's ``nan`` is set; the per-group operands broadcast to ``v``."""
-  av = tl.abs(v)
-  y = av * inv  # exact for a power-of-two scale; +Inf for an infinite v, clamped to the limit below
-  if E4M3_SCALE:
-    # The quotient, exact when representable. An infinite v gives fma(Inf, -s, Inf) = NaN: compiled, the min.f32
-    # below turns it into the limit; under the interpreter (NumPy's min keeps a NaN) y is capped first (8 > 6 keeps
-    # every clamped result at 6).
-    if not HW:
-      y = tl.minimum(y, 8.0)
-    y = tl.fma(tl.fma(y, neg_scale, av), inv, y)
-  if FP8:
-    q = _round_e4m3(tl.minimum(y, 448.0), HW)
-  else:
-    q = round_e2m1(tl.minimum(y, 6.0))
-  mag = (q * scale).to(tl.int32, bitcast=True)  # 6 * 2**126 and 448 * 2**120 overflow to +Inf
-  sign = v.to(tl.int32, bitcast=True) & -2147483648
-  return tl.where(nan, NAN_BITS, mag | sign)
-
-
-@triton.jit
-def _to_bf16(bits):
-  """FP32 bits of a BF16 value as bf16, by truncation: exact, and keeps the NaN pattern that a
-  ``cvt.rn.bf16.f32`` would replace by its own NaN (PTX canonical 0x7FFF)."""
-  return (bits >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
-
-
-@triton.jit
-def _qdq_tile(v, R: tl.constexpr, C: tl.constexpr, GROUP: tl.constexpr, FP8: tl.constexpr,
-              E4M3_SCALE: tl.constexpr, AMAX_FLOOR: tl.constexpr, HW: tl.constexpr):
-  """QDQ of ``v: [R, C]`` FP32 in groups of GROUP along axis 1; returns FP32 bits (int32)."""
-  v3 = tl.reshape(v, (R, C // GROUP, GROUP))
-  amax, nan = _group_amax(tl.max(v3.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=2))
-  scale, inv, neg = _scales(amax, FP8, E4M3_SCALE, AMAX_FLOOR, HW)
-  out = _qdq(v3, scale[:, :, None], inv[:, :, None], neg[:, :, None], nan[:, :, None], FP8, E4M3_SCALE, HW)
-  return tl.reshape(out, (R, C))
 
 
 @triton.jit
