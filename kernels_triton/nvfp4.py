@@ -96,6 +96,16 @@ def rcp_approx(x):
 
 
 @triton.jit
+def corrected_quotient(x, s, r):
+  """``RN(x / s)`` from ``r``, any faithful ``1 / s``: ``y0 = x * r``, then one correction
+  ``y0 + r * (x - s * y0)`` in two FMAs (the residual is exact; Markstein). Exact when the quotient is
+  representable; for the E4M3 scales of NVFP4 and RoPE-QDQ it rounds as the exact quotient does (why:
+  ``e2m1_dequant`` and kernels_triton/rope_qdq.py). ``x = +Inf`` gives NaN (``fma(Inf, -s, Inf)``)."""
+  y = x * r
+  return tl.fma(tl.fma(y, -s, x), r, y)
+
+
+@triton.jit
 def round_grid(y, MIN_EXP_BITS: tl.constexpr, SHIFT_BITS: tl.constexpr):
   """RNE of non-negative FP32 ``y`` keeping ``23 - SHIFT`` mantissa bits, with the spacing of the
   binade starting at ``MIN_EXP`` below it (the subnormal grid of the small format).
@@ -167,8 +177,7 @@ def e2m1_dequant(ax, s, AXIS: tl.constexpr, HW_E2M1: tl.constexpr, QUOTIENT: tl.
   elif QUOTIENT:
     s3 = tl.expand_dims(s, AXIS)
     r3 = tl.expand_dims(rcp_approx(s), AXIS)  # one MUFU.RCP per block
-    y = ax * r3
-    y = tl.fma(tl.fma(y, -s3, ax), r3, y)  # RN(ax / s): the residual ax - s * y0 is exact
+    y = corrected_quotient(ax, s3, r3)  # RN(ax / s)
     out = round_e2m1(tl.minimum(y, 6.0)) * s3  # min also takes a NaN (from +Inf) to 6
   else:
     # Level 1 splits the codes {0..3} | {4..7} at 1.75 (>=), level 2 at 0.75 or 3.5 (>=),

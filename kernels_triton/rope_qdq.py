@@ -21,8 +21,8 @@ Numerics, all bit-exact with the spec, without any per-element division:
   the correctly rounded ``amax / 6`` from a reciprocal and one FMA correction
   (Markstein), then rounds it to E4M3 (hardware ``cvt.rn.satfinite`` when HW).
 - Elements: ``|v| * 2**-k`` is the exact quotient by a UE8M0 scale. For an E4M3
-  scale ``s``, ``y0 = |v| * (1/s)`` corrected once, ``y = fma(fma(-y0, s, |v|), 1/s, y0)``,
-  is exact whenever the quotient is representable (a rounding tie), and
+  scale ``s``, ``y0 = |v| * (1/s)`` corrected once (``nvfp4.corrected_quotient``:
+  ``y = fma(fma(-y0, s, |v|), 1/s, y0)``), is exact whenever the quotient is representable (a rounding tie), and
   otherwise lies far from every E2M1 boundary (a BF16 ``|v|`` differs from an
   exact ``s * boundary`` by at least 2**-9 relative), so RNE of ``y`` is RNE of
   the correctly rounded quotient.
@@ -39,8 +39,8 @@ NaN ``0x7FC0`` and an infinite amax is clamped to the largest finite FP32 value
 (one compare and one min per group). Per element: an infinite element's E4M3-scale
 quotient is NaN after its FMA correction (``fma(Inf, -s, Inf)``); compiled, the
 clamp to the limit (``min.f32``, which returns the non-NaN operand) makes it the
-limit, and under the interpreter (NumPy's min keeps the NaN) the quotient is capped
-at 8 first; and the NaN select. BF16 is stored by truncating the FP32 bits (exact: the values are
+limit, and under the interpreter (NumPy's min keeps the NaN) ``|v|`` is capped at
+``8 * s`` first; and the NaN select. BF16 is stored by truncating the FP32 bits (exact: the values are
 BF16 values), because ``cvt.rn.bf16.f32`` writes its own NaN (PTX canonical ``0x7FFF``).
 The rotation itself is IEEE (``tl.fma``); ids are clamped into ``[0, P)`` in int64.
 
@@ -53,7 +53,7 @@ Without ``HW`` the same roundings are done on the bits.
 import triton
 import triton.language as tl
 
-from jqat.kernels_triton.nvfp4 import rcp_approx, round_e2m1, round_grid
+from jqat.kernels_triton.nvfp4 import corrected_quotient, rcp_approx, round_e2m1, round_grid
 
 ROPE = 64  # rotated tail channels
 NAN_BITS = tl.constexpr(0x7FC00000)  # FP32 bits of the NaN written over a group holding a NaN (bf16 0x7FC0)
@@ -100,7 +100,7 @@ def _round_e4m3(y, HW: tl.constexpr):
 
 @triton.jit
 def _scales(amax, FP8: tl.constexpr, E4M3_SCALE: tl.constexpr, AMAX_FLOOR: tl.constexpr, HW: tl.constexpr):
-  """Per-group ``(scale, 1 / scale, -scale)`` from the group amax (FP32, any shape)."""
+  """Per-group ``(scale, 1 / scale)`` from the group amax (FP32, any shape)."""
   amax = tl.maximum(amax, AMAX_FLOOR)
   if E4M3_SCALE:
     # Correctly rounded amax / 6: t0 is within an ulp, the residual is exact, and one FMA
@@ -122,7 +122,7 @@ def _scales(amax, FP8: tl.constexpr, E4M3_SCALE: tl.constexpr, AMAX_FLOOR: tl.co
     scale = (exp << 23).to(tl.float32, bitcast=True)
     # The biased exponent stays in [1, 253] (floor below, amax <= FP32 max above), so 2**-k is normal.
     inv = ((254 - exp) << 23).to(tl.float32, bitcast=True)
-  return scale, inv, 0.0 - scale
+  return scale, inv
 
 
 @triton.jit
@@ -140,18 +140,19 @@ def _group_amax(amax_bits):
 
 
 @triton.jit
-def _qdq(v, scale, inv, neg_scale, nan, FP8: tl.constexpr, E4M3_SCALE: tl.constexpr, HW: tl.constexpr):
+def _qdq(v, scale, inv, nan, FP8: tl.constexpr, E4M3_SCALE: tl.constexpr, HW: tl.constexpr):
   """``sign(v) * round(min(|v| / scale, limit)) * scale`` as FP32 bits (int32), the canonical NaN
   where the group's ``nan`` is set; the per-group operands broadcast to ``v``."""
   av = tl.abs(v)
-  y = av * inv  # exact for a power-of-two scale; +Inf for an infinite v, clamped to the limit below
   if E4M3_SCALE:
-    # The quotient, exact when representable. An infinite v gives fma(Inf, -s, Inf) = NaN: compiled, the min.f32
-    # below turns it into the limit; under the interpreter (NumPy's min keeps a NaN) y is capped first (8 > 6 keeps
-    # every clamped result at 6).
+    # The quotient, exact when representable. An infinite v gives NaN: compiled, the min.f32 below turns it into
+    # the limit; under the interpreter (NumPy's min keeps a NaN) |v| is capped at 8 * scale first (exact, and every
+    # element at or above it gives the limit, 6, either way).
     if not HW:
-      y = tl.minimum(y, 8.0)
-    y = tl.fma(tl.fma(y, neg_scale, av), inv, y)
+      av = tl.minimum(av, 8.0 * scale)
+    y = corrected_quotient(av, scale, inv)
+  else:
+    y = av * inv  # exact for a power-of-two scale; +Inf for an infinite v, clamped to the limit below
   if FP8:
     q = _round_e4m3(tl.minimum(y, 448.0), HW)
   else:
@@ -174,8 +175,8 @@ def _qdq_tile(v, R: tl.constexpr, C: tl.constexpr, GROUP: tl.constexpr, FP8: tl.
   """QDQ of ``v: [R, C]`` FP32 in groups of GROUP along axis 1; returns FP32 bits (int32)."""
   v3 = tl.reshape(v, (R, C // GROUP, GROUP))
   amax, nan = _group_amax(tl.max(v3.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=2))
-  scale, inv, neg = _scales(amax, FP8, E4M3_SCALE, AMAX_FLOOR, HW)
-  out = _qdq(v3, scale[:, :, None], inv[:, :, None], neg[:, :, None], nan[:, :, None], FP8, E4M3_SCALE, HW)
+  scale, inv = _scales(amax, FP8, E4M3_SCALE, AMAX_FLOOR, HW)
+  out = _qdq(v3, scale[:, :, None], inv[:, :, None], nan[:, :, None], FP8, E4M3_SCALE, HW)
   return tl.reshape(out, (R, C))
 
 
@@ -230,9 +231,9 @@ def rope_qdq_kernel(x_ptr, cache_ptr, pos_ptr, n_rows, n_pos, heads, out_ptr,
   amax_bits = tl.maximum(tl.max(re3.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=2),
                          tl.max(im3.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=2))
   amax, nan = _group_amax(amax_bits)
-  scale, inv, neg = _scales(amax, FP8, E4M3_SCALE, AMAX_FLOOR, HW)
-  scale, inv, neg, nan = scale[:, :, None], inv[:, :, None], neg[:, :, None], nan[:, :, None]
-  re3 = _qdq(re3, scale, inv, neg, nan, FP8, E4M3_SCALE, HW)
-  im3 = _qdq(im3, scale, inv, neg, nan, FP8, E4M3_SCALE, HW)
+  scale, inv = _scales(amax, FP8, E4M3_SCALE, AMAX_FLOOR, HW)
+  scale, inv, nan = scale[:, :, None], inv[:, :, None], nan[:, :, None]
+  re3 = _qdq(re3, scale, inv, nan, FP8, E4M3_SCALE, HW)
+  im3 = _qdq(im3, scale, inv, nan, FP8, E4M3_SCALE, HW)
   y = tl.reshape(tl.join(tl.reshape(re3, (BLOCK_R, 32)), tl.reshape(im3, (BLOCK_R, 32))), (BLOCK_R, 64))
   tl.store(out_ptr + base + tc, _to_bf16(y), mask=row_ok[:, None], eviction_policy="evict_first")

@@ -1,11 +1,23 @@
 """Run 44d variant of kernels_triton/rope_qdq.py: the tail's x loaded with the cache rows, before the head."""
 
+import importlib.util
 
 import triton
 import triton.language as tl
 
-from jqat.kernels_triton.rope_qdq import (  # unchanged since 4946c85
-    ROPE, _group_amax, _negate, _qdq, _qdq_tile, _round_bf16, _scales, _to_bf16)
+# The helpers as measured: kernels_triton/rope_qdq.py at 4946c85, which run44_rope_ab.py also loads
+# (`git show 4946c85:kernels_triton/rope_qdq.py > .device/rope_qdq_head.py`).
+_spec = importlib.util.spec_from_file_location("rope_qdq_4946c85", ".device/rope_qdq_head.py")
+_base = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_base)
+ROPE = _base.ROPE
+_group_amax = _base._group_amax
+_negate = _base._negate
+_qdq = _base._qdq
+_qdq_tile = _base._qdq_tile
+_round_bf16 = _base._round_bf16
+_scales = _base._scales
+_to_bf16 = _base._to_bf16
 
 
 def launch_config(width: int, hw_e4m3: bool) -> dict:
