@@ -278,9 +278,10 @@ class RopeQDQInplace:
 
     m = self.mode
     positions = positions.reshape(-1)
-    # The checks fixed the dtypes, the device and contiguity, so the shapes select the plan. Building one costs about
-    # as much host time as launching it (docs/BENCHMARKS.md, run 44), so the op keeps the latest few.
-    key = (x.shape, cache.shape, positions.shape)
+    # The checks fixed the dtypes, the device and contiguity, so the shapes (and whether Triton interprets) select the
+    # plan. Building one costs about as much host time as launching it (docs/BENCHMARKS.md, run 44), so the op keeps
+    # the latest few.
+    key = (x.shape, cache.shape, positions.shape, torch_launch.interpreting(x))
     plan = self._plans.get(key)
     if plan is None:
       plan = plans.rope_qdq(*(torch_launch.describe(t) for t in (x, cache, positions)), torch_launch.target(x),
