@@ -1,7 +1,7 @@
 """Tail RoPE + microscaled quantize/dequantize, one fused in-place pass (SPEC section 4).
 
-Framework-free: imports triton (and nvfp4's grid rounding). Each program handles ``BLOCK_R`` rows as two
-2-D tiles, so every load and store is a wide, coalesced access:
+Framework-free: imports triton (and nvfp4's roundings). Each program handles ``BLOCK_R`` rows as 2-D
+tiles, so every load and store is a wide, coalesced access:
 
 - the head, channels ``[0, D - 64)``, is quantized/dequantized as read, in the tiles
   ``[BLOCK_R, D/2], [BLOCK_R, D/4], ..., [BLOCK_R, 64]`` (``D - 64`` is their sum, so no
@@ -9,8 +9,8 @@ Framework-free: imports triton (and nvfp4's grid rounding). Each program handles
 - the tail ``[BLOCK_R, 64]`` is split into its adjacent pairs, rotated with the
   cache row of the row's position, rounded to BF16 and quantized/dequantized.
 
-Groups (16 or 32 channels) never straddle the head/tail boundary (64 is a
-multiple of both), so the two tiles are independent. ``out`` is the same
+Groups (16 or 32 channels) never straddle a tile boundary (every tile is a
+multiple of 64 channels wide), so the tiles are independent. ``out`` is the same
 buffer as ``x`` when called in place.
 
 Numerics, all bit-exact with the spec, without any per-element division:
@@ -22,10 +22,10 @@ Numerics, all bit-exact with the spec, without any per-element division:
   (Markstein), then rounds it to E4M3 (hardware ``cvt.rn.satfinite`` when HW).
 - Elements: ``|v| * 2**-k`` is the exact quotient by a UE8M0 scale. For an E4M3
   scale ``s``, ``y0 = |v| * (1/s)`` corrected once (``nvfp4.corrected_quotient``:
-  ``y = fma(fma(-y0, s, |v|), 1/s, y0)``), is exact whenever the quotient is representable (a rounding tie), and
-  otherwise lies far from every E2M1 boundary (a BF16 ``|v|`` differs from an
-  exact ``s * boundary`` by at least 2**-9 relative), so RNE of ``y`` is RNE of
-  the correctly rounded quotient.
+  ``y = fma(fma(-y0, s, |v|), 1/s, y0)``) is exact whenever the quotient is
+  representable (a rounding tie), and otherwise lies far from every E2M1
+  boundary (a BF16 ``|v|`` differs from an exact ``s * boundary`` by at least
+  2**-9 relative), so RNE of ``y`` is RNE of the correctly rounded quotient.
 - RNE onto E2M1/E4M3: ``(y + M) - M`` with ``M`` the power of two whose FP32
   ulp is the target grid spacing at ``y`` (from ``y``'s exponent field): one
   integer max/add and two float adds; on the GPU, ``.to(tl.float8e4nv)`` for E4M3.
@@ -103,10 +103,9 @@ def _scales(amax, FP8: tl.constexpr, E4M3_SCALE: tl.constexpr, AMAX_FLOOR: tl.co
   """Per-group ``(scale, 1 / scale)`` from the group amax (FP32, any shape)."""
   amax = tl.maximum(amax, AMAX_FLOOR)
   if E4M3_SCALE:
-    # Correctly rounded amax / 6: t0 is within an ulp, the residual is exact, and one FMA
-    # with the rounded reciprocal lands on RN(amax / 6) (Markstein; no underflow here).
-    t0 = amax * (1.0 / 6.0)
-    t = tl.fma(tl.fma(t0, -6.0, amax), 1.0 / 6.0, t0)
+    # Correctly rounded amax / 6: amax * fp32(1 / 6) is within an ulp, the residual is exact, and one
+    # FMA with the rounded reciprocal lands on RN(amax / 6) (Markstein; no underflow here).
+    t = corrected_quotient(amax, 6.0, 1.0 / 6.0)
     scale = _round_e4m3(tl.minimum(t, 448.0), HW)  # >= 2**-9 thanks to the floor
     # Any faithful reciprocal will do (see the module docstring): compiled, one MUFU.RCP.
     inv = rcp_approx(scale) if HW else 1.0 / scale
