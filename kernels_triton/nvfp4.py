@@ -52,6 +52,16 @@ def quant_flags(compute_capability, interpret: bool = False) -> dict:
 
 
 @triton.jit
+def corrected_quotient(x, s, r):
+  """``RN(x / s)`` from ``r``, any faithful ``1 / s``: ``y0 = x * r``, then one correction
+  ``y0 + r * (x - s * y0)`` in two FMAs (the residual is exact; Markstein). Exact when the quotient is
+  representable; for the E4M3 scales of NVFP4 and RoPE-QDQ it rounds as the exact quotient does (why:
+  ``e2m1_dequant`` and kernels_triton/rope_qdq.py). ``x = +Inf`` gives NaN (``fma(Inf, -s, Inf)``)."""
+  y = x * r
+  return tl.fma(tl.fma(y, -s, x), r, y)
+
+
+@triton.jit
 def e4m3_block_scale(amax, HW_E4M3: tl.constexpr):
   """``e4m3(max(amax / 6, 2**-9))`` RNE, saturating at 448; ``amax >= 0`` FP32 (may be +Inf).
 
@@ -59,7 +69,7 @@ def e4m3_block_scale(amax, HW_E4M3: tl.constexpr):
   formed without ``div.rn``'s range check and slow-path branch: with
   ``y = RN(1/6)``, ``q0 = RN(amax * y)`` is within one ulp of the quotient, the
   residual ``r = amax - 6 * q0`` is exact in one FMA, and ``RN(q0 + r * y)`` is
-  the correctly rounded quotient (Markstein's theorem) wherever ``q0`` is a
+  the correctly rounded quotient (Markstein's theorem; ``corrected_quotient``) wherever ``q0`` is a
   normal number. Below that the quotient is far under the 2**-9 floor; above,
   ``amax`` is first clamped to 2688 = 6 * 448, whose scale is already the
   saturated 448 (this also maps +Inf to 448). The interpreter has no fused
@@ -67,8 +77,7 @@ def e4m3_block_scale(amax, HW_E4M3: tl.constexpr):
   """
   amax = tl.minimum(amax, 2688.0)
   if HW_E4M3:
-    q0 = amax * 0.16666667163372039795  # RN(1/6) = 0x3E2AAAAB
-    t = tl.fma(tl.fma(q0, -6.0, amax), 0.16666667163372039795, q0)
+    t = corrected_quotient(amax, 6.0, 0.16666667163372039795)  # RN(1/6) = 0x3E2AAAAB
   else:
     t = tl.div_rn(amax, 6.0)
   t = tl.maximum(t, 0.001953125)
@@ -93,16 +102,6 @@ def rcp_approx(x):
   compiles to a full-range division with its range checks. For callers that correct the quotient afterwards."""
   return tl.inline_asm_elementwise(asm="rcp.approx.ftz.f32 $0, $1;", constraints="=r,r", args=[x],
                                    dtype=tl.float32, is_pure=True, pack=1)
-
-
-@triton.jit
-def corrected_quotient(x, s, r):
-  """``RN(x / s)`` from ``r``, any faithful ``1 / s``: ``y0 = x * r``, then one correction
-  ``y0 + r * (x - s * y0)`` in two FMAs (the residual is exact; Markstein). Exact when the quotient is
-  representable; for the E4M3 scales of NVFP4 and RoPE-QDQ it rounds as the exact quotient does (why:
-  ``e2m1_dequant`` and kernels_triton/rope_qdq.py). ``x = +Inf`` gives NaN (``fma(Inf, -s, Inf)``)."""
-  y = x * r
-  return tl.fma(tl.fma(y, -s, x), r, y)
 
 
 @triton.jit
