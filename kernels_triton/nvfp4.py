@@ -53,10 +53,11 @@ def quant_flags(compute_capability, interpret: bool = False) -> dict:
 
 @triton.jit
 def corrected_quotient(x, s, r):
-  """``RN(x / s)`` from ``r``, any faithful ``1 / s``: ``y0 = x * r``, then one correction
-  ``y0 + r * (x - s * y0)`` in two FMAs (the residual is exact; Markstein). Exact when the quotient is
-  representable; for the E4M3 scales of NVFP4 and RoPE-QDQ it rounds as the exact quotient does (why:
-  ``e2m1_dequant`` and kernels_triton/rope_qdq.py). ``x = +Inf`` gives NaN (``fma(Inf, -s, Inf)``)."""
+  """``x / s`` from ``r`` ~ ``1 / s``: ``y0 = x * r``, then one correction ``y0 + r * (x - s * y0)`` in two FMAs
+  (the residual is exact). With ``r = RN(1 / s)`` and ``y0`` normal it is ``RN(x / s)`` (Markstein's theorem;
+  the E4M3 scales' ``amax / 6``); with a faithful ``r`` (``rcp_approx``) it lies within about 2**-44 relative of
+  ``x / s`` and is exact when the quotient is representable, which the E2M1 roundings need (``e2m1_dequant``,
+  kernels_triton/rope_qdq.py). ``x = +Inf`` gives NaN (``fma(Inf, -s, Inf)``)."""
   y = x * r
   return tl.fma(tl.fma(y, -s, x), r, y)
 
