@@ -16,6 +16,7 @@ selects variants by name (comma-separated).
 """
 import importlib.util, json, statistics, sys, torch, triton
 sys.path.insert(0, "benchmarks")
+sys.path.insert(0, "docs/logs")  # the variants import run44_rope_base
 from _timing import cuda_event_ms
 from rope_qdq import MODES
 from jqat._src.rope_qdq_reference import MODES as SPEC_MODES

@@ -1,15 +1,10 @@
 """Run 44h variant of kernels_triton/rope_qdq.py: HEADS (constexpr) rows share one cache row load."""
 
-import importlib.util
-
 import triton
 import triton.language as tl
 
-# The helpers as measured: kernels_triton/rope_qdq.py at 4946c85, which run44_rope_ab.py also loads
-# (`git show 4946c85:kernels_triton/rope_qdq.py > .device/rope_qdq_head.py`).
-_spec = importlib.util.spec_from_file_location("rope_qdq_4946c85", ".device/rope_qdq_head.py")
-_base = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_base)
+from run44_rope_base import rope_4946c85 as _base  # docs/logs on sys.path (run44_rope_ab.py)
+
 ROPE = _base.ROPE
 _group_amax = _base._group_amax
 _negate = _base._negate

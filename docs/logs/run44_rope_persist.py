@@ -1,15 +1,10 @@
 """Run 44a variant of kernels_triton/rope_qdq.py at 4946c85: persistent programs over row blocks, Triton's pipeliner (run 44a). Measured slower; not kept."""
 
-import importlib.util
-
 import triton
 import triton.language as tl
 
-# The helpers as measured: kernels_triton/rope_qdq.py at 4946c85, which run44_rope_ab.py also loads
-# (`git show 4946c85:kernels_triton/rope_qdq.py > .device/rope_qdq_head.py`).
-_spec = importlib.util.spec_from_file_location("rope_qdq_4946c85", ".device/rope_qdq_head.py")
-_base = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_base)
+from run44_rope_base import rope_4946c85 as _base  # docs/logs on sys.path (run44_rope_ab.py)
+
 ROPE = _base.ROPE
 _group_amax = _base._group_amax
 _negate = _base._negate
@@ -18,14 +13,7 @@ _qdq_tile = _base._qdq_tile
 _round_bf16 = _base._round_bf16
 _scales = _base._scales
 _to_bf16 = _base._to_bf16
-
-
-def launch_config(width: int, hw_e4m3: bool) -> dict:
-  """Constexprs, ``num_warps`` and ``num_stages`` for rows of ``width`` channels (a power of two >= 128)."""
-  head = width - ROPE
-  head_block = 1 << (head - 1).bit_length()
-  block_r = max(1, 8192 // width)  # 8192 channels, 16 KiB of bf16, per program
-  return dict(BLOCK_R=block_r, HEAD_BLOCK=head_block, HW=bool(hw_e4m3), num_warps=8, num_stages=2)
+launch_config = _base.launch_config
 
 
 @triton.jit
