@@ -8,7 +8,7 @@ FastVideo's Triton Attn-QAT training kernels (paper flags) and the XLA reference
 Times are medians over repeats of ``iters`` back-to-back calls, synchronized at
 the end (JAX dispatch is asynchronous, so launch overhead is hidden behind the
 previous call); torch SDPA and FastVideo use CUDA events around the same loop
-(benchmarks/_timing.py), after one warm-up call (FastVideo autotunes in it).
+(benchmarks/_timing.py), after one warm-up call (FastVideo compiles in it).
 TFLOP/s counts 4*B*N*Tq*Tk*D for the forward and 2.5x that for the backward,
 halved for causal. fwd+bwd is ``jax.grad`` through ``jqat.attention`` (forward
 with residuals, then backward); for torch, ``torch.autograd.grad`` of a fresh
@@ -468,7 +468,7 @@ def main():
     "--fastvideo-shapes",
     default="all",
     help="rows (0-based indices into the chosen shape list, comma-separated), all or none that get "
-    "the FastVideo column (each autotunes on its first call)",
+    "the FastVideo column (each compiles its kernels on its first call)",
   )
   args = ap.parse_args()
   memory_shape = _parse_memory_shape(args.memory_shape)
