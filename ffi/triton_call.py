@@ -35,7 +35,7 @@ import warnings
 
 import numpy as np
 
-_ENTRY_FORMAT = 1
+_ENTRY_FORMAT = 2  # 2: the kernel's global scratch size and alignment
 _MAX_ENTRY_BYTES = 256 << 20  # far above any kernel's PTX; a larger file is not an entry
 _INT32_MAX = 2**31 - 1  # TritonKernel's integer fields are 32-bit
 
@@ -118,9 +118,13 @@ def _out_keyword(fn) -> str:
   return "out_shape" if "out_shape" in params else "out_type"
 
 
-# The TritonKernel constructor of jax-triton 0.3.1, in order, as entry fields.
+# The TritonKernel constructor of jax-triton 0.3.1, in order, as entry fields; then the two that jaxlib's
+# TritonKernel (0.11) takes after them and jax-triton 0.3.1 does not pass: the kernel's global scratch size and
+# alignment (_with_scratch).
 _KERNEL_FIELDS = (("kernel_name", str), ("num_warps", int), ("num_ctas", int), ("shared_mem_bytes", int),
-                  ("ptx", str), ("ttir", str), ("compute_capability", int))
+                  ("ptx", str), ("ttir", str), ("compute_capability", int), ("global_scratch_size", int),
+                  ("global_scratch_align", int))
+_MAX_SCRATCH_ALIGN = 4096
 _ENTRY_FIELDS = {"format": int, "key": str, "key_material": str, **dict(_KERNEL_FIELDS), "ptx_sha256": str,
                  "ttir_sha256": str, "attrs": list}
 
@@ -160,8 +164,10 @@ def _install_disk_cache():
               "compute_capability": compute_capability, "enable_fp_fusion": enable_fp_fusion,
               "metaparams": metaparams, "dump": dump}
     # Only CUDA's binary is text (PTX); on ROCm it is the path of a temporary file.
-    if dump or platform != "cuda" or not hasattr(fn, "cache_key"):
+    if platform != "cuda":
       return factory(*args, **kwargs)
+    if dump or not hasattr(fn, "cache_key"):
+      return _compile_recording(factory, kernel_lib, args, kwargs)[0]
     cc = compute_capability if compute_capability is not None else kernel_lib.get_compute_capability(0)
     # Scalars enter the compiled code only through their type and the ==1 / None specializations.
     scalars = tuple((i, t, v == 1, v is None) for i, t, v in scalar_args)
@@ -175,7 +181,7 @@ def _install_disk_cache():
     entry = _read_entry(path, material, key, len(arg_dtypes), cc) if path else None
     if entry is not None:
       ctor_args, attrs = entry
-      memo[key] = (kernel_lib.TritonKernel(*ctor_args), attrs)
+      memo[key] = (_new_kernel(kernel_lib, ctor_args), attrs)
       return memo[key]
     (kernel, attrs), made = _compile_recording(factory, kernel_lib, args, kwargs)
     memo[key] = (kernel, attrs)
@@ -191,32 +197,77 @@ def _install_disk_cache():
   lib.get_or_create_triton_kernel = cached
 
 
-class _RecordingKernelLib:
-  """jaxlib's ``gpu_triton`` as one compile sees it: its ``TritonKernel`` also records what it built."""
+def _new_kernel(kernel_lib, ctor_args: tuple):
+  """jaxlib's ``TritonKernel`` from the ``_KERNEL_FIELDS`` values: jax-triton 0.3.1's seven, and the global scratch
+  size and alignment only for a kernel that has scratch (Triton's tensor descriptors made in the kernel: jaxlib
+  then allocates ``size`` bytes per program for each launch). jaxlib before 0.11 takes the seven alone."""
+  *plain, size, align = ctor_args
+  if not size:
+    return kernel_lib.TritonKernel(*plain)
+  try:
+    return kernel_lib.TritonKernel(*plain, size, align)
+  except TypeError as e:
+    raise RuntimeError(f"Triton kernel {plain[0]!r} needs {size} bytes of global scratch per program (tensor "
+                       f"descriptors made in the kernel); this jaxlib's TritonKernel takes no scratch size "
+                       f"(jaxlib 0.11 or later does)") from e
 
-  def __init__(self, kernel_lib):
+
+class _RecordingKernelLib:
+  """jaxlib's ``gpu_triton`` as one compile sees it: its ``TritonKernel`` gets the kernel's global scratch (which
+  jax-triton 0.3.1 drops) and records what it built."""
+
+  def __init__(self, kernel_lib, scratch: dict):
     self._kernel_lib = kernel_lib
-    self.made = []  # (args, kwargs, kernel) per construction
+    self._scratch = scratch  # Triton's metadata of the compile: global_scratch_size / _align
+    self.made = []  # (_KERNEL_FIELDS values, kwargs, kernel) per construction
 
   def __getattr__(self, name):
     return getattr(self._kernel_lib, name)
 
   def TritonKernel(self, *args, **kwargs):  # the class name jax-triton calls
-    kernel = self._kernel_lib.TritonKernel(*args, **kwargs)
-    self.made.append((args, kwargs, kernel))
+    if kwargs or len(args) != len(_KERNEL_FIELDS) - 2:  # not jax-triton 0.3.1's call: passed on as it is
+      kernel = self._kernel_lib.TritonKernel(*args, **kwargs)
+      self.made.append((args, kwargs, kernel))
+      return kernel
+    values = (*args, self._scratch.get("global_scratch_size", 0), self._scratch.get("global_scratch_align", 1))
+    kernel = _new_kernel(self._kernel_lib, values)
+    self.made.append((values, kwargs, kernel))
     return kernel
 
 
+def _scratch_recording(backend_init_func, scratch: dict):
+  """``backend_init_func`` whose backend (a new one per compile) copies the global scratch figures of
+  ``make_llir``'s metadata into ``scratch``."""
+
+  def init(*args, **kwargs):
+    backend = backend_init_func(*args, **kwargs)
+    make_llir = backend.make_llir
+
+    def recording_make_llir(src, metadata, *rest, **kw):
+      out = make_llir(src, metadata, *rest, **kw)
+      for name in ("global_scratch_size", "global_scratch_align"):
+        if isinstance(metadata.get(name), int):
+          scratch[name] = metadata[name]
+      return out
+
+    backend.make_llir = recording_make_llir
+    return backend
+
+  return init
+
+
 def _compile_recording(factory, kernel_lib, args, kwargs):
-  """``factory(*args, **kwargs)`` run with a private recorder as its ``triton_kernel_call_lib``.
+  """``factory(*args, **kwargs)`` run with a private recorder as its ``triton_kernel_call_lib`` (and its backend's
+  ``make_llir`` reporting the kernel's global scratch to the recorder).
 
   Returns (the factory's result, the recorder's ``made`` list).
   """
-  recorder = _RecordingKernelLib(kernel_lib)
+  scratch = {}
+  recorder = _RecordingKernelLib(kernel_lib, scratch)
   run = types.FunctionType(factory.__code__, {**factory.__globals__, "triton_kernel_call_lib": recorder},
                            factory.__name__, factory.__defaults__, factory.__closure__)
   run.__kwdefaults__ = factory.__kwdefaults__
-  return run(*args, **kwargs), recorder.made
+  return run(_scratch_recording(args[0], scratch), *args[1:], **kwargs), recorder.made
 
 
 def _sha256(text: str) -> str:
@@ -265,7 +316,11 @@ def _decode_entry(text: str, material: str, key: str, n_args: int, cc: int):
     return None
   if entry["ptx_sha256"] != _sha256(entry["ptx"]) or entry["ttir_sha256"] != _sha256(entry["ttir"]):
     return None
-  if not all(0 <= entry[name] <= _INT32_MAX for name in ("num_warps", "num_ctas", "shared_mem_bytes")):
+  if not all(0 <= entry[name] <= _INT32_MAX for name in ("num_warps", "num_ctas", "shared_mem_bytes",
+                                                        "global_scratch_size")):
+    return None
+  align = entry["global_scratch_align"]
+  if not (0 < align <= _MAX_SCRATCH_ALIGN and align & (align - 1) == 0):
     return None
   attrs = _decode_attrs(entry["attrs"], n_args)
   if attrs is None:

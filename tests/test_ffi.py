@@ -250,7 +250,13 @@ _TAMPERED_JSON = {
     "TTIR changed, hash kept": lambda e: e.update(ttir="planted"),
     "key material of another call": lambda e: e.update(key_material=e["key_material"].replace("of a", "of b")),
     "key of another call": _edit("key", "0" * 64),
-    "format from the future": _edit("format", 2),
+    "format from the future": _edit("format", tc._ENTRY_FORMAT + 1),
+    "format of the past": _edit("format", tc._ENTRY_FORMAT - 1),
+    "negative scratch size": _edit("global_scratch_size", -128),
+    "scratch size beyond 32 bits": _edit("global_scratch_size", 2**40),
+    "scratch alignment 0": _edit("global_scratch_align", 0),
+    "scratch alignment not a power of two": _edit("global_scratch_align", 96),
+    "scratch alignment too large": _edit("global_scratch_align", 1 << 20),
     "string for an int": _edit("num_warps", "4"),
     "bool for an int": _edit("num_ctas", True),
     "negative shared memory": _edit("shared_mem_bytes", -1),
@@ -413,6 +419,53 @@ def test_disk_cache_with_jax_triton_031s_factory(monkeypatch, tmp_path):
   kernel2, attrs2 = lib.get_or_create_triton_kernel(*args, **kw)
   assert not lib._COMPILED_KERNEL_CACHE, "jax-triton compiled the kernel again"
   assert kernel2.ctor_args == kernel.ctor_args and attrs2 == attrs
+
+
+@pytest.mark.fresh_process  # a real compile: not in a process where the interpreter has run
+def test_kernels_with_global_scratch_get_its_size(monkeypatch, tmp_path):
+  """A kernel that makes a tensor descriptor (TMA) needs Triton's global scratch, 128 bytes per descriptor and
+  program, which jax-triton 0.3.1 does not pass on: jaxlib's TritonKernel gets the size and alignment from
+  Triton's metadata after jax-triton's seven values, from the compile and from the disk cache; a jaxlib whose
+  TritonKernel takes only the seven gives an error that says so. Kernels without scratch get the seven alone."""
+  import triton
+  import triton.language as tl
+  from triton.backends.compiler import GPUTarget
+  from triton.backends.nvidia.compiler import CUDABackend
+
+  lib, made = _real_triton_lib(monkeypatch)
+  monkeypatch.setenv("JQAT_CACHE_DIR", str(tmp_path))
+
+  @triton.jit
+  def copy_rows(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
+    desc = tl.make_tensor_descriptor(x_ptr, shape=[n, 16], strides=[16, 1], block_shape=[BLOCK, 16])
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + rows[:, None] * 16 + tl.arange(0, 16)[None, :], desc.load([tl.program_id(0) * BLOCK, 0]),
+             mask=rows[:, None] < n)
+
+  args = (lambda device, cc: CUDABackend(GPUTarget("cuda", cc, 32)), "cuda", copy_rows, ["*fp32", "i32", "*fp32"],
+          ((1, "i32", 1000),))
+  kw = {**_KW, "compute_capability": 90, "metaparams": {"BLOCK": 64}}
+  factory = lib.get_or_create_triton_kernel
+  tc._install_disk_cache()
+  kernel, _ = lib.get_or_create_triton_kernel(*args, **kw)
+  assert len(made) == 1 and len(kernel.ctor_args) == 9 and ".entry copy_rows" in kernel.ctor_args[4]
+  assert kernel.ctor_args[7:] == (128, 128), kernel.ctor_args[7:]  # one descriptor: 128 bytes, 128-byte aligned
+  lib._COMPILED_KERNEL_CACHE.clear()  # a new process: served from disk with the same values
+  lib.get_or_create_triton_kernel = factory
+  tc._install_disk_cache()
+  kernel2, _ = lib.get_or_create_triton_kernel(*args, **kw)
+  assert not lib._COMPILED_KERNEL_CACHE and kernel2.ctor_args == kernel.ctor_args
+  # An older jaxlib: its TritonKernel rejects the two values.
+  lib._COMPILED_KERNEL_CACHE.clear()
+  lib.get_or_create_triton_kernel = factory
+  tc._install_disk_cache()
+
+  def seven_only(name, num_warps, num_ctas, shared, ptx, ttir, cc):
+    return _Kernel(name, num_warps, num_ctas, shared, ptx, ttir, cc)
+
+  monkeypatch.setattr(lib.triton_kernel_call_lib, "TritonKernel", seven_only)
+  with pytest.raises(RuntimeError, match="needs 128 bytes of global scratch per program"):
+    lib.get_or_create_triton_kernel(*args, **kw)
 
 
 
