@@ -12,6 +12,9 @@
   JSON (no pickle, nothing from disk is ever executed on the host), checked against
   the key of the call and its content hashes before use; anything else is ignored
   and overwritten by a fresh compile.
+- A kernel that makes tensor descriptors (TMA) needs Triton's global scratch, whose size
+  jax-triton 0.3.1 drops: jaxlib's ``TritonKernel`` gets it from Triton's metadata here
+  (jaxlib 0.11 allocates it at each launch).
 - Every cache directory is created with mode 0o700 and skipped, with a warning, when
   another user could write to it: whoever writes a cache chooses the code this
   process runs on the GPU (or, for Triton's launcher and XLA, on the host).
@@ -120,7 +123,7 @@ def _out_keyword(fn) -> str:
 
 # The TritonKernel constructor of jax-triton 0.3.1, in order, as entry fields; then the two that jaxlib's
 # TritonKernel (0.11) takes after them and jax-triton 0.3.1 does not pass: the kernel's global scratch size and
-# alignment (_with_scratch).
+# alignment (``_new_kernel``).
 _KERNEL_FIELDS = (("kernel_name", str), ("num_warps", int), ("num_ctas", int), ("shared_mem_bytes", int),
                   ("ptx", str), ("ttir", str), ("compute_capability", int), ("global_scratch_size", int),
                   ("global_scratch_align", int))
