@@ -5,7 +5,7 @@
 # size that jax-triton drops: 256 bytes per program for either kernel), then the bits, then the GPU tests of both
 # bindings on the patched tree. The two kernels are different launches: one A/B measures each.
 # Why: Nsight Compute (run 45c) put 27% of dK/dV's stall samples on the Q / dO tiles' 64-bit addresses and 16-byte
-# LDGSTS copies, and 13% of the forward's on its next K/V tile's addresses. Offline (sm_90 SASS, python3
+# LDGSTS copies, and about 12% of the forward's on the integer work where it issues the next K/V tile's copies. Offline (sm_90 SASS, python3
 # benchmarks/sass_stats.py): dK/dV's unmasked loop 648 -> 620 instructions (IMAD 52 -> 22, LEA 18 -> 2, LDGSTS
 # 24 -> 16, 2 UTMALDG); the forward's unmasked loop 930 -> 889 at D = 128 (causal too), 1066 -> 975 at D = 256 (its
 # stack 176 -> 32 B), 824 -> 823 at D = 64. Not covered: the JAX callback launcher (JQAT_JAX_LAUNCHER=callback) has no
