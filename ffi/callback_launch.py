@@ -39,6 +39,10 @@ What it costs:
   of its own and drops its host callbacks, so ``jqat.ffi.jax_launch`` leaves this launcher's
   ops unwrapped and XLA gathers sharded operands onto every device (correct, replicated work).
   Fully manual ``jax.shard_map`` is unaffected: there the per-shard function is lowered in place.
+- A kernel with global scratch (the forward, whose TMA tensor descriptors live there: 256
+  bytes per program) takes it per launch from CUDA's stream-ordered allocator on XLA's
+  stream (``cuMemAllocAsync``, freed behind the launch), as jaxlib does on the other path;
+  that memory is outside XLA's preallocated pool.
 - Triton's launcher is host code: a small C module per kernel signature that Triton
   compiles once (a C compiler is needed on a cold cache) and keeps in its cache directory;
   loading it from there is why that directory must be private (``jqat.ffi.triton_call``).
@@ -57,6 +61,7 @@ executor is testable without a GPU.
 
 from __future__ import annotations
 
+import contextvars
 import ctypes
 import functools
 import os
@@ -231,7 +236,61 @@ def _run_compiled(kernel: _Kernel, grid: tuple[int, int, int], template: tuple, 
   k = kernel.compiled
   # Triton's launcher as CompiledKernel's runner calls it, every parameter in order (constexprs are skipped
   # by the launcher); no launch hooks, which need Triton's torch-based driver.
-  kernel.run(*grid, ctx.stream, kernel.function(), k.packed_metadata, None, None, None, *args, *constexprs)
+  launch = functools.partial(kernel.run, *grid, ctx.stream, kernel.function(), k.packed_metadata, None, None, None,
+                             *args, *constexprs)
+  if not k.metadata.global_scratch_size:
+    launch()
+    return
+  # A kernel that makes tensor descriptors (the forward) needs global scratch, which Triton's launcher takes from
+  # the allocator set in the current context: stream-ordered memory on XLA's stream, freed there after the launch.
+  scratch = _StreamScratch()
+  try:
+    contextvars.copy_context().run(_with_allocator, scratch, launch)
+  finally:
+    scratch.free()
+
+
+def _with_allocator(allocator, launch) -> None:
+  import triton  # noqa: PLC0415
+
+  triton.set_allocator(allocator)
+  launch()
+
+
+class _DevicePointer:
+  def __init__(self, ptr: int):
+    self.ptr = ptr
+
+  def data_ptr(self) -> int:
+    return self.ptr
+
+
+class _StreamScratch:
+  """Triton's allocator for one launch: ``cuMemAllocAsync`` on the launch's stream (what jaxlib does for the
+  jax-triton path's scratch); :meth:`free` queues ``cuMemFreeAsync`` behind the launch on that stream."""
+
+  def __init__(self):
+    self.taken = []
+
+  def __call__(self, size: int, alignment: int, stream: int) -> _DevicePointer:
+    if alignment > 256:  # CUDA's allocations are 256-byte aligned
+      raise ValueError(f"Triton asked for scratch aligned to {alignment} bytes; CUDA's allocator gives 256")
+    lib, ptr = _libcuda(), ctypes.c_uint64()
+    _check(lib.cuMemAllocAsync(ctypes.byref(ptr), ctypes.c_size_t(size), ctypes.c_void_p(stream)),
+           f"cuMemAllocAsync of {size} bytes of Triton's global scratch")
+    self.taken.append((ptr.value, stream))
+    return _DevicePointer(ptr.value)
+
+  def free(self) -> None:
+    lib = _libcuda()
+    while self.taken:
+      ptr, stream = self.taken.pop()
+      _check(lib.cuMemFreeAsync(ctypes.c_uint64(ptr), ctypes.c_void_p(stream)), "cuMemFreeAsync")
+
+
+def _check(status: int, what: str) -> None:
+  if status != 0:
+    raise RuntimeError(f"jqat callback launcher: {what} failed (CUresult {status})")
 
 
 def _run_interpreted(launch: plans.Launch, refs: tuple[int, ...], ctx, outs, *ins):

@@ -2,9 +2,11 @@
 
 Launches run on torch's *current* CUDA stream (Triton asks torch for it at every
 launch), so callers pick the stream with ``torch.cuda.stream(...)``. Nothing here
-allocates unless asked to (:func:`allocate`); :func:`carve` lays a plan's scratch
-buffers into a caller's workspace. Tensors are passed with their own strides: a BHSD
-tensor viewed as BTNH (``x.transpose(1, 2)``) needs no copy.
+allocates unless asked to (:func:`allocate`), except that for a kernel that makes
+tensor descriptors (the forward) Triton's launcher takes the launch's global scratch
+(128 bytes per descriptor and program) from torch's caching allocator; :func:`carve`
+lays a plan's scratch buffers into a caller's workspace. Tensors are passed with their
+own strides: a BHSD tensor viewed as BTNH (``x.transpose(1, 2)``) needs no copy.
 
 Under ``TRITON_INTERPRET=1`` (or for CPU tensors) the plan targets the interpreter, so
 this binding can be tested on a CPU machine.
@@ -12,9 +14,11 @@ this binding can be tested on a CPU machine.
 
 from __future__ import annotations
 
+import contextvars
 import os
 
 import torch
+import triton
 
 from jqat.ffi import plan as plans
 
@@ -84,6 +88,22 @@ def execute(plan: plans.Plan, tensors: dict, *, warmup: bool = False) -> None:
   for name, value in plan.fills.items():
     if not warmup:
       tensors[name].fill_(value)
+  # Kernels that make tensor descriptors need Triton's global scratch, which its launcher takes from the allocator
+  # set in the current context: torch's caching allocator here, set in a copy of the context (the caller's stays).
+  contextvars.copy_context().run(_launch_all, plan, tensors, warmup)
+
+
+def _scratch(size: int, alignment: int, stream) -> torch.Tensor:
+  """Triton's global scratch of one launch: freed to torch's cache when the launch returns, reused in stream order
+  (the launch runs on torch's current stream, the caching allocator's stream for this block)."""
+  del stream  # torch's current stream, the launch's
+  if alignment > 512:  # torch's CUDA blocks are 512-byte aligned
+    raise ValueError(f"Triton asked for scratch aligned to {alignment} bytes; torch's allocator gives 512")
+  return torch.empty(size, dtype=torch.uint8, device="cuda")  # the current device: callers set the tensors'
+
+
+def _launch_all(plan: plans.Plan, tensors: dict, warmup: bool) -> None:
+  triton.set_allocator(_scratch)
   for launch in plan.launches:
     args = tuple(tensors[a.name] if isinstance(a, plans.Ref) else a for a in launch.args)
     args += tuple(tensors[o] for o in launch.outputs)

@@ -79,16 +79,22 @@ def _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs
              IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, HAS_SEG: tl.constexpr,
              QUANTIZE_P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QK_F32: tl.constexpr,
              DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr,
-             HW_E2M1: tl.constexpr, P_ROW_RANGE: tl.constexpr, RUNTIME_MASK: tl.constexpr = False, edge=False):
+             HW_E2M1: tl.constexpr, P_ROW_RANGE: tl.constexpr, RUNTIME_MASK: tl.constexpr = False, edge=False,
+             k_desc=None, v_desc=None, USE_TMA: tl.constexpr = False):
   """One KV tile of the online softmax; MASKED for tiles that a mask hides in part (``visible``).
+  USE_TMA (unmasked tiles only): K and V from the tensor descriptors ``k_desc``, ``v_desc``.
   RUNTIME_MASK (with MASKED off): loads masked, the elementwise mask applied where ``edge`` (a runtime flag) is
   true; one loop walks a window's edge and middle tiles.
 
   P_ROW_RANGE: 0 for p_scale="block"; R > 0 quantizes R * p (p <= 1, its row max 1 maps to R = 6 * 448).
   """
   kn = start_n + offs_n
-  k, v = load_kv_tile(k_base, v_base, start_n, offs_n, offs_d, kv_lim, stride_kt, stride_vt, HEAD_DIM,
-                      MASKED or RUNTIME_MASK)
+  if USE_TMA:
+    k = k_desc.load([start_n, 0])
+    v = v_desc.load([start_n, 0])
+  else:
+    k, v = load_kv_tile(k_base, v_base, start_n, offs_n, offs_d, kv_lim, stride_kt, stride_vt, HEAD_DIM,
+                        MASKED or RUNTIME_MASK)
   s = qk_dot(q, k, QK_F32, DOT_PREC) * qk_scale  # log2 units
   if MASKED:
     valid = row_tile_visible(offs_m, kn, seg_q, kv_seg_base, q_lim, kv_lim, off, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT,
@@ -223,11 +229,30 @@ def _attention_fwd(
                                    kv_seg_base, q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, True, HEAD_DIM,
                                    IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N, QK_F32,
                                    DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE)
+    # The unmasked tiles come by TMA at D_PAD = 128, and at 256 without segment ids: one copy per tile and no
+    # per-thread addresses (the integer work that issued the K/V copies took about 12% of this kernel's stall
+    # samples, docs/PERFORMANCE.md run 45c). Measured (docs/BENCHMARKS.md run 46): this kernel 5-9% faster at
+    # D = 128 and 256. Elsewhere the tiles keep their loads: at D = 64 the kernel gained 1% and the jitted forward
+    # lost 3-5% (the launch's scratch costs more than that); at D = 16 and 32 Triton 3.6's ptxas dies (SIGSEGV) on
+    # it; at D_PAD = 256 with segment ids ptxas serializes the kernel's wgmma (offline, docs/logs/run46_fwd_scan.py).
+    # Columns past HEAD_DIM are filled with zeros, as the masked loads fill them. TMA needs 16-byte aligned bases
+    # and row strides: rows of D % 16 == 0 elements in buffers that XLA or the torch binding
+    # (jqat.torch._tensors.dense) aligns. The descriptors live in the launch's global scratch (128 bytes each per
+    # program), which jqat.ffi's launchers provide.
+    k_desc = None
+    v_desc = None
+    if D_PAD == 128 or (D_PAD == 256 and not HAS_SEG):
+      k_desc = tl.make_tensor_descriptor(k_base, shape=[tk, HEAD_DIM], strides=[stride_kt, 1],
+                                         block_shape=[BLOCK_N, D_PAD])
+      v_desc = tl.make_tensor_descriptor(v_base, shape=[tk, HEAD_DIM], strides=[stride_vt, 1],
+                                         block_shape=[BLOCK_N, D_PAD])
     for start_n in range(a, c, BLOCK_N):
       acc, acc_hp, m, l = _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, seg_q,
                                    kv_seg_base, q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, False, HEAD_DIM,
                                    IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N, QK_F32,
-                                   DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE)
+                                   DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, False, False, k_desc,
+                                   v_desc,
+                                   D_PAD == 128 or (D_PAD == 256 and not HAS_SEG))
     for start_n in range(c, hi, BLOCK_N):
       acc, acc_hp, m, l = _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, seg_q,
                                    kv_seg_base, q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, True, HEAD_DIM,

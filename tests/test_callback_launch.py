@@ -242,6 +242,64 @@ def test_callback_interpreted_batch_sharded(tmp_path):
   assert "has no partitioning rule" in proc.stderr, "the gathering is not announced"
 
 
+class _FakeCuda:
+  """libcuda's stream-ordered allocator, recorded: ``cuMemAllocAsync`` hands out addresses, ``cuMemFreeAsync``
+  takes them back."""
+
+  def __init__(self):
+    self.calls = []
+
+  def cuMemAllocAsync(self, ptr, size, stream):  # noqa: N802 (the CUDA name)
+    ptr._obj.value = 0x7000_0000 + 0x1000 * len(self.calls)
+    self.calls.append(("alloc", ptr._obj.value, size.value, stream.value))
+    return 0
+
+  def cuMemFreeAsync(self, ptr, stream):  # noqa: N802
+    self.calls.append(("free", ptr.value, stream.value))
+    return 0
+
+
+class _Buffer:
+  def __init__(self, ptr):
+    self.__cuda_array_interface__ = {"data": (ptr, False)}
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_scratch_is_stream_ordered_and_freed(monkeypatch, fails):
+  """A kernel with global scratch (the forward's TMA descriptors) gets it from cuMemAllocAsync on XLA's stream,
+  sized for the grid, through Triton's allocator in a copy of the context; it is freed on that stream after the
+  launch, also when the launch raises, and the caller's own allocator stays as it was."""
+  import types
+
+  from triton.runtime import _allocation
+
+  fake = _FakeCuda()
+  monkeypatch.setattr(callback_launch, "_libcuda", lambda: fake)
+  seen = []
+
+  def run(gx, gy, gz, stream, function, packed, hook_meta, enter, exit_, *args):
+    # What Triton's CudaLauncher does with a kernel's global scratch (its size per program times the grid).
+    buf = _allocation._allocator.get()(gx * gy * gz * 256, 128, stream)
+    seen.append((buf.data_ptr(), stream, args))
+    if fails:
+      raise RuntimeError("launch failed")
+
+  compiled = types.SimpleNamespace(metadata=types.SimpleNamespace(global_scratch_size=256), packed_metadata=None)
+  kernel = types.SimpleNamespace(compiled=compiled, run=run, function=lambda: 99)
+  ctx = types.SimpleNamespace(stream=0x5)
+  before = _allocation._allocator.get()
+  call = lambda: callback_launch._run_compiled(kernel, (3, 2, 1), ("a", 7), (0,), (), ctx, [_Buffer(0x200)],
+                                               _Buffer(0x100))
+  if fails:
+    with pytest.raises(RuntimeError, match="launch failed"):
+      call()
+  else:
+    call()
+  assert seen == [(0x7000_0000, 0x5, (0x100, 7, 0x200))]
+  assert fake.calls == [("alloc", 0x7000_0000, 6 * 256, 0x5), ("free", 0x7000_0000, 0x5)]
+  assert _allocation._allocator.get() is before
+
+
 def _bits(x):
   x = np.asarray(x)
   return x.view(f"u{x.dtype.itemsize}")

@@ -299,6 +299,26 @@ def test_attention_accepts_strided_views_and_sdpa_layout():
   _same(jt.attention(qs, ks, vs, is_causal=True), a, "strided")
 
 
+def _misaligned(x):
+  """``x``'s values in a contiguous tensor whose storage starts one element past a 16-byte boundary."""
+  flat = torch.empty(x.numel() + 1, dtype=x.dtype, device=x.device)[1:]
+  return flat.view(x.shape).copy_(x)
+
+
+def test_dense_copies_misaligned_tensors_only():
+  """The forward reads K and V by TMA, which needs 16-byte aligned bases: dense() copies a tensor that is not."""
+  from jqat.torch import _tensors as tt
+
+  x = torch.randn(2, 3, 5, 16).to(torch.bfloat16)
+  assert tt.dense(x) is x
+  view = x.transpose(1, 2)  # dense, not contiguous: read in place
+  assert tt.dense(view) is view
+  bad = _misaligned(x)
+  assert bad.data_ptr() % 16 == 2 and bad.is_contiguous()
+  fixed = tt.dense(bad)
+  assert fixed.data_ptr() % 16 == 0 and fixed.is_contiguous() and torch.equal(fixed, x)
+
+
 class _Block(torch.nn.Module):
   """A projection and causal jt.attention, the way a model calls it (BHSD views of one projection)."""
 
@@ -379,7 +399,15 @@ def test_torch_launcher_interpreted_on_strided_views():
   opts = AttentionOptions(d**-0.5, True, 16)
   o, o_hp = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
   lse = torch.full((b, h, sq), float("nan"))
-  _attention.forward_kernels(q, k, v, o, o_hp, lse, opts)
+  from triton.runtime import _allocation
+
+  mine = lambda size, alignment, stream: None  # a caller's own allocator: the binding sets its own in a copy
+  token = _allocation._allocator.set(mine)
+  try:
+    _attention.forward_kernels(q, k, v, o, o_hp, lse, opts)
+    assert _allocation._allocator.get() is mine
+  finally:
+    _allocation._allocator.reset(token)
   want = _jax_expected(q, k, v, do, causal=True, cfg=QATConfig(), implementation="xla")
   f = lambda x: np.asarray(jnp.asarray(x).astype(jnp.float32)) if not isinstance(x, torch.Tensor) else x.float().numpy()
   # block_n=16 here vs the JAX default 64 moves only fq(P) (bound O), never O' or lse.
@@ -442,6 +470,20 @@ def test_cuda_rope_in_place_equals_jax_triton_gpu(mode):
   assert res["out"] is x2
   torch.cuda.synchronize()
   _same(x2, want, "rope (wrapper)")
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("quantize_qkv", [False, True])
+def test_cuda_misaligned_inputs_gpu(quantize_qkv):
+  """Inputs one element off a 16-byte boundary (without QKV quantization the forward reads the caller's K and V
+  by TMA) give the bits of aligned ones: the shim copies them first."""
+  q, k, v, do = _cuda_case(seed=4, d=80)
+  kw = dict(is_causal=False, enable_gqa=True, quantize_qkv=quantize_qkv)
+  want = jt.attention(q, k, v, **kw)
+  got = jt.attention(*map(_misaligned, (q, k, v)), **kw)
+  torch.cuda.synchronize()
+  _same(got, want, "out")
 
 
 @pytest.mark.gpu
