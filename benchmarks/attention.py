@@ -1,7 +1,7 @@
 """QAT attention on the GPU, in one process: jqat (Triton, every QAT switch on) vs cuDNN BF16, torch SDPA BF16,
 FastVideo's Triton Attn-QAT training kernels (paper flags) and the XLA reference.
 
-  python benchmarks/attention.py --out attention.json [--shapes quick|full] [--memory]
+  python benchmarks/attention.py --out attention.json [--shapes quick|full] [--rows all|0,3,...] [--memory]
       [--fastvideo-sdist PATH] [--fastvideo-sha256 HEX] [--fastvideo-shapes all|none|0,3,...]
   python benchmarks/attention.py --memory-only --out memory.json
 
@@ -399,7 +399,7 @@ def _fastvideo_status(args, workdir, torch_ok):
     return _error(e)
 
 
-def _parse_indices(text, count):
+def _parse_indices(text, count, option="--fastvideo-shapes"):
   if text in ("all", "none"):
     return set(range(count)) if text == "all" else set()
   try:
@@ -408,7 +408,7 @@ def _parse_indices(text, count):
     idx = None
   if idx is None or not idx <= set(range(count)):
     raise SystemExit(
-      f"--fastvideo-shapes: expected all, none or comma-separated row indices in [0, {count}), got {text!r}"
+      f"{option}: expected all, none or comma-separated row indices in [0, {count}), got {text!r}"
     )
   return idx
 
@@ -436,6 +436,12 @@ def main():
     choices=["quick", "full"],
     default="full",
     help="full: issue #13's 8 shapes; quick: 4 of them (incl. S = 16384 and GQA)",
+  )
+  ap.add_argument(
+    "--rows",
+    default="all",
+    help="rows to run (0-based indices into the chosen shape list, comma-separated), default all; "
+    "a row keeps its index in the table and the JSON",
   )
   ap.add_argument("--iters", type=int, default=10)
   ap.add_argument("--repeats", type=int, default=5)
@@ -485,6 +491,7 @@ def main():
     return
   shapes = FULL if args.shapes == "full" else QUICK
   fv_rows = _parse_indices(args.fastvideo_shapes, len(shapes))
+  run_rows = _parse_indices(args.rows, len(shapes), "--rows")
   rows = []
   result = {"device": str(jax.devices()[0].device_kind), "jax": jax.__version__, "rows": rows}
   torch_ok = _torch_status()
@@ -512,8 +519,10 @@ def main():
     )
     print(hdr)
     for i, shape in enumerate(shapes):
+      if i not in run_rows:
+        continue
       fv_i = fv if i in fv_rows else "not requested (--fastvideo-shapes)"
-      r = bench_shape(*shape, args.iters, args.repeats, sdpa=torch_ok, fv=fv_i)
+      r = dict(row=i, **bench_shape(*shape, args.iters, args.repeats, sdpa=torch_ok, fv=fv_i))
       rows.append(r)
       g = lambda k, r=r: r.get(k, float("nan"))
       print(

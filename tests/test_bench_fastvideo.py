@@ -148,7 +148,7 @@ def test_attention_help_runs():
     timeout=120,
   )
   assert out.returncode == 0, out.stderr
-  for flag in ("--shapes", "--memory", "--fastvideo-sdist", "--fastvideo-sha256", "--fastvideo-shapes"):
+  for flag in ("--shapes", "--rows", "--memory", "--fastvideo-sdist", "--fastvideo-sha256", "--fastvideo-shapes"):
     assert flag in out.stdout
 
 
@@ -161,6 +161,8 @@ def test_attention_shapes_and_fastvideo_failures_are_reasons(tmp_path):
   assert bench._parse_indices("0,2", 3) == {0, 2}
   with pytest.raises(SystemExit, match="--fastvideo-shapes"):
     bench._parse_indices("3", 3)
+  with pytest.raises(SystemExit, match="--rows"):
+    bench._parse_indices("1,x", 3, "--rows")
   # A wrong hash, a missing file or absent torch is a "-" with its reason, never an exception.
   sdist, _ = _sdist(tmp_path, GOOD)
   args = type("Args", (), dict(fastvideo_sdist=sdist, fastvideo_sha256=None))
