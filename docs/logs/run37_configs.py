@@ -4,7 +4,8 @@
 KIND: fwd or bwd (which launch config the CONFIGs override: "default" or "field=int,..." as JQAT_ATTN_*_CONFIG);
 CASES: comma-separated S:case with case full, causal, window1024, packed_causal1024 / packed1024 (packed as
 documents of 1024, causal or not) or gqa_causal (32 query heads over 8 KV heads), e.g. 4096:causal,16384:window1024; a suffix _dN sets the head dim
-(default 128), e.g. 4096:full_d256 (added in run 38). One JSON line per (config, case)."""
+(default 128), e.g. 4096:full_d256 (added in run 38); tensor / tensor_causal: qkv_scale="tensor" (added in run 47).
+One JSON line per (config, case)."""
 import sys, json
 from collections import defaultdict
 import jax, jax.numpy as jnp, torch
@@ -23,6 +24,8 @@ def keywords(case, s):
     return {"is_causal": True, "local_window_size": (1023, 0)}
   if case == "gqa_causal":
     return {"is_causal": True}
+  if case in ("tensor", "tensor_causal"):
+    return {"qkv_scale": "tensor", "is_causal": case == "tensor_causal"}
   if case in ("packed_causal1024", "packed1024"):  # packed1024 (not causal): added in run 38
     seg = (jnp.arange(s, dtype=jnp.int32) // 1024)[None]
     return {"is_causal": case == "packed_causal1024", "q_segment_ids": seg, "kv_segment_ids": seg}

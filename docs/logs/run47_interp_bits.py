@@ -1,4 +1,6 @@
-"""Forward bits under Triton's interpreter (callback launcher on CPU), for the tree on PYTHONPATH: O, O', lse hashes."""
+"""Run 47 (prepared in session 18): forward bits under Triton's interpreter (callback launcher on CPU) in masked and
+ragged cases, for the tree on PYTHONPATH (O, O', lse hashes), to compare two trees:
+  PYTHONPATH=TREE:TREE/tests python3 docs/logs/run47_interp_bits.py OUT.json"""
 import hashlib, os, sys, json
 os.environ["TRITON_INTERPRET"] = "1"; os.environ["JQAT_JAX_LAUNCHER"] = "callback"
 import numpy as np, jax, jax.numpy as jnp
