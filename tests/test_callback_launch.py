@@ -339,3 +339,28 @@ def test_callback_public_api_matches_xla_gpu(launcher):
   launcher("callback")
   q, k, v, w = _case(2, 257, 300, 4, 1, 64)
   _assert_triton_matches_xla(q, k, v, w)
+
+
+@pytest.mark.fresh_process  # a real compile: not in a process where the interpreter has run
+def test_forward_builds_for_sm90_with_descriptors_only_where_gated(monkeypatch, tmp_path):
+  """The forward kernel builds for sm_90 (Triton's ptxas included) in every head-dim class, and makes TMA
+  descriptors (global scratch) only at D_PAD = 128 and 256: Triton 3.6's ptxas died on the descriptor kernel at
+  D = 16 and 32, and at D = 64 the call was slower (docs/BENCHMARKS.md, run 46)."""
+  from jqat.ffi import plan as plans
+  from jqat.ffi.options import AttentionOptions
+
+  monkeypatch.setenv("JQAT_CACHE_DIR", str(tmp_path))
+  monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+  target = plans.Target((9, 0))
+  for d in (16, 32, 64, 128, 256):
+    q = plans.Tensor.dense((1, 256, 2, d), "bfloat16")
+    plan = plans.attention_forward(q, q, q, AttentionOptions(d**-0.5, True), target)
+    (launch,) = [x for x in plan.launches if "attention_fwd" in x.name]
+    aval = lambda name, plan=plan: jax.ShapeDtypeStruct(plan.buffers[name].shape, jnp.dtype(plan.buffers[name].dtype))
+    args = tuple(aval(a.name) if isinstance(a, plans.Ref) else a for a in launch.args)
+    outs = tuple(aval(o) for o in launch.outputs)
+    kernel = callback_launch.build(launch.kernel, callback_launch._arg_types(launch, args, outs),
+                                   callback_launch._ones(launch), tuple(launch.constexprs.items()), launch.num_warps,
+                                   launch.num_stages, target.compute_capability)
+    assert kernel.asm["cubin"], d
+    assert (kernel.metadata.global_scratch_size > 0) == (d >= 128), (d, kernel.metadata.global_scratch_size)
