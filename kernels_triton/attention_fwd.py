@@ -239,9 +239,10 @@ def _attention_fwd(
     # and row strides: rows of D % 16 == 0 elements in buffers that XLA or the torch binding
     # (jqat.torch._tensors.dense) aligns. The descriptors live in the launch's global scratch (128 bytes each per
     # program), which jqat.ffi's launchers provide.
+    USE_TMA: tl.constexpr = D_PAD == 128 or (D_PAD == 256 and not HAS_SEG)
     k_desc = None
     v_desc = None
-    if D_PAD == 128 or (D_PAD == 256 and not HAS_SEG):
+    if USE_TMA:
       k_desc = tl.make_tensor_descriptor(k_base, shape=[tk, HEAD_DIM], strides=[stride_kt, 1],
                                          block_shape=[BLOCK_N, D_PAD])
       v_desc = tl.make_tensor_descriptor(v_base, shape=[tk, HEAD_DIM], strides=[stride_vt, 1],
@@ -251,8 +252,7 @@ def _attention_fwd(
                                    kv_seg_base, q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, False, HEAD_DIM,
                                    IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N, QK_F32,
                                    DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, False, False, k_desc,
-                                   v_desc,
-                                   D_PAD == 128 or (D_PAD == 256 and not HAS_SEG))
+                                   v_desc, USE_TMA)
     for start_n in range(c, hi, BLOCK_N):
       acc, acc_hp, m, l = _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, seg_q,
                                    kv_seg_base, q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, True, HEAD_DIM,

@@ -131,6 +131,23 @@ def test_callback_rope_qdq_in_place(launcher, monkeypatch, mode, shape):
   assert_bitwise(np.asarray(got), rope_qdq_oracle(x, cache, pos, *mode), "rope_qdq (callback)")
 
 
+def _launch_avals(plan, launch):
+  """A plan launch's arguments (arrays as ``ShapedArray``, scalars as they are) and outputs, as the JAX binding traces
+  them."""
+  from jqat.ffi import plan as plans
+
+  aval = lambda name: jax.core.ShapedArray(plan.buffers[name].shape, jnp.dtype(plan.buffers[name].dtype))
+  return (tuple(aval(a.name) if isinstance(a, plans.Ref) else a for a in launch.args),
+          tuple(aval(o) for o in launch.outputs))
+
+
+def _build(launch, args, outs, target):
+  """The callback launcher's ``build`` of one launch for ``target`` (Triton's ``CompiledKernel``)."""
+  return callback_launch.build(launch.kernel, callback_launch._arg_types(launch, args, outs),
+                               callback_launch._ones(launch), tuple(launch.constexprs.items()), launch.num_warps,
+                               launch.num_stages, target.compute_capability)
+
+
 @pytest.mark.fresh_process  # a real compile: not in a process where the interpreter has run
 @pytest.mark.parametrize("direction", ["forward", "backward"])
 def test_builds_jax_tritons_ptx(monkeypatch, tmp_path, direction):
@@ -153,10 +170,8 @@ def test_builds_jax_tritons_ptx(monkeypatch, tmp_path, direction):
   opts = AttentionOptions(64**-0.5, True, DEFAULT_BLOCK_N, QATConfig())
   plan = (plans.attention_forward(q, k, k, opts, target) if direction == "forward"
           else plans.attention_backward(q, q, k, k, q, lse, opts, target))
-  aval = lambda name: jax.core.ShapedArray(plan.buffers[name].shape, jnp.dtype(plan.buffers[name].dtype))
   for launch in plan.launches:
-    args = tuple(aval(a.name) if isinstance(a, plans.Ref) else a for a in launch.args)
-    outs = tuple(aval(o) for o in launch.outputs)
+    args, outs = _launch_avals(plan, launch)
     # What jqat.ffi.triton_call hands jax-triton: FP32 scalars as np.float32, the rest as they are.
     typed = tuple(np.float32(a) if isinstance(a, float) else a for a in args)
     scalars = tuple((i, lib.get_triton_type(a), float(a) if isinstance(a, np.float32) else a)
@@ -166,9 +181,7 @@ def test_builds_jax_tritons_ptx(monkeypatch, tmp_path, direction):
         [lib.get_triton_type(a) for a in typed + outs], scalars, num_warps=launch.num_warps,
         num_stages=launch.num_stages, num_ctas=1, compute_capability=90, enable_fp_fusion=True,
         metaparams=dict(launch.constexprs), dump=False)
-    got = callback_launch.build(launch.kernel, callback_launch._arg_types(launch, args, outs),
-                                callback_launch._ones(launch), tuple(launch.constexprs.items()), launch.num_warps,
-                                launch.num_stages, target.compute_capability)
+    got = _build(launch, args, outs, target)
     assert got.asm["ptx"] == want.ctor_args[4], f"{launch.name}: the PTX differs from jax-triton's"
     assert got.metadata.shared == want.ctor_args[3], f"{launch.name}: shared memory differs from jax-triton's"
 
@@ -356,11 +369,6 @@ def test_forward_builds_for_sm90_with_descriptors_only_where_gated(monkeypatch, 
     q = plans.Tensor.dense((1, 256, 2, d), "bfloat16")
     plan = plans.attention_forward(q, q, q, AttentionOptions(d**-0.5, True), target)
     (launch,) = [x for x in plan.launches if "attention_fwd" in x.name]
-    aval = lambda name, plan=plan: jax.ShapeDtypeStruct(plan.buffers[name].shape, jnp.dtype(plan.buffers[name].dtype))
-    args = tuple(aval(a.name) if isinstance(a, plans.Ref) else a for a in launch.args)
-    outs = tuple(aval(o) for o in launch.outputs)
-    kernel = callback_launch.build(launch.kernel, callback_launch._arg_types(launch, args, outs),
-                                   callback_launch._ones(launch), tuple(launch.constexprs.items()), launch.num_warps,
-                                   launch.num_stages, target.compute_capability)
+    kernel = _build(launch, *_launch_avals(plan, launch), target)
     assert kernel.asm["cubin"], d
     assert (kernel.metadata.global_scratch_size > 0) == (d >= 128), (d, kernel.metadata.global_scratch_size)
