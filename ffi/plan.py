@@ -321,8 +321,9 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
   fp32, dense: the final row max, natural units). q: ``[B, Tq, N, D]``; k, v: ``[B, Tk, K, D]``, N % K == 0.
   masks: optional mask operands in ``MASK_OPERANDS`` order; the present ones are inputs after q, k, v.
   qkv_scale="tensor" (docs/NUMERICS.md) adds launches before the forward: ``tensor_scale_kernel`` for Q, K, V
-  (scratch ``q_enc``, ``k_enc``, ``v_enc``) and ``fake_quantize_scaled_kernel`` for K, V, in place of the
-  fake-quantize launches; the forward kernel is then its ``*_tensor`` entry point.
+  (scratch ``q_enc``, ``k_enc``, ``v_enc``) and ``fake_quantize_scaled_kernel`` for K, V (and Q above D = 128,
+  scratch ``q_hat``), in place of the fake-quantize launches; the forward kernel is then its ``*_tensor`` entry
+  point.
   With a causal mask, a window or segment ids, or D > 64 (and Q dense in storage), fq(Q) comes from the
   fake-quantize pass too (scratch ``q_hat``) and the forward kernel reads it (``QUANTIZE_Q`` off); otherwise the
   kernel rounds its own Q tile.
@@ -364,7 +365,13 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
   q_pass = (cfg.quantize_qkv and not tensor and rows_dense(q)
             and (opts.is_causal or opts.local_window_size is not None or q.shape[-1] > 64 or mask_flags["HAS_SEG"]))
   qq = "q"
-  if tensor:  # Q is quantized inside the forward kernel, from its encode scale
+  # qkv_scale="tensor": Q is quantized inside the forward kernel, from its encode scale, up to D = 128; above, that
+  # kernel is short of registers and ptxas serialized its wgmma at D = 192 and 256 (docs/logs/run46_fwd_scan.py, as
+  # for the other modes, run 38): there fq(enc * Q) comes from the pass with K and V.
+  tensor_q_pass = tensor and d > 128
+  if tensor_q_pass:
+    (qq, kk, vv), scratch, launches = _two_level_inputs(("q", "k", "v"), target, buffers)
+  elif tensor:
     (kk, vv), scratch, launches = _two_level_inputs(("k", "v"), target, buffers)
   elif q_pass:
     (qq, kk, vv), scratch, launches = _quantized_inputs(("q", "k", "v"), (q, k, v), True, target, buffers)
@@ -374,11 +381,11 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
   launches += mask_launches
   c = config or forward_config(d)
   # "block" launches the kernel of SPEC section 3 unchanged; "row" its two-level twin (one more output);
-  # qkv_scale="tensor" the entry points that also read the encode scales (Q is always quantized there).
+  # qkv_scale="tensor" the entry points that also read the encode scales.
   kernels = {(False, False): kfwd.attention_fwd_kernel, (True, False): kfwd.attention_fwd_row_kernel,
              (False, True): kfwd.attention_fwd_tensor_kernel, (True, True): kfwd.attention_fwd_row_tensor_kernel}
   flags = dict(P_ROW_RANGE=P_ROW_RANGE) if row else {}
-  flags.update({} if tensor else dict(QUANTIZE_Q=cfg.quantize_qkv and not q_pass))
+  flags.update(QUANTIZE_Q=not tensor_q_pass if tensor else cfg.quantize_qkv and not q_pass)
   enc_args = (Ref("q_enc"), Ref("k_enc"), Ref("v_enc")) if tensor else ()
   fwd = Launch(
       "jqat_attention_fwd", kernels[row, tensor], (triton.cdiv(tq, c.block_m), b * n),

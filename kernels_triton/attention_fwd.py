@@ -74,6 +74,19 @@ def forward_config(head_dim: int) -> ForwardConfig:
 
 
 @triton.jit
+def kv_descriptors(k_base, v_base, rows, stride_kt, stride_vt, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+                   D_PAD: tl.constexpr):
+  """Tensor descriptors (TMA) of one head's K and V: ``rows`` (> 0) rows of HEAD_DIM columns, [BLOCK_N, D_PAD]
+  tiles; a copy fills what lies past the bounds with zeros. They live in the launch's global scratch (128 bytes
+  each per program), which jqat.ffi's launchers provide. TMA needs 16-byte aligned bases and row strides: rows of
+  D % 16 == 0 elements in buffers that XLA or the torch binding (jqat.torch._tensors.dense) aligns."""
+  return (tl.make_tensor_descriptor(k_base, shape=[rows, HEAD_DIM], strides=[stride_kt, 1],
+                                    block_shape=[BLOCK_N, D_PAD]),
+          tl.make_tensor_descriptor(v_base, shape=[rows, HEAD_DIM], strides=[stride_vt, 1],
+                                    block_shape=[BLOCK_N, D_PAD]))
+
+
+@triton.jit
 def _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, seg_q, kv_seg_base, q_lim,
              kv_lim, off, stride_kt, stride_vt, qk_scale, MASKED: tl.constexpr, HEAD_DIM: tl.constexpr,
              IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, HAS_SEG: tl.constexpr,
@@ -82,7 +95,8 @@ def _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs
              HW_E2M1: tl.constexpr, P_ROW_RANGE: tl.constexpr, RUNTIME_MASK: tl.constexpr = False, edge=False,
              k_desc=None, v_desc=None, USE_TMA: tl.constexpr = False):
   """One KV tile of the online softmax; MASKED for tiles that a mask hides in part (``visible``).
-  USE_TMA (unmasked tiles only): K and V from the tensor descriptors ``k_desc``, ``v_desc``.
+  USE_TMA: K and V from the tensor descriptors ``k_desc``, ``v_desc`` (``kv_descriptors``; the copy fills rows past
+  their bound with zeros, as the masked loads do).
   RUNTIME_MASK (with MASKED off): loads masked, the elementwise mask applied where ``edge`` (a runtime flag) is
   true; one loop walks a window's edge and middle tiles.
 
@@ -152,8 +166,9 @@ def _attention_fwd(
   units, -inf for an empty row) stored through ``m_ptr``, which is not touched otherwise).
   QKV_TENSOR (qkv_scale="tensor"): k, v hold fq(enc * K), fq(enc * V) (``fake_quantize_scaled_kernel``) and
   q_enc [B, N], k_enc, v_enc [B, K] fp32 (``tensor_scale_kernel``) the encode scales; Q is quantized here as
-  fq(enc * Q), the decode scales 1 / enc of Q and K are folded into the softmax scale and V's into the final
-  normalization (FP32 rounding only, docs/NUMERICS.md). The enc pointers are not read otherwise.
+  fq(enc * Q) (QUANTIZE_Q; else q holds it, from the same pass as K and V), the decode scales 1 / enc of Q and K
+  are folded into the softmax scale and V's into the final normalization (FP32 rounding only, docs/NUMERICS.md).
+  The enc pointers are not read otherwise.
   """
   # Every stride is a multiple of 16 (rows of D % 16 == 0 contiguous elements).
   # jax-triton does not specialize integer arguments, so without these hints the
@@ -186,8 +201,9 @@ def _attention_fwd(
   q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
   if QKV_TENSOR:
     q_enc = tl.load(q_enc_ptr + pid_bh)
-    q = fq_tile(q.to(tl.float32) * q_enc, row_ok[:, None] & d_ok[None, :], BLOCK_M, D_PAD, HW_E4M3,
-                HW_E2M1).to(q.dtype)  # exact: E2M1 x E4M3 values fit the input dtype
+    if QUANTIZE_Q:  # else q holds fq(enc * Q) from the pass
+      q = fq_tile(q.to(tl.float32) * q_enc, row_ok[:, None] & d_ok[None, :], BLOCK_M, D_PAD, HW_E4M3,
+                  HW_E2M1).to(q.dtype)  # exact: E2M1 x E4M3 values fit the input dtype
   elif QUANTIZE_Q:
     q = fq_tile(q.to(tl.float32), row_ok[:, None] & d_ok[None, :], BLOCK_M, D_PAD, HW_E4M3,
                 HW_E2M1).to(q.dtype)  # exact: fq values fit the input dtype
@@ -203,6 +219,22 @@ def _attention_fwd(
   l = tl.zeros([BLOCK_M], tl.float32)
   acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
   acc_hp = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+
+  # K/V tiles come by TMA at D_PAD = 128, and at 256 without segment ids: one copy per tile and no per-thread
+  # addresses (the integer work that issued the K/V copies took about 12% of this kernel's stall samples,
+  # docs/PERFORMANCE.md run 45c; run 46: this kernel 5-9% faster at D = 128 and 256). Below D_PAD = 128 and with
+  # segment ids at 256 the tiles keep their loads (run 46: ptxas SIGSEGV at D = 16 and 32, the call slower at 64,
+  # serialized wgmma with segment ids at 256). A window or segment ids walk most of their tiles masked: there every
+  # walk takes the descriptors, bounded by kv_lim so that a ragged tail's rows come as zeros (run 47b: the window's
+  # and the packed documents' forward 3.5-6.5% faster); elsewhere only the unmasked loop does (run 47b: every walk
+  # cost the causal and full forward 1.5-3%).
+  USE_TMA: tl.constexpr = D_PAD == 128 or (D_PAD == 256 and not HAS_SEG)
+  TMA_EVERY_WALK: tl.constexpr = USE_TMA and (WINDOW_LEFT >= 0 or HAS_SEG)
+  k_desc = None
+  v_desc = None
+  if TMA_EVERY_WALK:  # a descriptor's bounds must be positive; no tile is walked when kv_lim is 0
+    k_desc, v_desc = kv_descriptors(k_base, v_base, tl.maximum(kv_lim, 1), stride_kt, stride_vt, HEAD_DIM, BLOCK_N,
+                                    D_PAD)
 
   # In key order, as the reference walks them: tiles hidden from every row are skipped (they add nothing).
   lo, a, c, hi = kv_tile_range(start_m, q_lim, kv_lim, off, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT)
@@ -220,7 +252,7 @@ def _attention_fwd(
                                    kv_seg_base, q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, False, HEAD_DIM,
                                    IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N,
                                    QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, True,
-                                   (lo + i < a) | (lo + i >= c))
+                                   (lo + i < a) | (lo + i >= c), k_desc, v_desc, TMA_EVERY_WALK)
   else:
     # The first walk counts from 0: written as range(lo, a), with the window's lo, ptxas serialized every wgmma
     # of the kernel ("non wgmma instructions defining accumulator registers", docs/PERFORMANCE.md, run 37).
@@ -228,36 +260,24 @@ def _attention_fwd(
       acc, acc_hp, m, l = _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, lo + i, offs_m, offs_n, offs_d, seg_q,
                                    kv_seg_base, q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, True, HEAD_DIM,
                                    IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N, QK_F32,
-                                   DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE)
-    # The unmasked tiles come by TMA at D_PAD = 128, and at 256 without segment ids: one copy per tile and no
-    # per-thread addresses (the integer work that issued the K/V copies took about 12% of this kernel's stall
-    # samples, docs/PERFORMANCE.md run 45c). Measured (docs/BENCHMARKS.md run 46): this kernel 5-9% faster at
-    # D = 128 and 256. Elsewhere the tiles keep their loads: at D = 64 the kernel gained 1% and the jitted forward
-    # lost 3-5% (the launch's scratch costs more than that); at D = 16 and 32 Triton 3.6's ptxas dies (SIGSEGV) on
-    # it; at D_PAD = 256 with segment ids ptxas serializes the kernel's wgmma (offline, docs/logs/run46_fwd_scan.py).
-    # Columns past HEAD_DIM are filled with zeros, as the masked loads fill them. TMA needs 16-byte aligned bases
-    # and row strides: rows of D % 16 == 0 elements in buffers that XLA or the torch binding
-    # (jqat.torch._tensors.dense) aligns. The descriptors live in the launch's global scratch (128 bytes each per
-    # program), which jqat.ffi's launchers provide.
-    USE_TMA: tl.constexpr = D_PAD == 128 or (D_PAD == 256 and not HAS_SEG)
-    k_desc = None
-    v_desc = None
-    if USE_TMA:
-      k_desc = tl.make_tensor_descriptor(k_base, shape=[tk, HEAD_DIM], strides=[stride_kt, 1],
-                                         block_shape=[BLOCK_N, D_PAD])
-      v_desc = tl.make_tensor_descriptor(v_base, shape=[tk, HEAD_DIM], strides=[stride_vt, 1],
-                                         block_shape=[BLOCK_N, D_PAD])
+                                   DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, k_desc=k_desc,
+                                   v_desc=v_desc, USE_TMA=TMA_EVERY_WALK)
+    mid_k = k_desc
+    mid_v = v_desc
+    if USE_TMA and not TMA_EVERY_WALK:  # made here, after the first walk: that order is the one run 46 measured
+      mid_k, mid_v = kv_descriptors(k_base, v_base, tk, stride_kt, stride_vt, HEAD_DIM, BLOCK_N, D_PAD)
     for start_n in range(a, c, BLOCK_N):
       acc, acc_hp, m, l = _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, seg_q,
                                    kv_seg_base, q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, False, HEAD_DIM,
                                    IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N, QK_F32,
-                                   DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, False, False, k_desc,
-                                   v_desc, USE_TMA)
+                                   DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, False, False, mid_k,
+                                   mid_v, USE_TMA)
     for start_n in range(c, hi, BLOCK_N):
       acc, acc_hp, m, l = _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, seg_q,
                                    kv_seg_base, q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, True, HEAD_DIM,
                                    IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N, QK_F32,
-                                   DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE)
+                                   DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, k_desc=k_desc,
+                                   v_desc=v_desc, USE_TMA=TMA_EVERY_WALK)
 
   # No visible key (or a padded query row, which the unmasked tiles do not hide): O = O' = 0, lse = -inf.
   empty = (l == 0.0) | (offs_m >= q_lim)
@@ -338,7 +358,7 @@ def attention_fwd_tensor_kernel(
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
     HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
-    QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr,
+    QUANTIZE_Q: tl.constexpr, QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr,
     SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr,
     SEQ_ALIGN: tl.constexpr):
   """The forward with qkv_scale="tensor", p_scale="block": outputs o, o_hp, lse. See ``_attention_fwd``."""
@@ -346,7 +366,7 @@ def attention_fwd_tensor_kernel(
                  seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr, stride_qb, stride_qt, stride_qn, stride_kb,
                  stride_kt, stride_kn, stride_vb, stride_vt, stride_vn, stride_ob, stride_ot, stride_on, o_ptr,
                  o_hp_ptr, lse_ptr, lse_ptr, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT,
-                 BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, True, QUANTIZE_P, QK_F32, DOT_BF16, SOFT_BF16,
+                 BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, QUANTIZE_Q, QUANTIZE_P, QK_F32, DOT_BF16, SOFT_BF16,
                  DOT_PREC, HW_E4M3, HW_E2M1, 0.0, True, SEQ_ALIGN)
 
 
@@ -360,7 +380,7 @@ def attention_fwd_row_tensor_kernel(
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
     HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
-    QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr,
+    QUANTIZE_Q: tl.constexpr, QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr,
     SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr,
     P_ROW_RANGE: tl.constexpr, SEQ_ALIGN: tl.constexpr):
   """The forward with qkv_scale="tensor", p_scale="row": outputs o, o_hp, lse and the row max m."""
@@ -368,5 +388,5 @@ def attention_fwd_row_tensor_kernel(
                  seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr, stride_qb, stride_qt, stride_qn, stride_kb,
                  stride_kt, stride_kn, stride_vb, stride_vt, stride_vn, stride_ob, stride_ot, stride_on, o_ptr,
                  o_hp_ptr, lse_ptr, m_ptr, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT,
-                 BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, True, QUANTIZE_P, QK_F32, DOT_BF16, SOFT_BF16,
+                 BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, QUANTIZE_Q, QUANTIZE_P, QK_F32, DOT_BF16, SOFT_BF16,
                  DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, True, SEQ_ALIGN)

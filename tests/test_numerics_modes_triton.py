@@ -141,12 +141,15 @@ NAMES = ("O", "O'", "lse", "row_max", "dQ", "dK", "dV")
 # Q past 2688 (block scales would saturate), K below the 2^-9 block floor (block fq would give 0), V moderate.
 TENSOR_SPREAD = (3e3, 1e-4, 1.0, 1.0)
 # Scores of order 1: Q.K ~ 3e3 * 1e-4 * sqrt(D).
-TENSOR_SCALE = {"lengths-gqa": 32**-0.5 * 3.0, "causal-segments-row": 16**-0.5 * 3.0}
+TENSOR_SCALE = {"lengths-gqa": 32**-0.5 * 3.0, "causal-segments-row": 16**-0.5 * 3.0, "causal-d144": 144**-0.5 * 3.0}
 TENSOR_CASES = {
     "lengths-gqa": dict(b=2, tq=20, tk=33, n=2, kh=1, d=32, causal=False, p_scale="block",
                         masks=(np.array([20, 13]), np.array([33, 9]), None, None)),
     "causal-segments-row": dict(b=1, tq=24, tk=32, n=1, kh=1, d=16, causal=True, p_scale="row",
                                 masks=(None, None, np.array([[0] * 8 + [1] * 16]), np.array([[0] * 12 + [1] * 20]))),
+    # Above D = 128 the forward reads fq(enc * Q) from the pass instead of rounding its own Q tile.
+    "causal-d144": dict(b=1, tq=19, tk=21, n=1, kh=1, d=144, causal=True, p_scale="block",
+                        masks=(None, np.array([17]), None, None)),
 }
 
 

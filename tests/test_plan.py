@@ -151,8 +151,8 @@ def _assert_signatures(plan):
     assert set(la.constexprs) == constexprs, la.name
 
 
-def _tensor_plans(p_scale, masks=plans.NO_MASKS):
-  q, k, v = _bhsd_views(2, 4, 2, 33, 40, 64)
+def _tensor_plans(p_scale, masks=plans.NO_MASKS, d=64):
+  q, k, v = _bhsd_views(2, 4, 2, 33, 40, d)
   lse = torch.zeros(2, 4, 33)
   opts = AttentionOptions(0.125, p_scale=p_scale, qkv_scale="tensor")
   row_max = plans.Tensor.dense((2, 4, 33), "float32") if p_scale == "row" else None
@@ -189,6 +189,15 @@ def test_tensor_scale_plans(p_scale):
   assert fwd.buffers["k_hat"].strides == fwd.buffers["k"].strides  # BHSD views: scratch keeps the strides
   for plan in (fwd, bwd):
     _assert_signatures(plan)
+  # Above D = 128, fq(enc * Q) comes from the pass with K and V, and the forward kernel reads it (QUANTIZE_Q off).
+  assert fwd.launches[-1].constexprs["QUANTIZE_Q"]
+  for d, q_pass in ((128, False), (144, True), (256, True)):
+    wide, _ = _tensor_plans(p_scale, d=d)
+    hats = [la.name for la in wide.launches if "fake_quantize_scaled" in la.name]
+    assert hats == [f"jqat_nvfp4_fake_quantize_scaled_{n}" for n in ("qkv" if q_pass else "kv")], d
+    assert wide.launches[-1].args[0] == plans.Ref("q_hat" if q_pass else "q"), d
+    assert wide.launches[-1].constexprs["QUANTIZE_Q"] is not q_pass, d
+    _assert_signatures(wide)
   # Without quantization the scale mode changes nothing; "block" plans launch the kernels of SPEC section 3.
   q, k, v = _bhsd_views(2, 4, 2, 33, 40, 64)
   for opts in (AttentionOptions(0.125, p_scale=p_scale), AttentionOptions(0.125, p_scale=p_scale, qkv_scale="tensor",
