@@ -42,7 +42,8 @@ What it costs:
 - A kernel with global scratch (the forward, whose TMA tensor descriptors live there: 256
   bytes per program) takes it per launch from CUDA's stream-ordered allocator on XLA's
   stream (``cuMemAllocAsync``, freed behind the launch), as jaxlib does on the other path;
-  that memory is outside XLA's preallocated pool.
+  that memory is outside XLA's preallocated pool, and stays mapped between launches
+  (``jqat.ffi.scratch_pool``).
 - Triton's launcher is host code: a small C module per kernel signature that Triton
   compiles once (a C compiler is needed on a cold cache) and keeps in its cache directory;
   loading it from there is why that directory must be private (``jqat.ffi.triton_call``).
@@ -71,6 +72,7 @@ import numpy as np
 from jax.experimental.buffer_callback import buffer_callback
 
 from jqat.ffi import plan as plans
+from jqat.ffi import scratch_pool
 from jqat.ffi.triton_call import set_triton_cache_dir
 
 # Triton's interpreter patches triton.language while it runs a kernel: the callbacks of several CPU devices,
@@ -276,6 +278,7 @@ class _StreamScratch:
     if alignment > 256:  # CUDA's allocations are 256-byte aligned
       raise ValueError(f"Triton asked for scratch aligned to {alignment} bytes; CUDA's allocator gives 256")
     lib, ptr = _libcuda(), ctypes.c_uint64()
+    scratch_pool.keep_mapped(lib)
     _check(lib.cuMemAllocAsync(ctypes.byref(ptr), ctypes.c_size_t(size), ctypes.c_void_p(stream)),
            f"cuMemAllocAsync of {size} bytes of Triton's global scratch")
     self.taken.append((ptr.value, stream))

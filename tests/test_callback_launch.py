@@ -37,7 +37,7 @@ from test_attention_triton import BOUNDS, _inputs  # noqa: E402
 
 import jqat  # noqa: E402
 from jqat._src import dispatch  # noqa: E402
-from jqat.ffi import callback_launch, jax_launch  # noqa: E402
+from jqat.ffi import callback_launch, jax_launch, scratch_pool  # noqa: E402
 
 INTERPRET = os.environ["TRITON_INTERPRET"] == "1"
 
@@ -257,13 +257,41 @@ def test_callback_interpreted_batch_sharded(tmp_path):
 
 class _FakeCuda:
   """libcuda's stream-ordered allocator, recorded: ``cuMemAllocAsync`` hands out addresses, ``cuMemFreeAsync``
-  takes them back."""
+  takes them back; ``thresholds`` are the release thresholds of the devices' current pools (None: a device whose
+  pool cannot be read), ``count_status`` what ``cuDeviceGetCount`` returns (3: CUDA_ERROR_NOT_INITIALIZED)."""
 
-  def __init__(self):
+  def __init__(self, thresholds=(0,), count_status=0):
     self.calls = []
+    self.thresholds = list(thresholds)
+    self.count_status = count_status
+
+  def cuDeviceGetCount(self, count):  # noqa: N802 (the CUDA name)
+    count._obj.value = len(self.thresholds)
+    return self.count_status
+
+  def cuDeviceGet(self, device, ordinal):  # noqa: N802
+    device._obj.value = 10 + ordinal
+    return 0
+
+  def cuDeviceGetMemPool(self, pool, device):  # noqa: N802
+    pool._obj.value = 0x900 + device.value
+    return 0
+
+  def cuMemPoolGetAttribute(self, pool, attr, value):  # noqa: N802
+    held = self.thresholds[pool.value - 0x90A]
+    if attr != 4 or held is None:  # CU_MEMPOOL_ATTR_RELEASE_THRESHOLD
+      return 1
+    value._obj.value = held
+    return 0
+
+  def cuMemPoolSetAttribute(self, pool, attr, value):  # noqa: N802
+    assert attr == 4
+    self.thresholds[pool.value - 0x90A] = value._obj.value
+    self.calls.append(("keep", pool.value - 0x90A, value._obj.value))
+    return 0
 
   def cuMemAllocAsync(self, ptr, size, stream):  # noqa: N802 (the CUDA name)
-    ptr._obj.value = 0x7000_0000 + 0x1000 * len(self.calls)
+    ptr._obj.value = 0x7000_0000 + 0x1000 * sum(call[0] == "alloc" for call in self.calls)
     self.calls.append(("alloc", ptr._obj.value, size.value, stream.value))
     return 0
 
@@ -288,6 +316,7 @@ def test_scratch_is_stream_ordered_and_freed(monkeypatch, fails):
 
   fake = _FakeCuda()
   monkeypatch.setattr(callback_launch, "_libcuda", lambda: fake)
+  monkeypatch.setattr(scratch_pool, "_done", False)  # a process that has not launched a kernel with scratch yet
   seen = []
 
   def run(gx, gy, gz, stream, function, packed, hook_meta, enter, exit_, *args):
@@ -309,8 +338,24 @@ def test_scratch_is_stream_ordered_and_freed(monkeypatch, fails):
   else:
     call()
   assert seen == [(0x7000_0000, 0x5, (0x100, 7, 0x200))]
-  assert fake.calls == [("alloc", 0x7000_0000, 6 * 256, 0x5), ("free", 0x7000_0000, 0x5)]
+  assert fake.calls == [("keep", 0, scratch_pool.KEEP_BYTES), ("alloc", 0x7000_0000, 6 * 256, 0x5),
+                        ("free", 0x7000_0000, 0x5)]
   assert _allocation._allocator.get() is before
+
+
+def test_scratch_pool_is_kept_mapped_once_and_never_lowered(monkeypatch):
+  """jqat.ffi.scratch_pool: the current pools' release thresholds are raised to KEEP_BYTES once per process; a
+  higher one stays, a device whose pool cannot be read is skipped, and before the driver is initialized nothing
+  is done (and it is tried again later)."""
+  monkeypatch.setattr(scratch_pool, "_done", False)
+  fake = _FakeCuda(thresholds=(0, None, 2 * scratch_pool.KEEP_BYTES, 1000), count_status=3)
+  scratch_pool.keep_mapped(fake)
+  assert fake.calls == [] and not scratch_pool._done
+  fake.count_status = 0
+  scratch_pool.keep_mapped(fake)
+  scratch_pool.keep_mapped(fake)
+  assert fake.calls == [("keep", 0, scratch_pool.KEEP_BYTES), ("keep", 3, scratch_pool.KEEP_BYTES)]
+  assert fake.thresholds == [scratch_pool.KEEP_BYTES, None, 2 * scratch_pool.KEEP_BYTES, scratch_pool.KEEP_BYTES]
 
 
 def _bits(x):

@@ -434,6 +434,8 @@ def test_kernels_with_global_scratch_get_its_size(monkeypatch, tmp_path):
 
   lib, made = _real_triton_lib(monkeypatch)
   monkeypatch.setenv("JQAT_CACHE_DIR", str(tmp_path))
+  kept = []  # jaxlib takes the scratch from the default pool: its memory is kept mapped (jqat.ffi.scratch_pool)
+  monkeypatch.setattr(tc.scratch_pool, "keep_mapped", lambda: kept.append(len(made)))
 
   @triton.jit
   def copy_rows(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
@@ -455,6 +457,7 @@ def test_kernels_with_global_scratch_get_its_size(monkeypatch, tmp_path):
   tc._install_disk_cache()
   kernel2, _ = lib.get_or_create_triton_kernel(*args, **kw)
   assert not lib._COMPILED_KERNEL_CACHE and kernel2.ctor_args == kernel.ctor_args
+  assert kept == [1, 2]  # after each kernel with scratch was built
   # An older jaxlib: its TritonKernel rejects the two values.
   lib._COMPILED_KERNEL_CACHE.clear()
   lib.get_or_create_triton_kernel = factory
@@ -466,6 +469,7 @@ def test_kernels_with_global_scratch_get_its_size(monkeypatch, tmp_path):
   monkeypatch.setattr(lib.triton_kernel_call_lib, "TritonKernel", seven_only)
   with pytest.raises(RuntimeError, match="needs 128 bytes of global scratch per program"):
     lib.get_or_create_triton_kernel(*args, **kw)
+  assert kept == [1, 2]
 
 
 
