@@ -1,10 +1,10 @@
 # Run 47a (prepared in session 18, not yet run): the per-call cost of the forward's global scratch (run 46: the
 # jitted forward lost 0.015-0.03 ms at D = 64 with no kernel gain). docs/logs/run47_pool.py in main's tree (26e1fc7,
 # no scratch; build .device/main.tar with `git archive 26e1fc7 jqat kernels_triton ffi benchmarks tests pyproject.toml
-# docs/logs > .device/main.tar`) and in this tree, with and without --keep-pool, alternated. About 2 minutes.
+# docs/logs > .device/main0.tar`) and in this tree, with and without --keep-pool, alternated. About 2 minutes.
 source .device/setup.sh
 R=$PWD
-rm -rf /tmp/main && mkdir -p /tmp/main && tar -xf .device/main.tar -C /tmp/main
+rm -rf /tmp/main && mkdir -p /tmp/main && tar -xf .device/main0.tar -C /tmp/main
 cp docs/logs/run47_pool.py /tmp/main/docs/logs/
 for round in 1 2; do
   for tree in /tmp/main $R; do
