@@ -366,8 +366,9 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
             and (opts.is_causal or opts.local_window_size is not None or q.shape[-1] > 64 or mask_flags["HAS_SEG"]))
   qq = "q"
   # qkv_scale="tensor": Q is quantized inside the forward kernel, from its encode scale, up to D = 128; above, that
-  # kernel is short of registers and ptxas serialized its wgmma at D = 192 and 256 (docs/logs/run46_fwd_scan.py, as
-  # for the other modes, run 38): there fq(enc * Q) comes from the pass with K and V.
+  # kernel is short of registers and ptxas serialized its wgmma at D = 144-256 (docs/logs/run47_scan_tensor_main.log,
+  # as for the other modes, run 38): there fq(enc * Q) comes from the pass with K and V (run 47c: the forward kernel
+  # 18% faster at D = 192 and 256, the same bits).
   tensor_q_pass = tensor and d > 128
   if tensor_q_pass:
     (qq, kk, vv), scratch, launches = _two_level_inputs(("q", "k", "v"), target, buffers)
