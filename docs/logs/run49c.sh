@@ -23,7 +23,7 @@ for t in main window_wide dq_tma main window_wide dq_tma; do
   echo "elapsed $SECONDS s"
 done
 for t in main window_wide dq_tma; do
-  (cd /tmp/$t && PYTHONPATH=/tmp/site:/tmp/$t timeout 60 python3 docs/logs/run49_bits_hash.py $OUT/run49c_h_$t.json \
+  (cd /tmp/$t && PYTHONPATH=/tmp/site:/tmp/$t timeout 150 python3 docs/logs/run49_bits_hash.py $OUT/run49c_h_$t.json \
     > $OUT/run49c_h_$t.log 2>&1) &
 done
 wait
