@@ -8,7 +8,8 @@
 # builds everywhere, serialized only where main is). Under the interpreter both keep the bits
 # (docs/logs/run49_interp_bits_bwd.py). Not for landing as is: the torch binding's prepared backward promises that
 # execute allocates nothing, and the descriptors' scratch would have to come from its workspace.
-# Per kernel through JAX, main / window_wide / dq_tma alternated twice, then the bits, then the dQ-relevant GPU tests
+# (The device returns at most 8 files per call: this script writes 7.) Per kernel through JAX, main / window_wide /
+# dq_tma alternated twice, then the bits, then the dQ-relevant GPU tests
 # on dq_tma. Build the trees here first (carry .device; move the .tar trees of older runs out of it first):
 #   git archive HEAD jqat kernels_triton ffi benchmarks tests pyproject.toml docs/logs > .device/main.tar
 #   rm -rf /tmp/t && mkdir /tmp/t && tar -xf .device/main.tar -C /tmp/t \
@@ -24,7 +25,7 @@ for t in main window_wide dq_tma main window_wide dq_tma; do
 done
 for t in main window_wide dq_tma; do
   (cd /tmp/$t && PYTHONPATH=/tmp/site:/tmp/$t timeout 150 python3 docs/logs/run49_bits_hash.py $OUT/run49c_h_$t.json \
-    > $OUT/run49c_h_$t.log 2>&1) &
+    >> $OUT/run49c_h.log 2>&1) &
 done
 wait
 python3 -c "
