@@ -403,7 +403,8 @@ def test_callback_public_api_matches_xla_gpu(launcher):
 def test_forward_builds_for_sm90_with_descriptors_only_where_gated(monkeypatch, tmp_path):
   """The forward kernel builds for sm_90 (Triton's ptxas included) in every head-dim class, and makes TMA
   descriptors (global scratch) only at D_PAD = 128 and 256: Triton 3.6's ptxas died on the descriptor kernel at
-  D = 16 and 32, and at D = 64 the call was slower (docs/BENCHMARKS.md, run 46)."""
+  D = 16 and 32, and at D = 64 the call was slower (docs/BENCHMARKS.md, run 46); and not with segment ids at
+  D_PAD = 256, where ptxas serialized the descriptor kernel's wgmma (docs/logs/run46_fwd_scan.py)."""
   from jqat.ffi import plan as plans
   from jqat.ffi.options import AttentionOptions
 
@@ -417,3 +418,7 @@ def test_forward_builds_for_sm90_with_descriptors_only_where_gated(monkeypatch, 
     kernel = _build(launch, *_launch_avals(plan, launch), target)
     assert kernel.asm["cubin"], d
     assert (kernel.metadata.global_scratch_size > 0) == (d >= 128), (d, kernel.metadata.global_scratch_size)
+  q, seg = plans.Tensor.dense((1, 256, 2, 256), "bfloat16"), plans.Tensor.dense((1, 256), "int32")
+  plan = plans.attention_forward(q, q, q, AttentionOptions(256**-0.5), target, masks=(None, None, seg, seg))
+  (launch,) = [x for x in plan.launches if "attention_fwd" in x.name]
+  assert _build(launch, *_launch_avals(plan, launch), target).metadata.global_scratch_size == 0
