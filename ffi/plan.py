@@ -386,7 +386,7 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
   kernels = {(False, False): kfwd.attention_fwd_kernel, (True, False): kfwd.attention_fwd_row_kernel,
              (False, True): kfwd.attention_fwd_tensor_kernel, (True, True): kfwd.attention_fwd_row_tensor_kernel}
   flags = dict(P_ROW_RANGE=P_ROW_RANGE) if row else {}
-  flags.update(QUANTIZE_Q=not tensor_q_pass if tensor else cfg.quantize_qkv and not q_pass)
+  flags.update(QUANTIZE_Q=(not tensor_q_pass) if tensor else (cfg.quantize_qkv and not q_pass))
   enc_args = (Ref("q_enc"), Ref("k_enc"), Ref("v_enc")) if tensor else ()
   fwd = Launch(
       "jqat_attention_fwd", kernels[row, tensor], (triton.cdiv(tq, c.block_m), b * n),

@@ -14,8 +14,8 @@
   and overwritten by a fresh compile.
 - A kernel that makes tensor descriptors (TMA) needs Triton's global scratch, whose size
   jax-triton 0.3.1 drops: jaxlib's ``TritonKernel`` gets it from Triton's metadata here
-  (jaxlib 0.11 allocates it at each launch, from the default memory pool that
-  ``jqat.ffi.scratch_pool`` keeps mapped).
+  (jaxlib 0.11 allocates it at each launch, from the device's current memory pool,
+  which ``jqat.ffi.scratch_pool`` keeps mapped).
 - Every cache directory is created with mode 0o700 and skipped, with a warning, when
   another user could write to it: whoever writes a cache chooses the code this
   process runs on the GPU (or, for Triton's launcher and XLA, on the host).
@@ -216,7 +216,7 @@ def _new_kernel(kernel_lib, ctor_args: tuple):
     raise RuntimeError(f"Triton kernel {plain[0]!r} needs {size} bytes of global scratch per program (tensor "
                        f"descriptors made in the kernel); this jaxlib's TritonKernel takes no scratch size "
                        f"(jaxlib 0.11 or later does)") from e
-  scratch_pool.keep_mapped()  # jaxlib takes the scratch from the default pool at each launch
+  scratch_pool.keep_mapped()  # jaxlib takes the scratch from the device's current pool at each launch
   return kernel
 
 
