@@ -251,7 +251,10 @@ def _attention_bwd_dq(
   if HAS_SEG:  # packed documents: only the keys of this block's segments; unmasked inside a lone segment
     lo, a, c, hi = narrow_to_segments(lo, a, c, hi, seg_q, offs_m < q_lim, kv_seg_base, kv_lim,
                                       tl.load(seg_sorted_ptr + b), BLOCK_N)
-  if WINDOW_LEFT >= 0:  # a window: one pipelined walk, the mask under a runtime branch, as in the forward
+  # A window: one pipelined walk, the mask under a runtime branch, as in the forward; above D_PAD = 128 that walk
+  # made ptxas serialize every wgmma of the kernel (docs/logs/run49_dq_scan.py), so wide heads take the three walks
+  # (run 49c: that kernel 12% faster at D = 192 and 256, the same bits).
+  if WINDOW_LEFT >= 0 and D_PAD <= 128:
     for i in range(0, hi - lo, BLOCK_N):
       dq = _dq_tile(dq, q, do, lse2, delta, k_base, v_base, lo + i, offs_m, offs_n, offs_d, seg_q, kv_seg_base,
                     q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, v_dec, False, HEAD_DIM, IS_CAUSAL,

@@ -422,3 +422,31 @@ def test_forward_builds_for_sm90_with_descriptors_only_where_gated(monkeypatch, 
   plan = plans.attention_forward(q, q, q, AttentionOptions(256**-0.5), target, masks=(None, None, seg, seg))
   (launch,) = [x for x in plan.launches if "attention_fwd" in x.name]
   assert _build(launch, *_launch_avals(plan, launch), target).metadata.global_scratch_size == 0
+
+
+@pytest.mark.fresh_process  # a real compile: not in a process where the interpreter has run
+def test_windowed_dq_above_128_is_not_serialized(monkeypatch, tmp_path):
+  """The dQ kernel with a window at D = 192 builds for sm_90 and ptxas (``-v``, Triton's own) does not serialize
+  its wgmma: the window's single walk did at every D_PAD > 128 (docs/logs/run49_dq_scan.py), which cost that kernel
+  12% at D = 192 and 256 (docs/BENCHMARKS.md, run 49c); wide heads now take the three walks."""
+  import subprocess
+
+  import triton
+
+  from jqat.ffi import plan as plans
+  from jqat.ffi.options import AttentionOptions
+
+  monkeypatch.setenv("JQAT_CACHE_DIR", str(tmp_path))
+  monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+  target, d = plans.Target((9, 0)), 192
+  q, lse = plans.Tensor.dense((1, 512, 2, d), "bfloat16"), plans.Tensor.dense((1, 2, 512), "float32")
+  plan = plans.attention_backward(q, q, q, q, q, lse, AttentionOptions(d**-0.5, True, local_window_size=(255, 0)),
+                                  target)
+  (launch,) = [x for x in plan.launches if x.name.endswith("attention_bwd_dq")]
+  kernel = _build(launch, *_launch_avals(plan, launch), target)
+  ptx = tmp_path / "dq.ptx"
+  ptx.write_text(kernel.asm["ptx"])
+  ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+  out = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", str(ptx), "-o", str(tmp_path / "dq.cubin")],
+                       capture_output=True, text=True, check=True)
+  assert "serialized" not in out.stderr, out.stderr
