@@ -130,7 +130,8 @@ def main(argv=None):
   ap.add_argument("--fwd-config", default="", help='"field=int,...", as JQAT_ATTN_FWD_CONFIG')
   ap.add_argument("--bwd-config", default="", help='"field=int,...", as JQAT_ATTN_BWD_CONFIG')
   ap.add_argument("--arch", type=int, default=90, help="compute capability as an integer (90 = H100/H200)")
-  ap.add_argument("--kernels", default="fwd,bwd", help="which plans: fwd, bwd, rope (comma-separated)")
+  ap.add_argument("--kernels", default="fwd,bwd",
+                  help="which plans: fwd, fwd_out (O alone, the primal of jqat.attention), bwd, rope (comma-separated)")
   ap.add_argument("--int-divisibility", action="store_true",
                   help="mark integer arguments divisible by 16 as Triton's launcher (torch) does; jax-triton does not")
   ap.add_argument("--sass-dir", default=None, help="also write each kernel's SASS there")
@@ -149,9 +150,12 @@ def main(argv=None):
   seg = P.Tensor.dense((args.batch, args.seq), "int32")
   masks = (None, None, seg, seg) if args.segments else P.NO_MASKS
   plans = []
-  if "fwd" in args.kernels:
+  kinds = args.kernels.split(",")
+  if "fwd" in kinds:
     plans.append(P.attention_forward(q, k, k, opts, target, config=fwd_cfg, masks=masks))
-  if "bwd" in args.kernels:
+  if "fwd_out" in kinds:
+    plans.append(P.attention_forward(q, k, k, opts, target, config=fwd_cfg, masks=masks, residuals=False))
+  if "bwd" in kinds:
     plans.append(P.attention_backward(q, q, k, k, q, stats, opts, target, config=bwd_cfg, masks=masks,
                                       row_max=stats if args.p_scale == "row" else None,
                                       q_hat_over_out=True))  # as the JAX binding plans it
@@ -174,7 +178,7 @@ def main(argv=None):
             + "".join(f"\n  ptxas: {w}" for w in s["ptxas_warnings"]))
       for loop in s["loops"]:
         print(f"  loop {loop['start']}-{loop['end']}: {loop['instructions']} instructions/iteration {loop['mix']}")
-  if "rope" in args.kernels:
+  if "rope" in kinds:
     report["kernels"].update(rope_stats(args.arch))
   if args.json:
     with open(args.json, "w") as f:

@@ -115,12 +115,14 @@ def _partitioned(run, spec: partitioning.OpSpec, launcher: str):
 # The op functions are cached per launcher too: JAX caches what it traced of a function, so one function
 # object per launcher keeps a trace for one launcher from serving the other.
 @functools.cache
-def _forward_fn(opts: AttentionOptions, config, present: tuple[bool, ...], launcher: str, kept: tuple[str, ...]):
+def _forward_fn(opts: AttentionOptions, config, present: tuple[bool, ...], launcher: str, kept: tuple[str, ...],
+                residuals: bool = True):
   def run(q, k, v, *masks):  # on the local shard: the plan is built from the shapes it sees
     plan = plans.attention_forward(dense(q), dense(k), dense(v), opts, target(launcher), config=config,
-                                   masks=_mask_tensors(present, masks), keep_quantized=bool(kept))
+                                   masks=_mask_tensors(present, masks), keep_quantized=bool(kept),
+                                   residuals=residuals)
     return execute(plan, q, k, v, *masks, launcher=launcher)
-  spec = partitioning.attention_forward_spec(present, row_max=opts.p_scale == "row", kept=kept)
+  spec = partitioning.attention_forward_spec(present, row_max=opts.p_scale == "row", kept=kept, residuals=residuals)
   return fold_batch(_partitioned(run, spec, launcher), 3 + sum(present))
 
 
@@ -141,8 +143,10 @@ def _backward_fn(opts: AttentionOptions, config, present: tuple[bool, ...], laun
   return fold_batch(_partitioned(run, spec, launcher), 6 + row + sum(present))
 
 
-def attention_forward(query, key, value, opts: AttentionOptions, masks=plans.NO_MASKS, *, keep_quantized=False):
-  """QAT forward on the GPU: ``(O, O', lse)``.
+def attention_forward(query, key, value, opts: AttentionOptions, masks=plans.NO_MASKS, *, keep_quantized=False,
+                      residuals=True):
+  """QAT forward on the GPU: ``(O, O', lse)``; with ``residuals=False`` just ``(O,)``, the same O without the O'
+  product (``jqat.ffi.plan.attention_forward``).
 
   query: [B, Tq, N, D]; key, value: [B, Tk, K, D] (N % K == 0, D % 16 == 0), one float dtype.
   masks: ``(q_len [B], kv_len [B], q_seg [B, Tq], kv_seg [B, Tk])`` int32, each optional (None); they lead
@@ -153,7 +157,8 @@ def attention_forward(query, key, value, opts: AttentionOptions, masks=plans.NO_
   """
   present = tuple(m is not None for m in masks)
   kept = plans.kept_quantized(opts) if keep_quantized else ()
-  fn = _forward_fn(opts, plans.forward_config(query.shape[-1]), present, callback_launch.launcher(), kept)
+  fn = _forward_fn(opts, plans.forward_config(query.shape[-1]), present, callback_launch.launcher(), kept,
+                   residuals)
   return fn(query, key, value, *(m for m in masks if m is not None))
 
 

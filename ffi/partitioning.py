@@ -72,13 +72,15 @@ def _masks(present) -> tuple:
 _QKV_AXES = {"q": "btnd", "k": "bskd", "v": "bskd"}
 
 
-def attention_forward_spec(present=(), row_max: bool = False, kept=()) -> OpSpec:
+def attention_forward_spec(present=(), row_max: bool = False, kept=(), residuals: bool = True) -> OpSpec:
   """q, k, v and the present mask operands -> O, O', lse (and row_max with p_scale="row"), then fq(X) for each
-  name X of ``kept`` (the plan's ``keep_quantized`` outputs)."""
+  name X of ``kept`` (the plan's ``keep_quantized`` outputs); O alone without ``residuals``."""
+  outs = (("out", "btnd"),)
+  if residuals:
+    outs += (("out_high_precision", "btnd"), ("lse", "bnt")) + (("row_max", "bnt"),) * row_max
   return OpSpec("attention forward",
                 (("query", "btnd"), ("key", "bskd"), ("value", "bskd")) + _masks(present),
-                (("out", "btnd"), ("out_high_precision", "btnd"), ("lse", "bnt")) + (("row_max", "bnt"),) * row_max
-                + tuple((f"fq_{name}", _QKV_AXES[name]) for name in kept),
+                outs + tuple((f"fq_{name}", _QKV_AXES[name]) for name in kept),
                 frozenset("d"))
 
 

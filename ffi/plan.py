@@ -315,7 +315,7 @@ def kept_quantized(opts: AttentionOptions) -> tuple[str, ...]:
 
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, target: Target, *,
                       out_strides=None, config: kfwd.ForwardConfig | None = None, masks=NO_MASKS,
-                      keep_quantized: bool = False) -> Plan:
+                      keep_quantized: bool = False, residuals: bool = True) -> Plan:
   """Plan of the QAT forward: outputs ``o``, ``o_hp`` (``[B, Tq, N, D]``, strides ``out_strides``, default dense)
   and ``lse`` (``[B, N, Tq]`` fp32, dense); with ``opts.p_scale == "row"`` also ``row_max`` (``[B, N, Tq]``
   fp32, dense: the final row max, natural units). q: ``[B, Tq, N, D]``; k, v: ``[B, Tk, K, D]``, N % K == 0.
@@ -329,17 +329,24 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
   kernel rounds its own Q tile.
   keep_quantized: fq(K), fq(V) (:func:`kept_quantized`) are outputs after the others (``k_hat``, ``v_hat``, with
   K's and V's shapes and strides), not scratch: a backward given them (:func:`attention_backward`'s
-  ``quantized``) needs no quantize pass for them."""
+  ``quantized``) needs no quantize pass for them.
+  residuals=False: ``o`` is the only output (no O', lse or row max, nothing kept), from the kernels'
+  ``attention_fwd_out*`` entry points: the same O without the O' product (for a forward that nothing
+  differentiates)."""
+  if keep_quantized and not residuals:
+    raise ValueError("keep_quantized needs residuals: fq(K), fq(V) are kept for a backward")
   b, tq, n, d = q.shape
   tk, kh = k.shape[1], k.shape[2]
   strides = tuple(out_strides) if out_strides is not None else Tensor.dense(q.shape, q.dtype).strides
   o = Tensor(q.shape, q.dtype, strides)
-  buffers = {"q": q, "k": k, "v": v, "o": o, "o_hp": o, "lse": Tensor.dense((b, n, tq), "float32")}
+  buffers = {"q": q, "k": k, "v": v, "o": o}
+  if residuals:
+    buffers.update(o_hp=o, lse=Tensor.dense((b, n, tq), "float32"))
   mask_names, mask_args, mask_flags, mask_launches = _masks(masks, b, tq, tk, buffers)
   inputs = ("q", "k", "v") + mask_names
-  outputs = ("o", "o_hp", "lse")
+  outputs = ("o", "o_hp", "lse") if residuals else ("o",)
   row = opts.p_scale == "row"
-  if row:
+  if row and residuals:
     buffers["row_max"] = Tensor.dense((b, n, tq), "float32")
     outputs += ("row_max",)
   kept = ()
@@ -348,9 +355,8 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
     kept += (f"{name}_hat",)
   if q.size == 0 or k.size == 0:  # no rows, or no keys: O = O' = 0, lse = row_max = -inf; kept fq(X) 0
     # (an empty op's backward reads none of its inputs)
-    return Plan(buffers, inputs, (), outputs + kept, (), {"o": 0.0, "o_hp": 0.0, "lse": float("-inf"),
-                                                          **({"row_max": float("-inf")} if row else {}),
-                                                          **dict.fromkeys(kept, 0.0)})
+    fills = {"o": 0.0, "o_hp": 0.0, "lse": float("-inf"), "row_max": float("-inf"), **dict.fromkeys(kept, 0.0)}
+    return Plan(buffers, inputs, (), outputs + kept, (), {name: fills[name] for name in outputs + kept})
   cfg = opts.config
   tensor = _tensor_mode(opts)
   # fq(Q) by the pass, with K and V, where the tile walks are short or masked (causal, window): there the kernel
@@ -385,7 +391,9 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
   # qkv_scale="tensor" the entry points that also read the encode scales.
   kernels = {(False, False): kfwd.attention_fwd_kernel, (True, False): kfwd.attention_fwd_row_kernel,
              (False, True): kfwd.attention_fwd_tensor_kernel, (True, True): kfwd.attention_fwd_row_tensor_kernel}
-  flags = dict(P_ROW_RANGE=P_ROW_RANGE) if row else {}
+  if not residuals:  # O alone: one entry point per qkv_scale, p_scale by P_ROW_RANGE (0 for "block")
+    kernels = {(row, False): kfwd.attention_fwd_out_kernel, (row, True): kfwd.attention_fwd_out_tensor_kernel}
+  flags = dict(P_ROW_RANGE=P_ROW_RANGE if row else 0.0) if row or not residuals else {}
   flags.update(QUANTIZE_Q=(not tensor_q_pass) if tensor else (cfg.quantize_qkv and not q_pass))
   enc_args = (Ref("q_enc"), Ref("k_enc"), Ref("v_enc")) if tensor else ()
   fwd = Launch(

@@ -93,8 +93,9 @@ def _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs
              QUANTIZE_P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QK_F32: tl.constexpr,
              DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr,
              HW_E2M1: tl.constexpr, P_ROW_RANGE: tl.constexpr, RUNTIME_MASK: tl.constexpr = False, edge=False,
-             k_desc=None, v_desc=None, USE_TMA: tl.constexpr = False):
+             k_desc=None, v_desc=None, USE_TMA: tl.constexpr = False, O_ONLY: tl.constexpr = False):
   """One KV tile of the online softmax; MASKED for tiles that a mask hides in part (``visible``).
+  O_ONLY (with QUANTIZE_P): O' is not wanted; ``acc_hp`` is returned untouched (no P V_hat product).
   USE_TMA: K and V from the tensor descriptors ``k_desc``, ``v_desc`` (``kv_descriptors``; the copy fills rows past
   their bound with zeros, as the masked loads do).
   RUNTIME_MASK (with MASKED off): loads masked, the elementwise mask applied where ``edge`` (a runtime flag) is
@@ -131,7 +132,8 @@ def _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs
     p = tl.math.exp2(s - m_safe[:, None])  # exactly +0 where masked (s = -inf)
   alpha = tl.math.exp2(m - m_safe)
   l = l * alpha + tl.sum(p, axis=1)
-  acc_hp = acc_hp * alpha[:, None] + bf16_dot(p, v, DOT_BF16, DOT_PREC, SOFT_BF16)
+  if not (O_ONLY and QUANTIZE_P):
+    acc_hp = acc_hp * alpha[:, None] + bf16_dot(p, v, DOT_BF16, DOT_PREC, SOFT_BF16)
   if QUANTIZE_P:
     p_fq = fq_probs(p, BLOCK_M, BLOCK_N, HW_E4M3, HW_E2M1)  # exact in bf16 (E2M1 x E4M3)
     acc = acc * alpha[:, None] + bf16_dot(p_fq, v, DOT_BF16, DOT_PREC, SOFT_BF16)
@@ -150,7 +152,7 @@ def _attention_fwd(
     HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
     QUANTIZE_Q: tl.constexpr, QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr,
     SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr,
-    P_ROW_RANGE: tl.constexpr, QKV_TENSOR: tl.constexpr, SEQ_ALIGN: tl.constexpr):
+    P_ROW_RANGE: tl.constexpr, QKV_TENSOR: tl.constexpr, SEQ_ALIGN: tl.constexpr, RESIDUALS: tl.constexpr = True):
   """Forward of SPEC section 3 for query rows [i * BLOCK_M, +BLOCK_M) of head j % N, batch j // N, where
   ``(i, j) = program_tile(...)``.
 
@@ -169,6 +171,9 @@ def _attention_fwd(
   fq(enc * Q) (QUANTIZE_Q; else q holds it, from the same pass as K and V), the decode scales 1 / enc of Q and K
   are folded into the softmax scale and V's into the final normalization (FP32 rounding only, docs/NUMERICS.md).
   The enc pointers are not read otherwise.
+  RESIDUALS off (the primal of ``jqat.attention``, where nothing differentiates): only o is stored (o_hp, lse and m
+  are not touched), and with QUANTIZE_P the O' accumulator and its P V_hat product are dropped; O's arithmetic is
+  the same, so are its bits.
   """
   # Every stride is a multiple of 16 (rows of D % 16 == 0 contiguous elements).
   # jax-triton does not specialize integer arguments, so without these hints the
@@ -252,7 +257,7 @@ def _attention_fwd(
                                    kv_seg_base, q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, False, HEAD_DIM,
                                    IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N,
                                    QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, True,
-                                   (lo + i < a) | (lo + i >= c), k_desc, v_desc, TMA_EVERY_WALK)
+                                   (lo + i < a) | (lo + i >= c), k_desc, v_desc, TMA_EVERY_WALK, not RESIDUALS)
   else:
     # The first walk counts from 0: written as range(lo, a), with the window's lo, ptxas serialized every wgmma
     # of the kernel ("non wgmma instructions defining accumulator registers", docs/PERFORMANCE.md, run 37).
@@ -261,7 +266,7 @@ def _attention_fwd(
                                    kv_seg_base, q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, True, HEAD_DIM,
                                    IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N, QK_F32,
                                    DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, k_desc=k_desc,
-                                   v_desc=v_desc, USE_TMA=TMA_EVERY_WALK)
+                                   v_desc=v_desc, USE_TMA=TMA_EVERY_WALK, O_ONLY=not RESIDUALS)
     mid_k = k_desc
     mid_v = v_desc
     if USE_TMA and not TMA_EVERY_WALK:  # made here, after the first walk: that order is the one run 46 measured
@@ -271,13 +276,13 @@ def _attention_fwd(
                                    kv_seg_base, q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, False, HEAD_DIM,
                                    IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N, QK_F32,
                                    DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, False, False, mid_k,
-                                   mid_v, USE_TMA)
+                                   mid_v, USE_TMA, not RESIDUALS)
     for start_n in range(c, hi, BLOCK_N):
       acc, acc_hp, m, l = _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, seg_q,
                                    kv_seg_base, q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, True, HEAD_DIM,
                                    IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N, QK_F32,
                                    DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, k_desc=k_desc,
-                                   v_desc=v_desc, USE_TMA=TMA_EVERY_WALK)
+                                   v_desc=v_desc, USE_TMA=TMA_EVERY_WALK, O_ONLY=not RESIDUALS)
 
   # No visible key (or a padded query row, which the unmasked tiles do not hide): O = O' = 0, lse = -inf.
   empty = (l == 0.0) | (offs_m >= q_lim)
@@ -294,13 +299,15 @@ def _attention_fwd(
            + offs_m.to(tl.int64)[:, None] * stride_ot + offs_d[None, :])
   out_ok = row_ok[:, None] & d_ok[None, :]
   out_hp = cast_out(acc_hp * inv[:, None], o_hp_ptr, SOFT_BF16)
-  tl.store(o_hp_ptr + o_off, out_hp, mask=out_ok)
+  if RESIDUALS:
+    tl.store(o_hp_ptr + o_off, out_hp, mask=out_ok)
   if QUANTIZE_P:
     tl.store(o_ptr + o_off, cast_out(acc * inv[:, None], o_ptr, SOFT_BF16), mask=out_ok)
   else:
     tl.store(o_ptr + o_off, out_hp, mask=out_ok)  # bf16(p) on both paths: O = O'
-  tl.store(lse_ptr + pid_bh.to(tl.int64) * tq + offs_m, lse, mask=row_ok)
-  if P_ROW_RANGE > 0:
+  if RESIDUALS:
+    tl.store(lse_ptr + pid_bh.to(tl.int64) * tq + offs_m, lse, mask=row_ok)
+  if RESIDUALS and P_ROW_RANGE > 0:
     tl.store(m_ptr + pid_bh.to(tl.int64) * tq + offs_m, tl.where(empty, float("-inf"), m * LN2), mask=row_ok)
 
 
@@ -390,3 +397,49 @@ def attention_fwd_row_tensor_kernel(
                  o_hp_ptr, lse_ptr, m_ptr, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT,
                  BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, QUANTIZE_Q, QUANTIZE_P, QK_F32, DOT_BF16, SOFT_BF16,
                  DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, True, SEQ_ALIGN)
+
+
+@triton.jit
+def attention_fwd_out_kernel(
+    q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group,
+    q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr,
+    stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
+    stride_ob, stride_ot, stride_on,
+    o_ptr,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
+    HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
+    QUANTIZE_Q: tl.constexpr, QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr,
+    SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr,
+    P_ROW_RANGE: tl.constexpr, SEQ_ALIGN: tl.constexpr):
+  """O alone (RESIDUALS off), p_scale="block" (P_ROW_RANGE 0) or "row": the O of ``attention_fwd_kernel`` or
+  ``attention_fwd_row_kernel``, without O', lse or the row max."""
+  _attention_fwd(q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr,
+                 seg_sorted_ptr, o_ptr, o_ptr, o_ptr, stride_qb, stride_qt, stride_qn, stride_kb, stride_kt,
+                 stride_kn, stride_vb, stride_vt, stride_vn, stride_ob, stride_ot, stride_on, o_ptr, o_ptr, o_ptr,
+                 o_ptr, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, BOTTOM_RIGHT,
+                 HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, QUANTIZE_Q, QUANTIZE_P, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC,
+                 HW_E4M3, HW_E2M1, P_ROW_RANGE, False, SEQ_ALIGN, False)
+
+
+@triton.jit
+def attention_fwd_out_tensor_kernel(
+    q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group,
+    q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr,
+    stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
+    stride_ob, stride_ot, stride_on,
+    o_ptr,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
+    HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
+    QUANTIZE_Q: tl.constexpr, QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr,
+    SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr,
+    P_ROW_RANGE: tl.constexpr, SEQ_ALIGN: tl.constexpr):
+  """O alone with qkv_scale="tensor" (either p_scale): the O of the ``*_tensor_kernel`` entry points, without O',
+  lse or the row max."""
+  _attention_fwd(q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr,
+                 seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr, stride_qb, stride_qt, stride_qn, stride_kb,
+                 stride_kt, stride_kn, stride_vb, stride_vt, stride_vn, stride_ob, stride_ot, stride_on, o_ptr,
+                 o_ptr, o_ptr, o_ptr, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT,
+                 BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, QUANTIZE_Q, QUANTIZE_P, QK_F32, DOT_BF16, SOFT_BF16,
+                 DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, True, SEQ_ALIGN, False)

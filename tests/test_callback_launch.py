@@ -450,3 +450,39 @@ def test_windowed_dq_above_128_is_not_serialized(monkeypatch, tmp_path):
   out = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", str(ptx), "-o", str(tmp_path / "dq.cubin")],
                        capture_output=True, text=True, check=True)
   assert "serialized" not in out.stderr, out.stderr
+
+
+PRIMAL_CASES = {
+    "causal": dict(is_causal=True),
+    "row": dict(p_scale="row"),
+    "tensor-window-lengths": dict(qkv_scale="tensor", local_window_size=(9, 3), key_value_seq_lengths=(33,)),
+    "no-fq-p": dict(quantize_p=False, is_causal=True),
+}
+
+
+@pytest.mark.parametrize("name", list(PRIMAL_CASES))
+def test_primal_is_the_residual_forwards_output(launcher, monkeypatch, name):
+  """jqat.attention where nothing differentiates runs the forward without residuals (no O' product, no lse): its
+  O is, bit for bit, the O of attention_forward (the same arithmetic in the kernel; docs/NUMERICS.md), and within
+  the reference's bound. The interpreter on the CPU (callback launcher), compiled kernels on the GPU."""
+  from jqat.ffi.options import QATConfig
+
+  if INTERPRET:
+    launcher("callback")
+    monkeypatch.setattr(dispatch, "triton_unavailable_reason", lambda: None)
+    b, tq, tk, d = 1, 17, 40, 32
+  else:
+    b, tq, tk, d = 2, 300, 333, 128
+  kw = dict(PRIMAL_CASES[name])
+  if "key_value_seq_lengths" in kw:
+    kw["key_value_seq_lengths"] = jnp.full((b,), kw["key_value_seq_lengths"][0], jnp.int32)
+  q, k, v, _ = _case(b, tq, tk, 4, 2, d, seed=len(name))
+  cfg = {"config": QATConfig(quantize_p=False)} if kw.get("quantize_p") is False else {}
+  fkw = {key: x for key, x in kw.items() if key != "quantize_p"}
+  o = jax.jit(lambda q, k, v: jqat.attention(q, k, v, implementation="triton", **kw))(q, k, v)
+  o_res = jax.jit(lambda q, k, v: jqat.attention_forward(q, k, v, implementation="triton", **fkw, **cfg)[0])(q, k, v)
+  ref = jax.jit(lambda q, k, v: jqat.attention(q, k, v, implementation="xla", **kw))(q, k, v)
+  bits = lambda x: np.asarray(x).view(np.uint16)
+  np.testing.assert_array_equal(bits(o), bits(o_res))
+  f = lambda x: np.asarray(x.astype(jnp.float32))
+  assert_close(f(o), f(ref), rel=BOUNDS["O"], name="O")

@@ -333,3 +333,29 @@ def test_windowed_backward_takes_the_window_dq_config(monkeypatch):
   assert dq_launch() == (128, 8, 3)
   monkeypatch.setenv("JQAT_ATTN_BWD_CONFIG", "dq_num_stages=3")
   assert dq_launch(local_window_size=(127, 0)) == (64, 4, 3)
+
+
+@pytest.mark.parametrize("p_scale,qkv_scale", [("block", "block"), ("row", "block"), ("block", "tensor"),
+                                               ("row", "tensor")])
+def test_forward_without_residuals(p_scale, qkv_scale):
+  """residuals=False (the primal of jqat.attention): O is the only output and nothing else is allocated for it; the
+  launches before the forward kernel are the residual plan's, the kernel is an ``attention_fwd_out*`` entry point
+  with the residual kernel's arguments up to O and its constexprs, P_ROW_RANGE 0 for "block"."""
+  q, k, v = (plans.Tensor.dense(s, "bfloat16") for s in ((2, 33, 4, 64), (2, 40, 2, 64), (2, 40, 2, 64)))
+  kv_len = plans.Tensor.dense((2,), "int32")
+  opts = AttentionOptions(0.125, True, p_scale=p_scale, qkv_scale=qkv_scale)
+  masks = (None, kv_len, None, None)
+  full = plans.attention_forward(q, k, v, opts, GPU, masks=masks)
+  out = plans.attention_forward(q, k, v, opts, GPU, masks=masks, residuals=False)
+  assert out.outputs == ("o",) and set(out.buffers) == set(full.buffers) - {"o_hp", "lse", "row_max"}
+  assert out.scratch == full.scratch and out.launches[:-1] == full.launches[:-1]
+  fwd, ref = out.launches[-1], full.launches[-1]
+  assert fwd.kernel is (kfwd.attention_fwd_out_tensor_kernel if qkv_scale == "tensor" else
+                        kfwd.attention_fwd_out_kernel)
+  assert (fwd.args, fwd.outputs, fwd.grid) == (ref.args, ("o",), ref.grid)
+  assert fwd.constexprs == {**ref.constexprs, "P_ROW_RANGE": ref.constexprs.get("P_ROW_RANGE", 0.0)}
+  assert fwd.constexprs["P_ROW_RANGE"] == (plans.P_ROW_RANGE if p_scale == "row" else 0.0)
+  empty = plans.attention_forward(plans.Tensor.dense((2, 0, 4, 64), "bfloat16"), k, v, opts, GPU, residuals=False)
+  assert (empty.outputs, empty.launches, empty.fills) == (("o",), (), {"o": 0.0})
+  with pytest.raises(ValueError, match="keep_quantized needs residuals"):
+    plans.attention_forward(q, k, v, opts, GPU, keep_quantized=True, residuals=False)

@@ -206,6 +206,11 @@ def _first_order_only_jvp(primals, tangents):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
 def _attention(query, key, value, masks, opts: AttentionOptions, impl: str):
+  # Nothing differentiates here (jax.grad and jax.vjp take _attention_fwd): O alone, without the O' product and
+  # the residuals, which a custom call's unused outputs would still cost.
+  if impl == "triton":
+    from jqat.ffi import jax_launch  # noqa: PLC0415
+    return jax_launch.attention_forward(query, key, value, opts, masks, residuals=False)[0]
   return _forward(query, key, value, masks, opts, impl)[0]
 
 
