@@ -108,6 +108,10 @@ def _worker(rank: int, world: int, port: int, out_path: str):
       err = (x.float() - want[name].float()).abs().max().item()
       print(f"rank {rank} {name}: shape {tuple(x.shape)}, max |sharded - unsharded| {err:.3e}", flush=True)
     np.savez(f"{out_path}.rank{rank}.npz", **arrays)
+    # Both ranks done before either closes its connections: a rank that tore the group down while the other was
+    # still in its unsharded call made the other's gloo threads abort ("terminate called without an active
+    # exception", SIGABRT; seen once in CI).
+    dist.barrier()
   finally:
     dist.destroy_process_group()
 
