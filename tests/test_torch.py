@@ -678,3 +678,65 @@ def test_masks_cuda_equal_jax_triton_bitwise_gpu():
   got, want = _masked_results(q, k, v, do, _mask_kwargs(2, 300, 257, device="cuda"), "triton")
   torch.cuda.synchronize()
   _compare(got, want)
+
+
+# ----------------------------------------------------------------------------- the forward where nothing differentiates
+
+def _out_without_grad(q, k, v, monkeypatch, **kw):
+  """jt.attention with no input requiring grad and under torch.no_grad: O, and which op ran (attention_out's
+  forward_out is recorded)."""
+  from jqat.torch import _attention
+
+  calls = []
+  real = _attention.forward_out
+  monkeypatch.setattr(_attention, "forward_out", lambda *a, **k: calls.append(1) or real(*a, **k))
+  plain = jt.attention(q, k, v, **kw)
+  qr = q.clone().requires_grad_()
+  with torch.no_grad():
+    no_grad = jt.attention(qr, k, v, **kw)
+  assert len(calls) == 2, "both calls take attention_out"
+  assert not plain.requires_grad and not no_grad.requires_grad
+  return plain, no_grad
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, needs_cuda])])
+def test_no_grad_forward_is_the_training_forwards_output(monkeypatch, device):
+  """Without anything to differentiate jt.attention runs ``jqat::attention_out`` (on CUDA the plan without
+  residuals); its O equals the differentiable op's O bit for bit (the same XLA program on the CPU, the same O
+  arithmetic in the kernels on CUDA), masks and GQA included; with grad the usual op runs."""
+  q, k, v, _ = _bhsd_inputs(2, 4, 2, 37, 45, 64, device=device, seed=3)
+  kw = dict(is_causal=True, enable_gqa=True, local_window_size=(20, 0),
+            key_value_seq_lengths=torch.tensor([45, 30], device=device))
+  plain, no_grad = _out_without_grad(q, k, v, monkeypatch, **kw)
+  qr = q.clone().requires_grad_()
+  with_grad = jt.attention(qr, k, v, **kw)
+  assert with_grad.requires_grad
+  _same(plain, with_grad.detach(), "O without grad")
+  _same(no_grad, with_grad.detach(), "O under no_grad")
+
+
+def test_no_grad_forward_under_torch_compile():
+  """torch.compile (fullgraph) of a module calling jt.attention under no_grad: attention_out traces without a graph
+  break and gives the eager O."""
+  q, k, v, _ = _bhsd_inputs(1, 2, 2, 17, 17, 32, seed=5)
+  fn = lambda q, k, v: jt.attention(q, k, v, is_causal=True)
+  with torch.no_grad():
+    eager = fn(q, k, v)
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)(q, k, v)
+  _same(compiled, eager, "compiled O")
+
+
+@pytest.mark.skipif(not INTERPRET, reason="the launcher runs on CPU tensors only under TRITON_INTERPRET=1")
+def test_torch_launcher_without_residuals_interpreted():
+  """forward_kernels(residuals=False) on CPU tensors (the interpreter): O bit for bit the residual plan's O."""
+  from jqat.ffi.options import AttentionOptions
+  from jqat.torch import _attention
+
+  b, h, hkv, sq, skv, d = 1, 2, 1, 17, 20, 16
+  q, k, v, _ = _bhsd_inputs(b, h, hkv, sq, skv, d, seed=9)
+  opts = AttentionOptions(d**-0.5, True, 16)
+  o, o_hp, lse = torch.full_like(q, float("nan")), torch.full_like(q, float("nan")), torch.full((b, h, sq), 0.0)
+  _attention.forward_kernels(q, k, v, o, o_hp, lse, opts)
+  alone = torch.full_like(q, float("nan"))
+  _attention.forward_kernels(q, k, v, alone, None, None, opts, residuals=False)
+  _same(alone, o, "O alone")

@@ -12,7 +12,8 @@ Layout is BHSD, as in ``torch.nn.functional.scaled_dot_product_attention``:
 
 Entry points: :func:`attention` (differentiable, like ``F.scaled_dot_product_attention``;
 the ``torch.library`` op ``torch.ops.jqat.attention_fwd`` underneath, so ``torch.compile``
-does not break its graph), and the vendor API names of ``vendor``:
+does not break its graph; ``torch.ops.jqat.attention_out``, O without the backward's residuals, where
+nothing differentiates), and the vendor API names of ``vendor``:
 :func:`nvfp4_attention_qat_forward`, :func:`nvfp4_attention_qat_backward`,
 :class:`Nvfp4AttentionQatBackward`, :func:`rope_qdq_inplace`, :class:`RopeQDQInplace`.
 """

@@ -91,17 +91,30 @@ def forward(q, k, v, opts: AttentionOptions, masks=NO_MASKS):
   return (o, o_hp, *stats)
 
 
-def forward_kernels(q, k, v, o, o_hp, lse, opts: AttentionOptions, masks=NO_MASKS, row_max=None):
+def forward_out(q, k, v, opts: AttentionOptions, masks=NO_MASKS):
+  """O alone (contiguous BHSD, q's dtype), for a forward that nothing differentiates: on CUDA the plan without
+  residuals (no O' product, no lse; the same O bits as :func:`forward`'s), on the CPU the XLA reference's O."""
+  if q.device.type == "cpu":
+    res = _xla_forward(opts)(*(tt.to_jax(t) for t in (q, k, v)), _jax_masks(masks))
+    return tt.from_jax(res[0]).transpose(1, 2).contiguous()
+  o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+  forward_kernels(q, k, v, o, None, None, opts, masks, residuals=False)
+  return o
+
+
+def forward_kernels(q, k, v, o, o_hp, lse, opts: AttentionOptions, masks=NO_MASKS, row_max=None, residuals=True):
   """The forward plan into ``o``, ``o_hp`` (BHSD, equal strides), ``lse`` and, with p_scale="row", ``row_max``
-  (contiguous); CUDA, or CPU tensors under ``TRITON_INTERPRET=1``."""
+  (contiguous); CUDA, or CPU tensors under ``TRITON_INTERPRET=1``. residuals=False: into ``o`` alone (o_hp, lse
+  and row_max None), the plan without the O' product."""
   plans, launch = _launcher()
   q, k, v = tt.dense(q), tt.dense(k), tt.dense(v)
-  views = dict(q=tt.btnh(q), k=tt.btnh(k), v=tt.btnh(v), o=tt.btnh(o), o_hp=tt.btnh(o_hp), lse=lse,
-               row_max=row_max)
+  views = dict(q=tt.btnh(q), k=tt.btnh(k), v=tt.btnh(v), o=tt.btnh(o))
+  if residuals:
+    views.update(o_hp=tt.btnh(o_hp), lse=lse, row_max=row_max)
   described, named = _mask_views(masks, launch)
   views.update(named)
   plan = plans.attention_forward(*(launch.describe(views[n]) for n in ("q", "k", "v")), opts, launch.target(q),
-                                 out_strides=views["o"].stride(), masks=described)
+                                 out_strides=views["o"].stride(), masks=described, residuals=residuals)
   views.update(launch.allocate(plan, plan.scratch, q.device))
   launch.execute(plan, views)
 
@@ -195,6 +208,24 @@ def _(q, k, v, q_len, kv_len, q_seg, kv_seg, *static):
           q.new_empty(q.shape[:3] if row else (0,), dtype=torch.float32))
 
 
+@torch.library.custom_op("jqat::attention_out", mutates_args=())
+def attention_out_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_len: torch.Tensor | None,
+                     kv_len: torch.Tensor | None, q_seg: torch.Tensor | None, kv_seg: torch.Tensor | None,
+                     scale: float, is_causal: bool, block_n: int, quantize_qkv: bool, quantize_p: bool,
+                     high_precision_delta: bool, quantize_p_backward: bool, window_left: int, window_right: int,
+                     causal_alignment: str, p_scale: str, qkv_scale: str) -> torch.Tensor:
+  """O alone (contiguous BHSD, q's dtype): ``attention_fwd``'s O where nothing differentiates (no backward)."""
+  tt.check_backend(q.device)
+  opts = _options(scale, is_causal, block_n, quantize_qkv, quantize_p, high_precision_delta, quantize_p_backward,
+                  window_left, window_right, causal_alignment, p_scale, qkv_scale)
+  return forward_out(q, k, v, opts, (q_len, kv_len, q_seg, kv_seg))
+
+
+@attention_out_op.register_fake
+def _(q, k, v, q_len, kv_len, q_seg, kv_seg, *static):
+  return q.new_empty(q.shape)
+
+
 @torch.library.custom_op("jqat::attention_bwd", mutates_args=())
 def attention_bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      o_for_delta: torch.Tensor, lse: torch.Tensor, row_max: torch.Tensor | None,
@@ -285,7 +316,8 @@ def attention(q, k, v, is_causal=False, scale=None, enable_gqa=False, *, block_n
   Returns O [B, H, Sq, D] in q's dtype. CUDA tensors run the Triton kernels on the current
   stream; CPU tensors run the JAX reference through DLPack. The op is ``torch.ops.jqat.attention_fwd``
   (a ``torch.library`` custom op with a registered backward), so ``torch.compile`` traces
-  through it without a graph break.
+  through it without a graph break; where nothing differentiates (grad disabled, or no input that
+  requires grad) it is ``torch.ops.jqat.attention_out``, the same O without the backward's residuals.
   """
   # Plain values only on this path: torch.compile traces it, and dynamo does not build dataclasses.
   check_inputs(q, k, v, enable_gqa=validate.flag("enable_gqa", enable_gqa))
@@ -302,7 +334,9 @@ def attention(q, k, v, is_causal=False, scale=None, enable_gqa=False, *, block_n
     k = smooth_keys(k, masks[1])
   window = validate.local_window_size(local_window_size)
   left, right = window if window is not None else (-1, -1)
-  return attention_fwd_op(q, k, v, *masks, validate.scale(scale, q.shape[-1]), validate.flag("is_causal", is_causal),
-                          validate.block_n(block_n), *switches, left, right,
-                          validate.causal_alignment(causal_alignment), validate.p_scale(p_scale),
-                          validate.qkv_scale(qkv_scale))[0]
+  args = (q, k, v, *masks, validate.scale(scale, q.shape[-1]), validate.flag("is_causal", is_causal),
+          validate.block_n(block_n), *switches, left, right, validate.causal_alignment(causal_alignment),
+          validate.p_scale(p_scale), validate.qkv_scale(qkv_scale))
+  if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    return attention_fwd_op(*args)[0]
+  return attention_out_op(*args)  # nothing to differentiate: O alone, without the backward's residuals
