@@ -391,9 +391,10 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
   # qkv_scale="tensor" the entry points that also read the encode scales.
   kernels = {(False, False): kfwd.attention_fwd_kernel, (True, False): kfwd.attention_fwd_row_kernel,
              (False, True): kfwd.attention_fwd_tensor_kernel, (True, True): kfwd.attention_fwd_row_tensor_kernel}
+  flags = dict(P_ROW_RANGE=P_ROW_RANGE) if row else {}
   if not residuals:  # O alone: one entry point per qkv_scale, p_scale by P_ROW_RANGE (0 for "block")
     kernels = {(row, False): kfwd.attention_fwd_out_kernel, (row, True): kfwd.attention_fwd_out_tensor_kernel}
-  flags = dict(P_ROW_RANGE=P_ROW_RANGE if row else 0.0) if row or not residuals else {}
+    flags = dict(P_ROW_RANGE=P_ROW_RANGE if row else 0.0)
   flags.update(QUANTIZE_Q=(not tensor_q_pass) if tensor else (cfg.quantize_qkv and not q_pass))
   enc_args = (Ref("q_enc"), Ref("k_enc"), Ref("v_enc")) if tensor else ()
   fwd = Launch(
