@@ -93,10 +93,10 @@ def forward(q, k, v, opts: AttentionOptions, masks=NO_MASKS):
 
 def forward_out(q, k, v, opts: AttentionOptions, masks=NO_MASKS):
   """O alone (contiguous BHSD, q's dtype), for a forward that nothing differentiates: on CUDA the plan without
-  residuals (no O' product, no lse; the same O bits as :func:`forward`'s), on the CPU the XLA reference's O."""
+  residuals (no O' product, no lse; the same O bits as :func:`forward`'s), on the CPU :func:`forward`'s O (the XLA
+  reference computes the residuals either way)."""
   if q.device.type == "cpu":
-    res = _xla_forward(opts)(*(tt.to_jax(t) for t in (q, k, v)), _jax_masks(masks))
-    return tt.from_jax(res[0]).transpose(1, 2).contiguous()
+    return forward(q, k, v, opts, masks)[0]
   o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
   forward_kernels(q, k, v, o, None, None, opts, masks, residuals=False)
   return o
