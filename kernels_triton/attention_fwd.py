@@ -64,8 +64,9 @@ class ForwardConfig:
 
 # By head dim. The Q tile and the pipelined K/V tiles must fit Hopper's shared memory
 # (D = 256 halves BLOCK_M). D = 128 and 64 come from the H200 sweeps (docs/BENCHMARKS.md,
-# with the register and spill figures of each).
-FORWARD_CONFIGS = {64: ForwardConfig(128, 8, 3), 128: ForwardConfig(64, 4, 3), 256: ForwardConfig(64, 8, 2)}
+# with the register and spill figures of each). D <= 64 (run 51b): 64 rows on 4 warps; O alone then
+# takes 163 registers, so three programs (12 warps) share an SM, where 128 rows on 8 warps (172) left one.
+FORWARD_CONFIGS = {64: ForwardConfig(64, 4, 3), 128: ForwardConfig(64, 4, 3), 256: ForwardConfig(64, 8, 2)}
 
 
 def forward_config(head_dim: int) -> ForwardConfig:

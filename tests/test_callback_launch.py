@@ -429,10 +429,6 @@ def test_windowed_dq_above_128_is_not_serialized(monkeypatch, tmp_path):
   """The dQ kernel with a window at D = 192 builds for sm_90 and ptxas (``-v``, Triton's own) does not serialize
   its wgmma: the window's single walk did at every D_PAD > 128 (docs/logs/run49_dq_scan.py), which cost that kernel
   12% at D = 192 and 256 (docs/BENCHMARKS.md, run 49c); wide heads now take the three walks."""
-  import subprocess
-
-  import triton
-
   from jqat.ffi import plan as plans
   from jqat.ffi.options import AttentionOptions
 
@@ -443,13 +439,43 @@ def test_windowed_dq_above_128_is_not_serialized(monkeypatch, tmp_path):
   plan = plans.attention_backward(q, q, q, q, q, lse, AttentionOptions(d**-0.5, True, local_window_size=(255, 0)),
                                   target)
   (launch,) = [x for x in plan.launches if x.name.endswith("attention_bwd_dq")]
-  kernel = _build(launch, *_launch_avals(plan, launch), target)
-  ptx = tmp_path / "dq.ptx"
+  report = _ptxas_report(_build(launch, *_launch_avals(plan, launch), target), tmp_path)
+  assert "serialized" not in report, report
+
+
+@pytest.mark.fresh_process  # a real compile: not in a process where the interpreter has run
+def test_primal_at_d64_fits_three_programs_per_sm(monkeypatch, tmp_path):
+  """The forward without residuals at D = 64 runs 64 rows on 4 warps and ptxas gives it at most 168 registers, so
+  three programs (12 warps) share an SM: 128 rows on 8 warps at 172 registers left one, and the primal was 16-18%
+  slower for it (docs/BENCHMARKS.md, run 51b)."""
+  import re
+
+  from jqat.ffi import plan as plans
+  from jqat.ffi.options import AttentionOptions
+
+  monkeypatch.setenv("JQAT_CACHE_DIR", str(tmp_path))
+  monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+  target, q = plans.Target((9, 0)), plans.Tensor.dense((1, 256, 2, 64), "bfloat16")
+  plan = plans.attention_forward(q, q, q, AttentionOptions(64**-0.5), target, residuals=False)
+  (launch,) = [x for x in plan.launches if "attention_fwd" in x.name]
+  assert (launch.constexprs["BLOCK_M"], launch.num_warps) == (64, 4)
+  report = _ptxas_report(_build(launch, *_launch_avals(plan, launch), target), tmp_path)
+  registers = int(re.search(r"Used (\d+) registers", report).group(1))
+  assert registers <= 65536 // (3 * 4 * 32) // 8 * 8, report
+
+
+def _ptxas_report(kernel, tmp_path) -> str:
+  """What Triton's own ptxas says (``-v``, sm_90a) of a compiled kernel's PTX: registers, spills, serialization."""
+  import subprocess
+
+  import triton
+
+  ptx = tmp_path / "kernel.ptx"
   ptx.write_text(kernel.asm["ptx"])
   ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-  out = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", str(ptx), "-o", str(tmp_path / "dq.cubin")],
+  out = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", str(ptx), "-o", str(tmp_path / "kernel.cubin")],
                        capture_output=True, text=True, check=True)
-  assert "serialized" not in out.stderr, out.stderr
+  return out.stderr
 
 
 PRIMAL_CASES = {
