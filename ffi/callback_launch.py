@@ -120,7 +120,8 @@ def launch(launch: plans.Launch, args: tuple, out_shape: tuple, aliases: dict, t
   else:
     # Compiled while tracing, as jax-triton compiles while lowering: a kernel that fails to build fails here.
     kernel = _compile(launch.kernel, _arg_types(launch, args, out_shape), _ones(launch),
-                      tuple(launch.constexprs.items()), launch.num_warps, launch.num_stages, target.compute_capability)
+                      tuple(launch.constexprs.items()), launch.num_warps, launch.num_stages, target.compute_capability,
+                      launch.maxnreg)
     grid = tuple(launch.grid) + (1,) * (3 - len(launch.grid))
     constexprs = tuple(launch.constexprs[p] for p in kernel.params[len(launch.args) + len(launch.outputs):])
     run = functools.partial(_run_compiled, kernel, grid, launch.args, refs, constexprs)
@@ -186,24 +187,25 @@ class _Kernel:
 
 @functools.cache
 def _compile(fn, arg_types: tuple[str, ...], ones: tuple[int, ...], constexprs: tuple, num_warps: int,
-             num_stages: int, compute_capability: tuple[int, int]) -> _Kernel:
+             num_stages: int, compute_capability: tuple[int, int], maxnreg: int = 0) -> _Kernel:
   """:func:`build` once per process and key, with Triton's launcher.
 
   The key is jax-triton's: kernel, argument types (outputs last), the scalars equal to 1, constexprs
-  (``(name, value)`` pairs), ``num_warps``, ``num_stages`` and the compute capability. Triton's disk cache
-  serves the cubin across processes.
+  (``(name, value)`` pairs), ``num_warps``, ``num_stages`` and the compute capability; and the register cap.
+  Triton's disk cache serves the cubin across processes.
   """
-  compiled = build(fn, arg_types, ones, constexprs, num_warps, num_stages, compute_capability)
+  compiled = build(fn, arg_types, ones, constexprs, num_warps, num_stages, compute_capability, maxnreg)
   return _Kernel(compiled, tuple(fn.arg_names))
 
 
 def build(fn, arg_types: tuple[str, ...], ones: tuple[int, ...], constexprs: tuple, num_warps: int,
-          num_stages: int, compute_capability: tuple[int, int]):
+          num_stages: int, compute_capability: tuple[int, int], maxnreg: int = 0):
   """``triton.compile`` of kernel ``fn`` with jax-triton's specialization: Triton's ``CompiledKernel``.
 
   arg_types: Triton types of the runtime arguments, outputs last (``"*bf16"``, ``"i32"``, ``"fp32"``).
   ones: positions of the scalar arguments equal to 1 (compiled in as constexprs, as jax-triton does).
   constexprs: ``(name, value)`` pairs of the kernel's remaining parameters.
+  maxnreg: a cap on registers per thread (Triton's option), 0 for none.
   Needs no GPU: the cubin is built for ``compute_capability`` (or read from Triton's disk cache).
   """
   import triton  # noqa: PLC0415
@@ -225,6 +227,8 @@ def build(fn, arg_types: tuple[str, ...], ones: tuple[int, ...], constexprs: tup
   signature = dict(zip(params, arg_types))  # parameter order, the order of the launcher's arguments
   signature.update({p: "constexpr" for p in constants})
   options = dict(num_warps=num_warps, num_stages=num_stages, num_ctas=1, enable_fp_fusion=True, debug=False)
+  if maxnreg:
+    options["maxnreg"] = maxnreg
   return triton.compile(ASTSource(fn, signature, constexprs=constants, attrs=attrs), target=target, options=options)
 
 
@@ -306,7 +310,8 @@ def _run_interpreted(launch: plans.Launch, refs: tuple[int, ...], ctx, outs, *in
     args[i] = torch.from_dlpack(buf)
   args += [torch.from_dlpack(buf) for buf in outs]
   with _INTERPRETER_LOCK:
-    launch.kernel[launch.grid](*args, **launch.constexprs, num_warps=launch.num_warps, num_stages=launch.num_stages)
+    launch.kernel[launch.grid](*args, **launch.constexprs, num_warps=launch.num_warps, num_stages=launch.num_stages,
+                               **({"maxnreg": launch.maxnreg} if launch.maxnreg else {}))
 
 
 @functools.cache

@@ -62,7 +62,7 @@ def execute(plan: plans.Plan, *arrays, launcher: str | None = None) -> tuple:
     else:
       res = triton_call(*args, kernel=launch.kernel, out_shape=out_shape if len(out_shape) > 1 else out_shape[0],
                         grid=launch.grid, num_warps=launch.num_warps, num_stages=launch.num_stages,
-                        input_output_aliases=aliases, name=launch.name, **launch.constexprs)
+                        input_output_aliases=aliases, name=launch.name, maxnreg=launch.maxnreg, **launch.constexprs)
       res = res if len(out_shape) > 1 else (res,)
     env.update(zip(launch.outputs, res))
   return tuple(env[o] for o in plan.outputs)

@@ -75,6 +75,7 @@ class Launch:
   args: :class:`Ref` or Python int/float scalars (FP32 in the kernels), in kernel order.
   outputs: names of the buffers the launch writes; they follow ``args``.
   aliases: ``(arg index, output index)`` pairs of an output written over an input (in place).
+  maxnreg: a cap on registers per thread (Triton's ``maxnreg`` option, ptxas' ``.maxnreg``); 0 for none.
   """
 
   name: str
@@ -86,6 +87,7 @@ class Launch:
   num_warps: int
   num_stages: int
   aliases: tuple[tuple[int, int], ...] = ()
+  maxnreg: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -405,7 +407,7 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
       dict(**_head_dims(d), BLOCK_M=c.block_m, BLOCK_N=opts.block_n, **_static_masks(opts), **mask_flags,
            QUANTIZE_P=cfg.quantize_p, **target.dot_flags(q.dtype), **target.quant_flags(), **flags,
            SEQ_ALIGN=seq_align(tq, tk)),
-      c.num_warps, c.num_stages)
+      c.num_warps, c.num_stages, maxnreg=c.maxnreg)
   scratch = tuple(name for name in scratch if name not in kept)
   return Plan(buffers, inputs, scratch, outputs + kept, launches + (fwd,))
 

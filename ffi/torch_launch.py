@@ -108,6 +108,8 @@ def _launch_all(plan: plans.Plan, tensors: dict, warmup: bool) -> None:
     args = tuple(tensors[a.name] if isinstance(a, plans.Ref) else a for a in launch.args)
     args += tuple(tensors[o] for o in launch.outputs)
     kwargs = dict(launch.constexprs, num_warps=launch.num_warps, num_stages=launch.num_stages)
+    if launch.maxnreg:
+      kwargs["maxnreg"] = launch.maxnreg
     if warmup:
       if not interpreting(args[0]):
         launch.kernel.warmup(*args, grid=launch.grid, **kwargs)

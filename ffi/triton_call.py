@@ -16,6 +16,10 @@
   jax-triton 0.3.1 drops: jaxlib's ``TritonKernel`` gets it from Triton's metadata here
   (jaxlib 0.11 allocates it at each launch, from the device's current memory pool,
   which ``jqat.ffi.scratch_pool`` keeps mapped).
+- A register cap (a launch's ``maxnreg``), which jax-triton 0.3.1 cannot pass to Triton, rides to its kernel
+  factory as a metaparameter that the factory's wrapper here takes out again: that compile's backend then parses
+  its options with Triton's ``maxnreg``, its kernel is keyed with the cap (on disk and in memory) and never enters
+  jax-triton's own in-memory cache, whose key has no room for it.
 - Every cache directory is created with mode 0o700 and skipped, with a warning, when
   another user could write to it: whoever writes a cache chooses the code this
   process runs on the GPU (or, for Triton's launcher and XLA, on the host).
@@ -105,10 +109,23 @@ def set_triton_cache_dir(before: str | None) -> str:
   return cache
 
 
+_MAXNREG = "_jqat_maxnreg"  # the metaparameter that carries a register cap to the factory's wrapper
+
+
 def triton_call(*args, kernel, out_shape, grid, num_warps=4, num_stages=2, input_output_aliases=None,
-                name="", **metaparams):
-  """``jax_triton.triton_call`` with jqat's defaults; see its docstring for the arguments."""
+                name="", maxnreg=0, **metaparams):
+  """``jax_triton.triton_call`` with jqat's defaults; see its docstring for the arguments.
+
+  maxnreg: a cap on the kernel's registers per thread (Triton's option; 0 for none), through jqat's wrapper of
+  jax-triton 0.3.1's kernel factory."""
   jt = jax_triton()
+  if maxnreg:
+    lib = sys.modules.get("jax_triton.triton_lib")
+    if not getattr(getattr(lib, "get_or_create_triton_kernel", None), "_jqat_maxnreg", False):
+      raise ValueError(f"maxnreg={maxnreg} (a launch-config field) needs jqat's wrapper of jax-triton 0.3.1's "
+                       "kernel factory, which this jax-triton does not have: use maxnreg=0 or "
+                       "JQAT_JAX_LAUNCHER=callback")
+    metaparams[_MAXNREG] = int(maxnreg)
   # jax-triton types a Python float as fp64, which would promote the kernel's FP32
   # arithmetic; kernel scalars are FP32.
   args = tuple(np.float32(a) if isinstance(a, float) else a for a in args)
@@ -165,21 +182,26 @@ def _install_disk_cache():
 
   def cached(backend_init_func, platform, fn, arg_dtypes, scalar_args, *, num_warps, num_stages, num_ctas,
              compute_capability, enable_fp_fusion, metaparams, dump):
+    metaparams = dict(metaparams)
+    maxnreg = metaparams.pop(_MAXNREG, 0)
+    if maxnreg:  # a backend that parses the cap into its options, compiled apart from jax-triton's cache
+      backend_init_func = _with_maxnreg(backend_init_func, maxnreg)
     args = (backend_init_func, platform, fn, arg_dtypes, scalar_args)
     kwargs = {"num_warps": num_warps, "num_stages": num_stages, "num_ctas": num_ctas,
               "compute_capability": compute_capability, "enable_fp_fusion": enable_fp_fusion,
               "metaparams": metaparams, "dump": dump}
     # Only CUDA's binary is text (PTX); on ROCm it is the path of a temporary file.
-    if platform != "cuda":
+    if platform != "cuda" and not maxnreg:
       return factory(*args, **kwargs)
-    if dump or not hasattr(fn, "cache_key"):
-      return _compile_recording(factory, kernel_lib, args, kwargs)[0]
+    if dump or not hasattr(fn, "cache_key") or platform != "cuda":
+      return _compile_recording(factory, kernel_lib, args, kwargs, bool(maxnreg))[0]
     cc = compute_capability if compute_capability is not None else kernel_lib.get_compute_capability(0)
     # Scalars enter the compiled code only through their type and the ==1 / None specializations.
     scalars = tuple((i, t, v == 1, v is None) for i, t, v in scalar_args)
     material = repr(("jqat-kernel", _ENTRY_FORMAT, fn.cache_key, fn.arg_names, platform, tuple(arg_dtypes), scalars,
                      num_warps, num_stages, num_ctas, cc, enable_fp_fusion, sorted(metaparams.items()),
-                     triton.__version__, getattr(sys.modules.get("jax_triton"), "__version__", "?")))
+                     triton.__version__, getattr(sys.modules.get("jax_triton"), "__version__", "?"))
+                    + ((("maxnreg", maxnreg),) if maxnreg else ()))
     key = _sha256(material)
     if key in memo:
       return memo[key]
@@ -189,7 +211,7 @@ def _install_disk_cache():
       ctor_args, attrs = entry
       memo[key] = (_new_kernel(kernel_lib, ctor_args), attrs)
       return memo[key]
-    (kernel, attrs), made = _compile_recording(factory, kernel_lib, args, kwargs)
+    (kernel, attrs), made = _compile_recording(factory, kernel_lib, args, kwargs, bool(maxnreg))
     memo[key] = (kernel, attrs)
     # Nothing is built when jax-triton's in-memory cache already held the kernel; and
     # only values that built exactly the returned kernel may stand for it on disk.
@@ -200,7 +222,22 @@ def _install_disk_cache():
     return kernel, attrs
 
   cached._jqat_disk_cache = True
+  # A cap needs the factory's in-memory cache reachable as its global (_compile_recording gives a capped compile
+  # its own), as in jax-triton 0.3.1.
+  cached._jqat_maxnreg = "_COMPILED_KERNEL_CACHE" in factory.__code__.co_names
   lib.get_or_create_triton_kernel = cached
+
+
+def _with_maxnreg(backend_init_func, maxnreg: int):
+  """``backend_init_func`` whose backend parses every compile's options with Triton's ``maxnreg`` set."""
+
+  def init(*args, **kwargs):
+    backend = backend_init_func(*args, **kwargs)
+    parse_options = backend.parse_options
+    backend.parse_options = lambda opts: parse_options({**opts, "maxnreg": maxnreg})
+    return backend
+
+  return init
 
 
 def _new_kernel(kernel_lib, ctor_args: tuple):
@@ -264,15 +301,18 @@ def _scratch_recording(backend_init_func, scratch: dict):
   return init
 
 
-def _compile_recording(factory, kernel_lib, args, kwargs):
+def _compile_recording(factory, kernel_lib, args, kwargs, own_cache: bool = False):
   """``factory(*args, **kwargs)`` run with a private recorder as its ``triton_kernel_call_lib`` (and its backend's
   ``make_llir`` reporting the kernel's global scratch to the recorder).
 
+  own_cache: the factory sees an empty in-memory cache of its own (``_COMPILED_KERNEL_CACHE``), so it compiles,
+  and what it compiles stays out of the shared one (a kernel with a register cap, which jax-triton's key omits).
   Returns (the factory's result, the recorder's ``made`` list).
   """
   scratch = {}
   recorder = _RecordingKernelLib(kernel_lib, scratch)
-  run = types.FunctionType(factory.__code__, {**factory.__globals__, "triton_kernel_call_lib": recorder},
+  own = {"_COMPILED_KERNEL_CACHE": {}} if own_cache else {}
+  run = types.FunctionType(factory.__code__, {**factory.__globals__, "triton_kernel_call_lib": recorder, **own},
                            factory.__name__, factory.__defaults__, factory.__closure__)
   run.__kwdefaults__ = factory.__kwdefaults__
   return run(_scratch_recording(args[0], scratch), *args[1:], **kwargs), recorder.made

@@ -52,7 +52,9 @@ from jqat.kernels_triton.nvfp4 import fq_probs, fq_tile
 
 @dataclasses.dataclass(frozen=True)
 class ForwardConfig:
-  """Launch configuration of :func:`attention_fwd_kernel`: query rows per program, warps, pipeline stages.
+  """Launch configuration of :func:`attention_fwd_kernel`: query rows per program, warps, pipeline stages, and a cap
+  on registers per thread (``maxnreg``, 0 for none: ptxas then takes what it wants; a cap can fit one more program
+  per SM, or spill, or serialize the wgmma: docs/PERFORMANCE.md, twenty-first session).
 
   The KV tile ``BLOCK_N`` is not here: it changes the function computed (``block_n`` of the API).
   """
@@ -60,6 +62,7 @@ class ForwardConfig:
   block_m: int
   num_warps: int
   num_stages: int
+  maxnreg: int = 0
 
 
 # By head dim. The Q tile and the pipelined K/V tiles must fit Hopper's shared memory

@@ -276,8 +276,8 @@ def test_launch_config_overrides(monkeypatch):
     plans.parse_config("block_m=big", "fwd")
   monkeypatch.setenv("JQAT_ATTN_FWD_CONFIG", "block_m=32,num_warps=4")
   try:
-    plans.set_config_override("fwd", {"num_stages": 1})
-    assert plans.forward_config(128) == ForwardConfig(32, 4, 1)
+    plans.set_config_override("fwd", {"num_stages": 1, "maxnreg": 128})
+    assert plans.forward_config(128) == ForwardConfig(32, 4, 1, 128)
     plans.set_config_override("bwd", "kv_num_warps=2,kv_block_n=32")  # neither is a default at D = 128
     bwd = plans.backward_config(128)
     assert (bwd.kv_num_warps, bwd.kv_block_n) == (2, 32)
@@ -286,11 +286,12 @@ def test_launch_config_overrides(monkeypatch):
     q = torch.zeros((1, 40, 2, 128), dtype=torch.bfloat16)
     plan = plans.attention_forward(*(torch_launch.describe(q),) * 3, AttentionOptions(0.1), torch_launch.target(q))
     assert plan.launches[-1].grid == (triton.cdiv(40, 32), 2) and plan.launches[-1].num_stages == 1
+    assert [x.maxnreg for x in plan.launches] == [0] * (len(plan.launches) - 1) + [128]  # the forward's cap alone
   finally:
     plans.set_config_override("fwd", None)
     plans.set_config_override("bwd", None)
   monkeypatch.delenv("JQAT_ATTN_FWD_CONFIG")
-  assert plans.forward_config(128) == kfwd.forward_config(128)
+  assert plans.forward_config(128) == kfwd.forward_config(128) and kfwd.forward_config(128).maxnreg == 0
 
 
 # ----------------------------------------------------------------------------- GPU, through the public API

@@ -145,7 +145,7 @@ def _build(launch, args, outs, target):
   """The callback launcher's ``build`` of one launch for ``target`` (Triton's ``CompiledKernel``)."""
   return callback_launch.build(launch.kernel, callback_launch._arg_types(launch, args, outs),
                                callback_launch._ones(launch), tuple(launch.constexprs.items()), launch.num_warps,
-                               launch.num_stages, target.compute_capability)
+                               launch.num_stages, target.compute_capability, launch.maxnreg)
 
 
 @pytest.mark.fresh_process  # a real compile: not in a process where the interpreter has run
@@ -447,7 +447,8 @@ def test_windowed_dq_above_128_is_not_serialized(monkeypatch, tmp_path):
 def test_primal_at_d64_fits_three_programs_per_sm(monkeypatch, tmp_path):
   """The forward without residuals at D = 64 runs 64 rows on 4 warps and ptxas gives it at most 168 registers, so
   three programs (12 warps) share an SM: 128 rows on 8 warps at 172 registers left one, and the primal was 16-18%
-  slower for it (docs/BENCHMARKS.md, run 51b)."""
+  slower for it (docs/BENCHMARKS.md, run 51b). A launch's register cap reaches ptxas."""
+  import dataclasses
   import re
 
   from jqat.ffi import plan as plans
@@ -462,6 +463,10 @@ def test_primal_at_d64_fits_three_programs_per_sm(monkeypatch, tmp_path):
   report = _ptxas_report(_build(launch, *_launch_avals(plan, launch), target), tmp_path)
   registers = int(re.search(r"Used (\d+) registers", report).group(1))
   assert registers <= 65536 // (3 * 4 * 32) // 8 * 8, report
+  # A launch's register cap reaches ptxas (Triton's maxnreg): 128 fits four programs (docs/PERFORMANCE.md).
+  kernel = _build(dataclasses.replace(launch, maxnreg=128), *_launch_avals(plan, launch), target)
+  assert ".maxnreg 128" in kernel.asm["ptx"]
+  assert int(re.search(r"Used (\d+) registers", _ptxas_report(kernel, tmp_path)).group(1)) <= 128
 
 
 def _ptxas_report(kernel, tmp_path) -> str:

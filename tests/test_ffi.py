@@ -422,6 +422,47 @@ def test_disk_cache_with_jax_triton_031s_factory(monkeypatch, tmp_path):
 
 
 @pytest.mark.fresh_process  # a real compile: not in a process where the interpreter has run
+def test_register_cap_through_jax_triton_031s_factory(monkeypatch, tmp_path):
+  """A launch's register cap (``maxnreg``), which jax-triton 0.3.1 cannot pass to Triton, reaches the PTX
+  (``.maxnreg``) through jqat's wrapper of its factory; the capped kernel is keyed apart from the uncapped one, in
+  memory and on disk, and never enters jax-triton's own in-memory cache, whose key has no room for the cap (the
+  uncapped kernel compiled first, or after, stays uncapped)."""
+  import triton
+  import triton.language as tl
+  from triton.backends.compiler import GPUTarget
+  from triton.backends.nvidia.compiler import CUDABackend
+
+  lib, made = _real_triton_lib(monkeypatch)
+  monkeypatch.setenv("JQAT_CACHE_DIR", str(tmp_path))
+
+  @triton.jit
+  def scale_rows(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + i, tl.load(x_ptr + i, mask=i < n) * 3.0, mask=i < n)
+
+  args = (lambda device, cc: CUDABackend(GPUTarget("cuda", cc, 32)), "cuda", scale_rows, ["*fp32", "i32", "*fp32"],
+          ((1, "i32", 1000),))
+  kw = {**_KW, "compute_capability": 90, "metaparams": {"BLOCK": 128}}
+  capped_kw = {**kw, "metaparams": {"BLOCK": 128, tc._MAXNREG: 40}}
+  factory = lib.get_or_create_triton_kernel
+  tc._install_disk_cache()
+  assert lib.get_or_create_triton_kernel._jqat_maxnreg
+  plain, _ = lib.get_or_create_triton_kernel(*args, **kw)
+  capped, _ = lib.get_or_create_triton_kernel(*args, **capped_kw)
+  assert ".maxnreg" not in plain.ctor_args[4] and ".maxnreg 40" in capped.ctor_args[4]
+  assert len(made) == 2 and len(lib._COMPILED_KERNEL_CACHE) == 1, "the capped kernel entered jax-triton's cache"
+  assert lib.get_or_create_triton_kernel(*args, **kw)[0] is plain
+  assert lib.get_or_create_triton_kernel(*args, **capped_kw)[0] is capped
+  lib._COMPILED_KERNEL_CACHE.clear()  # a new process: both from disk, nothing compiled
+  lib.get_or_create_triton_kernel = factory
+  tc._install_disk_cache()
+  capped2, _ = lib.get_or_create_triton_kernel(*args, **capped_kw)
+  plain2, _ = lib.get_or_create_triton_kernel(*args, **kw)
+  assert len(made) == 4 and not lib._COMPILED_KERNEL_CACHE
+  assert capped2.ctor_args == capped.ctor_args and plain2.ctor_args == plain.ctor_args
+
+
+@pytest.mark.fresh_process  # a real compile: not in a process where the interpreter has run
 def test_kernels_with_global_scratch_get_its_size(monkeypatch, tmp_path):
   """A kernel that makes a tensor descriptor (TMA) needs Triton's global scratch, 128 bytes per descriptor and
   program, which jax-triton 0.3.1 does not pass on: jaxlib's TritonKernel gets the size and alignment from

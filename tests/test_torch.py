@@ -728,7 +728,9 @@ def test_no_grad_forward_under_torch_compile():
 
 @pytest.mark.skipif(not INTERPRET, reason="the launcher runs on CPU tensors only under TRITON_INTERPRET=1")
 def test_torch_launcher_without_residuals_interpreted():
-  """forward_kernels(residuals=False) on CPU tensors (the interpreter): O bit for bit the residual plan's O."""
+  """forward_kernels(residuals=False) on CPU tensors (the interpreter): O bit for bit the residual plan's O; also
+  with a register cap in the forward's launch config (Triton's launcher takes ``maxnreg``)."""
+  from jqat.ffi import plan as plans
   from jqat.ffi.options import AttentionOptions
   from jqat.torch import _attention
 
@@ -740,3 +742,10 @@ def test_torch_launcher_without_residuals_interpreted():
   alone = torch.full_like(q, float("nan"))
   _attention.forward_kernels(q, k, v, alone, None, None, opts, residuals=False)
   _same(alone, o, "O alone")
+  capped = torch.full_like(q, float("nan"))
+  plans.set_config_override("fwd", "maxnreg=128")
+  try:
+    _attention.forward_kernels(q, k, v, capped, None, None, opts, residuals=False)
+  finally:
+    plans.set_config_override("fwd", None)
+  _same(capped, o, "O alone, registers capped")
