@@ -105,6 +105,23 @@ def test_wrapper_restores_cache_dir_and_passes_fp32_scalars(monkeypatch, tmp_pat
   tc.jax_triton.cache_clear()
 
 
+def test_wrapper_passes_a_register_cap_only_to_jqats_factory(monkeypatch, tmp_path):
+  """maxnreg rides to the kernel factory as jqat's metaparameter only where jqat's wrapper of the factory takes it
+  out again (jax-triton 0.3.1's internals); with any other factory it is a clear error, nothing is called."""
+  jt, lib, _, calls, _ = _fake_jax_triton(monkeypatch)
+  monkeypatch.setenv("JQAT_CACHE_DIR", str(tmp_path))
+  tc.jax_triton()
+  lib.get_or_create_triton_kernel._jqat_maxnreg = False  # a factory whose in-memory cache jqat cannot reach
+  with pytest.raises(ValueError, match="maxnreg=128"):
+    tc.triton_call(3, kernel=object(), out_shape="S", grid=(1,), maxnreg=128)
+  assert not calls
+  lib.get_or_create_triton_kernel._jqat_maxnreg = True
+  tc.triton_call(3, kernel=object(), out_shape="S", grid=(1,), maxnreg=128, BLOCK=16)
+  tc.triton_call(3, kernel=object(), out_shape="S", grid=(1,), BLOCK=16)
+  assert calls[0][1][tc._MAXNREG] == 128 and calls[0][1]["BLOCK"] == 16 and tc._MAXNREG not in calls[1][1]
+  tc.jax_triton.cache_clear()
+
+
 @pytest.mark.parametrize("safe", [True, False])
 def test_wrapper_keeps_tritons_cache_in_a_private_directory(monkeypatch, tmp_path, safe):
   """Triton's cache holds the launcher it loads as a shared library: with TRITON_CACHE_DIR unset it goes to

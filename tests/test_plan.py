@@ -251,9 +251,10 @@ def test_workspace_carves_aligned_disjoint_scratch():
 def test_jax_binding_launches_the_plan(monkeypatch, qkv_scale):
   calls = []
 
-  def fake_triton_call(*args, kernel, out_shape, grid, num_warps, num_stages, input_output_aliases, name, **meta):
+  def fake_triton_call(*args, kernel, out_shape, grid, num_warps, num_stages, input_output_aliases, name, maxnreg,
+                       **meta):
     calls.append(dict(args=args, kernel=kernel, grid=grid, num_warps=num_warps, num_stages=num_stages,
-                      aliases=input_output_aliases, name=name, meta=meta))
+                      aliases=input_output_aliases, name=name, maxnreg=maxnreg, meta=meta))
     outs = out_shape if isinstance(out_shape, tuple) else (out_shape,)
     res = tuple(jnp.zeros(o.shape, o.dtype) for o in outs)
     return res if isinstance(out_shape, tuple) else res[0]
@@ -268,7 +269,7 @@ def test_jax_binding_launches_the_plan(monkeypatch, qkv_scale):
   assert [c["name"] for c in calls] == [la.name for la in plan.launches]
   for c, la in zip(calls, plan.launches):
     assert c["kernel"] is la.kernel and c["grid"] == la.grid and c["meta"] == la.constexprs
-    assert (c["num_warps"], c["num_stages"], c["aliases"]) == (la.num_warps, la.num_stages, {})
+    assert (c["num_warps"], c["num_stages"], c["aliases"], c["maxnreg"]) == (la.num_warps, la.num_stages, {}, 0)
     assert [a for a in c["args"] if not hasattr(a, "shape")] == [a for a in la.args if not isinstance(a, plans.Ref)]
   # In-place rope: the aliased input is numbered among the array operands, scalars skipped.
   x = jnp.zeros((4, 2, 128), jnp.bfloat16)
