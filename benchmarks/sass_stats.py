@@ -71,8 +71,7 @@ def compile_launch(plan: P.Plan, launch: P.Launch, arch: int, int_divisibility: 
   for name, value in launch.constexprs.items():
     signature[name], constants[name] = "constexpr", value
   return triton.compile(ASTSource(fn, signature, constants, attrs), target=GPUTarget("cuda", arch, 32),
-                        options=dict(num_warps=launch.num_warps, num_stages=launch.num_stages,
-                                     **({"maxnreg": launch.maxnreg} if launch.maxnreg else {})))
+                        options=launch.options())
 
 
 def ptxas_warnings(kernel, arch: int) -> list[str]:

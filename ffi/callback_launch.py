@@ -310,8 +310,7 @@ def _run_interpreted(launch: plans.Launch, refs: tuple[int, ...], ctx, outs, *in
     args[i] = torch.from_dlpack(buf)
   args += [torch.from_dlpack(buf) for buf in outs]
   with _INTERPRETER_LOCK:
-    launch.kernel[launch.grid](*args, **launch.constexprs, num_warps=launch.num_warps, num_stages=launch.num_stages,
-                               **({"maxnreg": launch.maxnreg} if launch.maxnreg else {}))
+    launch.kernel[launch.grid](*args, **launch.constexprs, **launch.options())
 
 
 @functools.cache

@@ -89,6 +89,12 @@ class Launch:
   aliases: tuple[tuple[int, int], ...] = ()
   maxnreg: int = 0
 
+  def options(self) -> dict:
+    """Triton's options of this launch, for a compile or a ``kernel[grid](...)`` call: warps, stages and, where
+    set, the register cap."""
+    return {"num_warps": self.num_warps, "num_stages": self.num_stages,
+            **({"maxnreg": self.maxnreg} if self.maxnreg else {})}
+
 
 @dataclasses.dataclass(frozen=True)
 class Plan:

@@ -107,9 +107,7 @@ def _launch_all(plan: plans.Plan, tensors: dict, warmup: bool) -> None:
   for launch in plan.launches:
     args = tuple(tensors[a.name] if isinstance(a, plans.Ref) else a for a in launch.args)
     args += tuple(tensors[o] for o in launch.outputs)
-    kwargs = dict(launch.constexprs, num_warps=launch.num_warps, num_stages=launch.num_stages)
-    if launch.maxnreg:
-      kwargs["maxnreg"] = launch.maxnreg
+    kwargs = dict(launch.constexprs, **launch.options())
     if warmup:
       if not interpreting(args[0]):
         launch.kernel.warmup(*args, grid=launch.grid, **kwargs)
