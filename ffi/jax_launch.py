@@ -157,7 +157,7 @@ def attention_forward(query, key, value, opts: AttentionOptions, masks=plans.NO_
   """
   present = tuple(m is not None for m in masks)
   kept = plans.kept_quantized(opts) if keep_quantized else ()
-  fn = _forward_fn(opts, plans.forward_config(query.shape[-1]), present, callback_launch.launcher(), kept,
+  fn = _forward_fn(opts, plans.forward_config(query.shape[-1], residuals), present, callback_launch.launcher(), kept,
                    residuals)
   return fn(query, key, value, *(m for m in masks if m is not None))
 

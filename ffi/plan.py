@@ -187,9 +187,10 @@ def _launch_config(kind: str, default):
   return dataclasses.replace(default, **fields)
 
 
-def forward_config(head_dim: int) -> kfwd.ForwardConfig:
-  """The forward's launch configuration for ``head_dim``: defaults, then environment, then override."""
-  return _launch_config("fwd", kfwd.forward_config(head_dim))
+def forward_config(head_dim: int, residuals: bool = True) -> kfwd.ForwardConfig:
+  """The forward's launch configuration for ``head_dim`` (``residuals=False``: O alone): defaults, then environment,
+  then override."""
+  return _launch_config("fwd", kfwd.forward_config(head_dim, residuals))
 
 
 def backward_config(head_dim: int, windowed: bool = False) -> kbwd.BackwardConfig:
@@ -332,7 +333,7 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
   (scratch ``q_enc``, ``k_enc``, ``v_enc``) and ``fake_quantize_scaled_kernel`` for K, V (and Q above D = 128,
   scratch ``q_hat``), in place of the fake-quantize launches; the forward kernel is then its ``*_tensor`` entry
   point.
-  With a causal mask, a window or segment ids, or D > 64 (and Q dense in storage), fq(Q) comes from the
+  With a causal mask, a window or segment ids, or D > 32 (and Q dense in storage), fq(Q) comes from the
   fake-quantize pass too (scratch ``q_hat``) and the forward kernel reads it (``QUANTIZE_Q`` off); otherwise the
   kernel rounds its own Q tile.
   keep_quantized: fq(K), fq(V) (:func:`kept_quantized`) are outputs after the others (``k_hat``, ``v_hat``, with
@@ -375,9 +376,12 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
   # and packed non-causal 16k with documents of 1024 ran 31% faster (run 39). Since the E2M1 rounding became a
   # quotient (run 42), the no-mask kernel at 64 < D <= 128 that rounds its own Q spills in its loop (965
   # instructions, 21 LDL) where the one reading fq(Q) does not (930): the pass there too. Measured (run 43): that
-  # forward kernel 9-11% faster at 4k and 16k, the pass 0.012-0.038 ms longer; D = 64 keeps its own Q (unchanged).
+  # forward kernel 9-11% faster at 4k and 16k, the pass 0.012-0.038 ms longer. At 32 < D <= 64, on 64 rows / 4 warps
+  # (run 51b), fq(Q) from the pass leaves O alone at 140 registers (own Q: 163), which a cap of 128 fits without
+  # spilling in its loops: four programs per SM (OUT_CONFIGS; run 53a: 1.5-2.2% faster than own Q uncapped, while
+  # the pass without the cap was 2-4% slower). D <= 32 keeps its own Q (there the pass was level or slower).
   q_pass = (cfg.quantize_qkv and not tensor and rows_dense(q)
-            and (opts.is_causal or opts.local_window_size is not None or q.shape[-1] > 64 or mask_flags["HAS_SEG"]))
+            and (opts.is_causal or opts.local_window_size is not None or q.shape[-1] > 32 or mask_flags["HAS_SEG"]))
   qq = "q"
   # qkv_scale="tensor": Q is quantized inside the forward kernel, from its encode scale, up to D = 128; above, that
   # kernel is short of registers and ptxas serialized its wgmma at D = 144-256 (docs/logs/run47_scan_tensor_main.log,
@@ -394,7 +398,7 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
     (kk, vv), scratch, launches = _quantized_inputs(("k", "v"), (k, v), cfg.quantize_qkv, target, buffers)
   scratch += tuple(launch.outputs[0] for launch in mask_launches)
   launches += mask_launches
-  c = config or forward_config(d)
+  c = config or forward_config(d, residuals)
   # "block" launches the kernel of SPEC section 3 unchanged; "row" its two-level twin (one more output);
   # qkv_scale="tensor" the entry points that also read the encode scales.
   kernels = {(False, False): kfwd.attention_fwd_kernel, (True, False): kfwd.attention_fwd_row_kernel,

@@ -70,11 +70,18 @@ class ForwardConfig:
 # with the register and spill figures of each). D <= 64 (run 51b): 64 rows on 4 warps; O alone then
 # takes 163 registers, so three programs (12 warps) share an SM, where 128 rows on 8 warps (172) left one.
 FORWARD_CONFIGS = {64: ForwardConfig(64, 4, 3), 128: ForwardConfig(64, 4, 3), 256: ForwardConfig(64, 8, 2)}
+# O alone (the primal's ``attention_fwd_out*`` entry points). At 32 < D <= 64, reading fq(Q) from the pass, it takes
+# 140 registers (three programs per SM); capped at 128 it keeps its loops free of spills (4 B of stack outside them)
+# and four programs share an SM: run 53a, 1.5% faster at (2, 16, 4096, 64), 2.2% at 16k, the same bits. The
+# training forward stays uncapped: at 128 ptxas serializes its wgmma and it spills in every mask case.
+OUT_CONFIGS = {**FORWARD_CONFIGS, 64: ForwardConfig(64, 4, 3, maxnreg=128)}
 
 
-def forward_config(head_dim: int) -> ForwardConfig:
-  """The default :class:`ForwardConfig` for head dim ``head_dim`` (a multiple of 16)."""
-  return FORWARD_CONFIGS[min((d for d in FORWARD_CONFIGS if d >= head_dim), default=256)]
+def forward_config(head_dim: int, residuals: bool = True) -> ForwardConfig:
+  """The default :class:`ForwardConfig` for head dim ``head_dim`` (a multiple of 16); ``residuals=False``: of the
+  kernel that computes O alone."""
+  table = FORWARD_CONFIGS if residuals else OUT_CONFIGS
+  return table[min((d for d in table if d >= head_dim), default=256)]
 
 
 @triton.jit

@@ -41,12 +41,19 @@ def test_plan_uses_the_strides_it_is_given():
   assert args[13:25] == q.stride()[:3] + k.stride()[:3] + v.stride()[:3] + q.stride()[:3]  # after 5 mask args
   assert fwd.buffers["q_hat"].strides == q.stride() and fwd.buffers["k_hat"].strides == k.stride()
   assert fwd.scratch == ("q_hat", "k_hat", "v_hat")
-  # Without causal or window masks, at D <= 64, the forward kernel rounds its own Q tile.
-  nq, nk, nv = _bhsd_views(2, 8, 2, 100, 70, 64)
+  # Without causal or window masks, at D <= 32, the forward kernel rounds its own Q tile.
+  nq, nk, nv = _bhsd_views(2, 8, 2, 100, 70, 32)
   dense = plans.attention_forward(*map(torch_launch.describe, (nq, nk, nv)),
                                   dataclasses.replace(opts, is_causal=False), GPU, out_strides=nq.stride())
   assert dense.scratch == ("k_hat", "v_hat") and dense.launches[-1].args[0] == plans.Ref("q")
   assert dense.launches[-1].constexprs["QUANTIZE_Q"]
+  # At 32 < D <= 64 fq(Q) comes from the pass, and O alone (no residuals) then fits a cap of 128 registers (run 53a).
+  for d in (48, 64):
+    mq, mk, mv = map(torch_launch.describe, _bhsd_views(2, 8, 2, 100, 70, d))
+    for residuals, cap in ((True, 0), (False, 128)):
+      mid = plans.attention_forward(mq, mk, mv, dataclasses.replace(opts, is_causal=False), GPU, residuals=residuals)
+      assert mid.scratch == ("q_hat", "k_hat", "v_hat") and not mid.launches[-1].constexprs["QUANTIZE_Q"]
+      assert mid.launches[-1].maxnreg == cap
   # At 64 < D <= 128 that kernel spills in its loop since run 42's quotient rounding: fq(Q) from the pass.
   d128 = plans.attention_forward(*map(torch_launch.describe, (q, k, v)), dataclasses.replace(opts, is_causal=False),
                                  GPU, out_strides=q.stride())

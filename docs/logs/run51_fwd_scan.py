@@ -28,9 +28,9 @@ def check(name, d, masks=(), residuals=True, **kw):
     r = subprocess.run([_bin("ptxas"), "-v", "--gpu-name", "sm_90a", ptx, "-o", os.path.join(tmp, "k.cubin")],
                        capture_output=True, text=True)
   regs = re.search(r"Used (\d+) registers", r.stderr)
-  stack = re.search(r"(\d+) bytes stack frame", r.stderr)
+  stack = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr)
   print(f"{name:36s} {'SERIAL' if 'serialized' in r.stderr else 'ok'} block_m={launch.constexprs.get('BLOCK_M')} "
-        f"warps={launch.num_warps} registers={regs and regs.group(1)} stack={stack and stack.group(1)}", flush=True)
+        f"warps={launch.num_warps} registers={regs and regs.group(1)} stack/spill st/ld={stack and stack.groups()}", flush=True)
 
 
 for residuals in (True, False):
