@@ -206,27 +206,40 @@ def _s3(t: Tensor) -> tuple[int, int, int]:
   return t.strides[:3]
 
 
-def _fake_quantize(src: str, dst: str, x: Tensor, target: Target) -> Launch:
-  """fq(x) along D into ``dst`` (strides of ``x``): ``x`` is walked as rows of D in storage order."""
-  if not rows_dense(x):
-    raise ValueError(f"{src}: the fake-quantize kernel needs a dense tensor with a contiguous last axis, "
-                     f"got shape {x.shape} strides {x.strides}")
-  d = x.shape[-1]
-  rows = x.size // d
-  grid, launch = knv.fake_quantize_launch(rows, d)
-  return Launch(f"jqat_nvfp4_fake_quantize_{src}", knv.fake_quantize_rows_kernel, grid, (Ref(src), rows, d, d, d),
-                (dst,), {key: launch[key] for key in ("BLOCK_R", "BLOCK_C", "EVEN")} | target.quant_flags(),
+def _fake_quantize(srcs, dsts, xs, target: Target) -> Launch:
+  """fq(x) along D into ``dst`` (strides of ``x``) for each ``(src, dst, x)``, in one launch (one to three tensors
+  of the same D): each ``x`` is walked as rows of D in storage order."""
+  for src, x in zip(srcs, xs):
+    if not rows_dense(x):
+      raise ValueError(f"{src}: the fake-quantize kernel needs a dense tensor with a contiguous last axis, "
+                       f"got shape {x.shape} strides {x.strides}")
+  d = xs[0].shape[-1]
+  rows = tuple(x.size // d for x in xs)
+  name = f"jqat_nvfp4_fake_quantize_{''.join(srcs)}"
+  flags = target.quant_flags()
+  if len(xs) == 1:
+    grid, launch = knv.fake_quantize_launch(rows[0], d)
+    return Launch(name, knv.fake_quantize_rows_kernel, grid, (Ref(srcs[0]), rows[0], d, d, d), tuple(dsts),
+                  {key: launch[key] for key in ("BLOCK_R", "BLOCK_C", "EVEN")} | flags, launch["num_warps"],
+                  launch["num_stages"])
+  # One launch for two or three tensors, the same tiles and bits. Through JAX it is level with a launch per tensor
+  # (docs/BENCHMARKS.md run 53c); the torch binding launches from Python, where three launches of the pass over
+  # 8 x 1024 x 16 rows each took 0.107 ms back to back and one launch over all three 0.057 ms (run 53b).
+  kernel = {2: knv.fake_quantize_rows2_kernel, 3: knv.fake_quantize_rows3_kernel}[len(xs)]
+  grid, launch = knv.fake_quantize_many_launch(rows, d)
+  constexprs = {key: val for key, val in launch.items() if key not in ("num_warps", "num_stages")} | flags
+  return Launch(name, kernel, grid, tuple(Ref(src) for src in srcs) + rows + (d,), tuple(dsts), constexprs,
                 launch["num_warps"], launch["num_stages"])
 
 
 def _quantized_inputs(names, tensors, enabled: bool, target: Target, buffers: dict):
-  """Names the kernels read for ``names`` (fq scratch when ``enabled``), the scratch names and their launches."""
-  if not enabled:
+  """Names the kernels read for ``names`` (fq scratch when ``enabled``), the scratch names and their launch."""
+  if not enabled or not names:
     return list(names), (), ()
   hats = [f"{n}_hat" for n in names]
   for hat, t in zip(hats, tensors):
     buffers[hat] = t
-  return hats, tuple(hats), tuple(_fake_quantize(n, h, t, target) for n, h, t in zip(names, hats, tensors))
+  return hats, tuple(hats), (_fake_quantize(tuple(names), hats, tuple(tensors), target),)
 
 
 # The live-row lengths of each tensor's amax under qkv_scale="tensor": queries for Q, keys for K and V.

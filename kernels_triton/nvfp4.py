@@ -281,6 +281,23 @@ def fq_probs_t(pt, ROWS: tl.constexpr, COLS: tl.constexpr, HW_E4M3: tl.constexpr
 
 
 @triton.jit
+def _fake_quantize_tile(x_ptr, rows, cols, stride_x, stride_out, out_ptr, tile_r, tile_c, BLOCK_R: tl.constexpr,
+                        BLOCK_C: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr, EVEN: tl.constexpr):
+  """``out = fq(x)`` on tile ``(tile_r, tile_c)`` of ``[BLOCK_R, BLOCK_C]`` of :func:`fake_quantize_kernel`."""
+  r = tile_r * BLOCK_R + tl.arange(0, BLOCK_R)
+  c = tile_c * BLOCK_C + tl.arange(0, BLOCK_C)
+  r64 = r.to(tl.int64)[:, None]
+  x_at, out_at = x_ptr + r64 * stride_x + c[None, :], out_ptr + r64 * stride_out + c[None, :]
+  if EVEN:
+    y = fq_tile(tl.load(x_at).to(tl.float32), None, BLOCK_R, BLOCK_C, HW_E4M3, HW_E2M1, True)
+    tl.store(out_at, y.to(out_ptr.dtype.element_ty))
+  else:
+    valid = (r[:, None] < rows) & (c[None, :] < cols)
+    y = fq_tile(tl.load(x_at, mask=valid, other=0.0).to(tl.float32), valid, BLOCK_R, BLOCK_C, HW_E4M3, HW_E2M1)
+    tl.store(out_at, y.to(out_ptr.dtype.element_ty), mask=valid)
+
+
+@triton.jit
 def fake_quantize_kernel(x_ptr, rows, cols, stride_x, stride_out, out_ptr, BLOCK_R: tl.constexpr,
                          BLOCK_C: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr,
                          EVEN: tl.constexpr = False):
@@ -291,17 +308,8 @@ def fake_quantize_kernel(x_ptr, rows, cols, stride_x, stride_out, out_ptr, BLOCK
   offsets are 64-bit: rows * stride may exceed 2**31.
   EVEN: ``rows % BLOCK_R == 0`` and ``cols % BLOCK_C == 0`` (no tile has a tail: no masks).
   """
-  r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-  c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-  r64 = r.to(tl.int64)[:, None]
-  x_at, out_at = x_ptr + r64 * stride_x + c[None, :], out_ptr + r64 * stride_out + c[None, :]
-  if EVEN:
-    y = fq_tile(tl.load(x_at).to(tl.float32), None, BLOCK_R, BLOCK_C, HW_E4M3, HW_E2M1, True)
-    tl.store(out_at, y.to(out_ptr.dtype.element_ty))
-  else:
-    valid = (r[:, None] < rows) & (c[None, :] < cols)
-    y = fq_tile(tl.load(x_at, mask=valid, other=0.0).to(tl.float32), valid, BLOCK_R, BLOCK_C, HW_E4M3, HW_E2M1)
-    tl.store(out_at, y.to(out_ptr.dtype.element_ty), mask=valid)
+  _fake_quantize_tile(x_ptr, rows, cols, stride_x, stride_out, out_ptr, tl.program_id(0), tl.program_id(1), BLOCK_R,
+                      BLOCK_C, HW_E4M3, HW_E2M1, EVEN)
 
 
 def fake_quantize_launch(rows: int, cols: int) -> tuple[tuple[int, int], dict]:
@@ -327,6 +335,57 @@ def fake_quantize_rows_kernel(x_ptr, rows, cols, stride_x, stride_out, out_ptr, 
   """
   fake_quantize_kernel(x_ptr, rows, cols // 16 * 16, stride_x // 16 * 16, stride_out // 16 * 16, out_ptr, BLOCK_R,
                        BLOCK_C, HW_E4M3, HW_E2M1, EVEN)
+
+
+def fake_quantize_many_launch(rows: tuple[int, ...], cols: int) -> tuple[tuple[int, int], dict]:
+  """Grid and launch parameters of :func:`fake_quantize_rows2_kernel` (two tensors) or
+  :func:`fake_quantize_rows3_kernel` (three) for tensors of ``rows[i]`` dense rows of ``cols`` channels: each
+  tensor's tiles are those of :func:`fake_quantize_launch`, one after the other along the grid's first axis."""
+  grids, params = zip(*(fake_quantize_launch(r, cols) for r in rows))
+  launch = {key: params[0][key] for key in ("BLOCK_R", "BLOCK_C", "num_warps", "num_stages")}
+  launch.update({f"EVEN{i}": p["EVEN"] for i, p in enumerate(params)})
+  return (sum(g[0] for g in grids), grids[0][1]), launch
+
+
+@triton.jit
+def _fake_quantize_rows_of(x_ptr, rows, cols, out_ptr, tile_r, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+                           HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr, EVEN: tl.constexpr):
+  """Tile ``tile_r`` of one tensor of dense rows (stride ``cols``, ``cols % 16 == 0``: the hints as in
+  :func:`fake_quantize_rows_kernel`)."""
+  _fake_quantize_tile(x_ptr, rows, cols // 16 * 16, cols // 16 * 16, cols // 16 * 16, out_ptr, tile_r,
+                      tl.program_id(1), BLOCK_R, BLOCK_C, HW_E4M3, HW_E2M1, EVEN)
+
+
+@triton.jit
+def fake_quantize_rows2_kernel(x0_ptr, x1_ptr, rows0, rows1, cols, out0_ptr, out1_ptr, BLOCK_R: tl.constexpr,
+                               BLOCK_C: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr,
+                               EVEN0: tl.constexpr, EVEN1: tl.constexpr):
+  """``out_i = fq(x_i)`` for two tensors of dense rows in one launch (:func:`fake_quantize_many_launch`): the same
+  tiles and results as one :func:`fake_quantize_rows_kernel` launch per tensor, in one launch (the host's cost of a
+  launch; docs/PERFORMANCE.md, twenty-second session)."""
+  t = tl.program_id(0)
+  n0 = tl.cdiv(rows0, BLOCK_R)
+  if t < n0:
+    _fake_quantize_rows_of(x0_ptr, rows0, cols, out0_ptr, t, BLOCK_R, BLOCK_C, HW_E4M3, HW_E2M1, EVEN0)
+  else:
+    _fake_quantize_rows_of(x1_ptr, rows1, cols, out1_ptr, t - n0, BLOCK_R, BLOCK_C, HW_E4M3, HW_E2M1, EVEN1)
+
+
+@triton.jit
+def fake_quantize_rows3_kernel(x0_ptr, x1_ptr, x2_ptr, rows0, rows1, rows2, cols, out0_ptr, out1_ptr, out2_ptr,
+                               BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, HW_E4M3: tl.constexpr,
+                               HW_E2M1: tl.constexpr, EVEN0: tl.constexpr, EVEN1: tl.constexpr,
+                               EVEN2: tl.constexpr):
+  """:func:`fake_quantize_rows2_kernel` for three tensors."""
+  t = tl.program_id(0)
+  n0 = tl.cdiv(rows0, BLOCK_R)
+  n1 = tl.cdiv(rows1, BLOCK_R)
+  if t < n0:
+    _fake_quantize_rows_of(x0_ptr, rows0, cols, out0_ptr, t, BLOCK_R, BLOCK_C, HW_E4M3, HW_E2M1, EVEN0)
+  elif t < n0 + n1:
+    _fake_quantize_rows_of(x1_ptr, rows1, cols, out1_ptr, t - n0, BLOCK_R, BLOCK_C, HW_E4M3, HW_E2M1, EVEN1)
+  else:
+    _fake_quantize_rows_of(x2_ptr, rows2, cols, out2_ptr, t - n0 - n1, BLOCK_R, BLOCK_C, HW_E4M3, HW_E2M1, EVEN2)
 
 
 # ----------------------------------------------------------------------------- qkv_scale="tensor"

@@ -267,6 +267,33 @@ def test_fake_quantize_rows_kernel_matches_generic():
   assert torch.equal(out.view(torch.int16), _fq(x, flags).view(torch.int16))
 
 
+@pytest.mark.parametrize("rows", [(37, 40, 40), (64, 21)], ids=["three", "two"])  # tiles of 32 rows at D = 64
+def test_fake_quantize_of_several_tensors_in_one_launch(rows):
+  """The pass's one launch over two or three tensors (ragged and whole tiles mixed) gives each tensor what
+  fake_quantize_rows_kernel gives it alone, and writes nothing past any tensor's rows."""
+  device = kernel_device()
+  flags = _flags(device, "bfloat16")
+  rng = np.random.default_rng(4)
+  xs = [torch.from_numpy(rng.standard_normal((r, 64)).astype(np.float32) * 3).to(torch.bfloat16).to(device)
+        for r in rows]
+  outs = [_nan_like(torch.empty(r + 16, 64, dtype=torch.bfloat16, device=device)) for r in rows]  # 16 rows to spare
+  grid, launch = knv.fake_quantize_many_launch(rows, 64)
+  block_r = launch["BLOCK_R"]
+  assert grid == (sum(triton.cdiv(r, block_r) for r in rows), 1)
+  assert [launch[f"EVEN{i}"] for i in range(len(rows))] == [r % block_r == 0 for r in rows]
+  kernel = {2: knv.fake_quantize_rows2_kernel, 3: knv.fake_quantize_rows3_kernel}[len(rows)]
+  kernel[grid](*xs, *rows, 64, *outs, **{k: v for k, v in launch.items() if k not in ("num_warps", "num_stages")},
+               **_qflags(flags))
+  for x, out, r in zip(xs, outs, rows):
+    alone = _nan_like(x)
+    knv.fake_quantize_rows_kernel[(triton.cdiv(r, 16), 1)](x, r, 64, 64, 64, alone, BLOCK_R=16, BLOCK_C=64,
+                                                           **_qflags(flags))
+    assert torch.equal(out[:r].view(torch.int16), alone.view(torch.int16))
+    want = fq_oracle(_np(x)).astype(np.float32)  # the independent oracle, then bf16 (exact: <= 6 significant bits)
+    np.testing.assert_array_equal(_np(out[:r]).astype(np.float32).view(np.uint32), want.view(np.uint32))
+    assert torch.isnan(out[r:].float()).all()
+
+
 def test_launch_config_overrides(monkeypatch):
   """JQAT_ATTN_{FWD,BWD}_CONFIG and set_config_override replace fields of the defaults, for both bindings."""
   assert plans.parse_config("block_m=64, num_warps=4,", "fwd") == {"block_m": 64, "num_warps": 4}
