@@ -361,8 +361,8 @@ def fake_quantize_rows2_kernel(x0_ptr, x1_ptr, rows0, rows1, cols, out0_ptr, out
                                BLOCK_C: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr,
                                EVEN0: tl.constexpr, EVEN1: tl.constexpr):
   """``out_i = fq(x_i)`` for two tensors of dense rows in one launch (:func:`fake_quantize_many_launch`): the same
-  tiles and results as one :func:`fake_quantize_rows_kernel` launch per tensor, in one launch (the host's cost of a
-  launch; docs/PERFORMANCE.md, twenty-second session)."""
+  tiles and results as one :func:`fake_quantize_rows_kernel` launch per tensor, for one launch's host cost instead
+  of one per tensor (docs/PERFORMANCE.md, twenty-second session)."""
   t = tl.program_id(0)
   n0 = tl.cdiv(rows0, BLOCK_R)
   if t < n0:
