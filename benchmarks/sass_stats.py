@@ -144,7 +144,9 @@ def main(argv=None):
   opts = AttentionOptions(scale=args.head_dim ** -0.5, is_causal=args.causal, p_scale=args.p_scale,
                           qkv_scale=args.qkv_scale, local_window_size=(args.window - 1, 0) if args.window else None)
   target = P.Target((args.arch // 10, args.arch % 10))
-  fwd_cfg = P.kfwd.ForwardConfig(**{**vars(P.forward_config(args.head_dim)), **P.parse_config(args.fwd_config, "fwd")})
+  override = P.parse_config(args.fwd_config, "fwd")
+  fwd_cfg, out_cfg = (P.kfwd.ForwardConfig(**{**vars(P.forward_config(args.head_dim, residuals)), **override})
+                      for residuals in (True, False))
   bwd_cfg = P.kbwd.BackwardConfig(**{**vars(P.backward_config(args.head_dim, bool(args.window))),
                                      **P.parse_config(args.bwd_config, "bwd")})
   seg = P.Tensor.dense((args.batch, args.seq), "int32")
@@ -154,7 +156,7 @@ def main(argv=None):
   if "fwd" in kinds:
     plans.append(P.attention_forward(q, k, k, opts, target, config=fwd_cfg, masks=masks))
   if "fwd_out" in kinds:
-    plans.append(P.attention_forward(q, k, k, opts, target, config=fwd_cfg, masks=masks, residuals=False))
+    plans.append(P.attention_forward(q, k, k, opts, target, config=out_cfg, masks=masks, residuals=False))
   if "bwd" in kinds:
     plans.append(P.attention_backward(q, q, k, k, q, stats, opts, target, config=bwd_cfg, masks=masks,
                                       row_max=stats if args.p_scale == "row" else None,
