@@ -391,7 +391,7 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
   # instructions, 21 LDL) where the one reading fq(Q) does not (930): the pass there too. Measured (run 43): that
   # forward kernel 9-11% faster at 4k and 16k, the pass 0.012-0.038 ms longer. At 32 < D <= 64, on 64 rows / 4 warps
   # (run 51b), fq(Q) from the pass leaves O alone at 140 registers (own Q: 163), which a cap of 128 fits without
-  # spilling in its loops: four programs per SM (OUT_CONFIGS; run 53a: 1.5-2.2% faster than own Q uncapped, while
+  # spilling in its loops: four programs per SM (OUT_CONFIGS; run 53a: 1.5-2.3% faster than own Q uncapped, while
   # the pass without the cap was 2-4% slower). D <= 32 keeps its own Q (there the pass was level or slower).
   q_pass = (cfg.quantize_qkv and not tensor and rows_dense(q)
             and (opts.is_causal or opts.local_window_size is not None or q.shape[-1] > 32 or mask_flags["HAS_SEG"]))

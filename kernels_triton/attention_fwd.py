@@ -72,7 +72,7 @@ class ForwardConfig:
 FORWARD_CONFIGS = {64: ForwardConfig(64, 4, 3), 128: ForwardConfig(64, 4, 3), 256: ForwardConfig(64, 8, 2)}
 # O alone (the primal's ``attention_fwd_out*`` entry points). At 32 < D <= 64, reading fq(Q) from the pass, it takes
 # 140 registers (three programs per SM); capped at 128 it keeps its loops free of spills (4 B of stack outside them)
-# and four programs share an SM: run 53a, 1.5% faster at (2, 16, 4096, 64), 2.2% at 16k, the same bits. The
+# and four programs share an SM: run 53a, 1.5% faster at (2, 16, 4096, 64), 2.3% at 16k, the same bits. The
 # training forward stays uncapped: at 128 ptxas serializes its wgmma and it spills in every mask case.
 OUT_CONFIGS = {**FORWARD_CONFIGS, 64: ForwardConfig(64, 4, 3, maxnreg=128)}
 

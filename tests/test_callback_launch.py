@@ -447,9 +447,9 @@ def test_windowed_dq_above_128_is_not_serialized(monkeypatch, tmp_path):
 def test_primal_at_d64_fits_four_programs_per_sm(monkeypatch, tmp_path):
   """The forward without residuals at D = 64 runs 64 rows on 4 warps, reads fq(Q) from the pass and is capped at 128
   registers, so four programs (16 warps) share an SM: 128 rows on 8 warps at 172 registers left one (16-18% slower,
-  docs/BENCHMARKS.md run 51b), the uncapped kernel three (1.5-2.2% slower, run 53a). The cap reaches ptxas (Triton's
-  maxnreg) and ptxas keeps the wgmma asynchronous under it; the training forward stays uncapped (at 128 ptxas
-  serialized its wgmma)."""
+  docs/BENCHMARKS.md run 51b), the uncapped kernel three (the capped one 1.5-2.3% faster, run 53a). The cap reaches
+  ptxas (Triton's maxnreg) and ptxas keeps the wgmma asynchronous under it; the training forward stays uncapped (at
+  128 ptxas serialized its wgmma)."""
   import re
 
   from jqat.ffi import plan as plans
