@@ -46,7 +46,7 @@ from jqat.kernels_triton.attention_common import (
   row_tile_visible,
   visible,
 )
-from jqat.kernels_triton.nvfp4 import fq_probs_t, fq_tile
+from jqat.kernels_triton.nvfp4 import cast_fq, fq_probs_t, fq_tile
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,7 +150,7 @@ def attention_bwd_delta_fq_kernel(o_ptr, do_ptr, q_ptr, tq, n_heads, stride_ob, 
              + offs_d[None, :])
     q = tl.load(q_ptr + q_off, mask=ok, other=0.0)
     q_hat = fq_tile(q.to(tl.float32), ok, FQ_ROWS, D_PAD, HW_E4M3, HW_E2M1)
-    tl.store(q_hat_ptr + q_off, q_hat.to(q_hat_ptr.dtype.element_ty), mask=ok)
+    tl.store(q_hat_ptr + q_off, cast_fq(q_hat, q_hat_ptr.dtype.element_ty, HW_E4M3), mask=ok)
 
 
 @triton.jit

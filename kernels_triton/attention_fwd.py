@@ -47,7 +47,7 @@ from jqat.kernels_triton.attention_common import (
   qk_dot,
   row_tile_visible,
 )
-from jqat.kernels_triton.nvfp4 import fq_probs, fq_tile
+from jqat.kernels_triton.nvfp4 import cast_fq, fq_probs, fq_tile
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,11 +218,11 @@ def _attention_fwd(
   if QKV_TENSOR:
     q_enc = tl.load(q_enc_ptr + pid_bh)
     if QUANTIZE_Q:  # else q holds fq(enc * Q) from the pass
-      q = fq_tile(q.to(tl.float32) * q_enc, row_ok[:, None] & d_ok[None, :], BLOCK_M, D_PAD, HW_E4M3,
-                  HW_E2M1).to(q.dtype)  # exact: E2M1 x E4M3 values fit the input dtype
+      q = cast_fq(fq_tile(q.to(tl.float32) * q_enc, row_ok[:, None] & d_ok[None, :], BLOCK_M, D_PAD, HW_E4M3,
+                          HW_E2M1), q.dtype, HW_E4M3)  # exact: E2M1 x E4M3 values fit the input dtype
   elif QUANTIZE_Q:
-    q = fq_tile(q.to(tl.float32), row_ok[:, None] & d_ok[None, :], BLOCK_M, D_PAD, HW_E4M3,
-                HW_E2M1).to(q.dtype)  # exact: fq values fit the input dtype
+    q = cast_fq(fq_tile(q.to(tl.float32), row_ok[:, None] & d_ok[None, :], BLOCK_M, D_PAD, HW_E4M3, HW_E2M1),
+                q.dtype, HW_E4M3)  # exact: fq values fit the input dtype
   k_base = k_ptr + b.to(tl.int64) * stride_kb + kvh.to(tl.int64) * stride_kn
   v_base = v_ptr + b.to(tl.int64) * stride_vb + kvh.to(tl.int64) * stride_vn
   qk_scale = scale * LOG2E

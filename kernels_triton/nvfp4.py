@@ -206,21 +206,22 @@ def fq_tile(x, valid, ROWS: tl.constexpr, COLS: tl.constexpr, HW_E4M3: tl.conste
 
   valid: [ROWS, COLS] bool. Invalid elements are ignored for the amax and the
   NaN check (a padded tail must not shrink or poison its block) and give +0.
-  A NaN among a block's valid elements makes the block NaN; +-Inf saturates.
+  A NaN among a block's valid elements makes the block NaN (0x7FC00000 throughout; :func:`cast_fq` keeps that
+  pattern in 16 bits); +-Inf saturates.
   ALL_VALID: every element is valid (``valid`` is not read).
   """
   NB: tl.constexpr = COLS // 16
   x3 = tl.reshape(x, [ROWS, NB, 16])
   ax = tl.abs(x3)
-  if ALL_VALID:
-    nan = tl.max((x3 != x3).to(tl.int32), axis=2) > 0
-    amax = tl.max(ax, axis=2)
-  else:
+  if not ALL_VALID:
     v3 = tl.reshape(valid, [ROWS, NB, 16])
-    nan = tl.max(((x3 != x3) & v3).to(tl.int32), axis=2) > 0
-    amax = tl.max(tl.where(v3, ax, 0.0), axis=2)
-  # The NaN flag is its own reduction: taken from a NaN-propagating amax, the NaN block's bits became that NaN's
-  # payload (0x7FFF) in some launch configurations on the H200 (docs/BENCHMARKS.md, run 35).
+    ax = tl.where(v3, ax, 0.0)
+  # One reduction gives the amax and the NaN flag: the maximum propagates NaN (max.NaN, a plain max's cost; a
+  # separate flag reduction took about 2 instructions per element of the quantize pass). Only the flag is read
+  # from it: the NaN written is the constant below, never the reduction's NaN (whose payload, 0x7FFF, once
+  # reached the output in some launch configurations on the H200, docs/BENCHMARKS.md run 35).
+  amax = tl.reduce(ax, 2, _max_nan)
+  nan = amax != amax
   s = e4m3_block_scale(tl.where(nan, 0.0, amax), HW_E4M3)
   mag = e2m1_dequant(ax, s, 2, HW_E2M1, HW_E4M3)
   # Copy the sign bit instead of negating: Triton lowers -x to 0 - x, which loses -0.
@@ -230,6 +231,24 @@ def fq_tile(x, valid, ROWS: tl.constexpr, COLS: tl.constexpr, HW_E4M3: tl.conste
   if not ALL_VALID:
     out = tl.where(v3, out, 0.0)
   return tl.reshape(out, [ROWS, COLS])
+
+
+@triton.jit
+def cast_fq(y, dtype: tl.constexpr, COMPILED: tl.constexpr):
+  """:func:`fq_tile`'s FP32 result in ``dtype`` (bf16, fp16 or fp32), bit for bit the same as ``y.to(dtype)``.
+
+  Its values are exact in bf16 and fp16 (an E2M1 value times an E4M3 scale: at most 5 significant bits, within
+  2**-10 .. 2688), and its NaN is 0x7FC00000, whose 16-bit forms are the high halves 0x7FC0 (bf16) and 0x7E00
+  (fp16, by ``.to``). COMPILED (compiled code; callers pass ``HW_E4M3``) and bf16: the high halves of two FP32
+  values by one ``prmt`` per pair, where ``.to(tl.bfloat16)`` of ``where(nan, NaN, v)`` compiled to a conversion
+  of ``v`` and a select per 16-bit half with its unpacking and repacking (LLVM moves the conversion into the
+  select's arms), about 2.5 instructions per element of the quantize pass instead of 1.5.
+  """
+  if COMPILED and dtype == tl.bfloat16:
+    return tl.inline_asm_elementwise(asm="prmt.b32 $0, $1, $2, 0x7632;", constraints="=r,r,r", args=[y],
+                                     dtype=tl.bfloat16, is_pure=True, pack=2)
+  else:
+    return y.to(dtype)
 
 
 @triton.jit
@@ -290,11 +309,11 @@ def _fake_quantize_tile(x_ptr, rows, cols, stride_x, stride_out, out_ptr, tile_r
   x_at, out_at = x_ptr + r64 * stride_x + c[None, :], out_ptr + r64 * stride_out + c[None, :]
   if EVEN:
     y = fq_tile(tl.load(x_at).to(tl.float32), None, BLOCK_R, BLOCK_C, HW_E4M3, HW_E2M1, True)
-    tl.store(out_at, y.to(out_ptr.dtype.element_ty))
+    tl.store(out_at, cast_fq(y, out_ptr.dtype.element_ty, HW_E4M3))
   else:
     valid = (r[:, None] < rows) & (c[None, :] < cols)
     y = fq_tile(tl.load(x_at, mask=valid, other=0.0).to(tl.float32), valid, BLOCK_R, BLOCK_C, HW_E4M3, HW_E2M1)
-    tl.store(out_at, y.to(out_ptr.dtype.element_ty), mask=valid)
+    tl.store(out_at, cast_fq(y, out_ptr.dtype.element_ty, HW_E4M3), mask=valid)
 
 
 @triton.jit
@@ -460,4 +479,4 @@ def fake_quantize_scaled_kernel(x_ptr, enc_ptr, t, heads, stride_b, stride_t, st
                        BLOCK_T)
   x = tl.load(x_ptr + off, mask=ok, other=0.0).to(tl.float32) * tl.load(enc_ptr + pid)
   y = fq_tile(x, ok, BLOCK_T, D_PAD, HW_E4M3, HW_E2M1)
-  tl.store(out_ptr + off, y.to(out_ptr.dtype.element_ty), mask=ok)
+  tl.store(out_ptr + off, cast_fq(y, out_ptr.dtype.element_ty, HW_E4M3), mask=ok)

@@ -346,6 +346,8 @@ GPU_CASES = [
     (1, 4096, 4096, 16, 4, 128, True, ALL_ON),
     (1, 4096, 1000, 8, 8, 64, True, QATConfig(quantize_p_backward=False)),
     (16, 128, 128, 16, 16, 128, False, QATConfig(False, False, False, False)),
+    (2, 300, 300, 4, 2, 32, False, ALL_ON),  # D <= 32 without a mask: the forward rounds its own Q tile
+    (1, 200, 333, 2, 1, 16, False, ALL_ON),
 ]
 
 
