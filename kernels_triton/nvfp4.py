@@ -237,7 +237,7 @@ def fq_tile(x, valid, ROWS: tl.constexpr, COLS: tl.constexpr, HW_E4M3: tl.conste
 def cast_fq(y, dtype: tl.constexpr, COMPILED: tl.constexpr):
   """:func:`fq_tile`'s FP32 result in ``dtype`` (bf16, fp16 or fp32), bit for bit the same as ``y.to(dtype)``.
 
-  Its values are exact in bf16 and fp16 (an E2M1 value times an E4M3 scale: at most 5 significant bits, within
+  Its values are exact in bf16 and fp16 (an E2M1 value times an E4M3 scale: at most 6 significant bits, within
   2**-10 .. 2688), and its NaN is 0x7FC00000, whose 16-bit forms are the high halves 0x7FC0 (bf16) and 0x7E00
   (fp16, by ``.to``). COMPILED (compiled code; callers pass ``HW_E4M3``) and bf16: the high halves of two FP32
   values by one ``prmt`` per pair, where ``.to(tl.bfloat16)`` of ``where(nan, NaN, v)`` compiled to a conversion
