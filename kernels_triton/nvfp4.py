@@ -235,14 +235,15 @@ def fq_tile(x, valid, ROWS: tl.constexpr, COLS: tl.constexpr, HW_E4M3: tl.conste
 
 @triton.jit
 def cast_fq(y, dtype: tl.constexpr, COMPILED: tl.constexpr):
-  """:func:`fq_tile`'s FP32 result in ``dtype`` (bf16, fp16 or fp32), bit for bit the same as ``y.to(dtype)``.
+  """:func:`fq_tile`'s FP32 result in ``dtype`` (bf16, fp16 or fp32): its values unchanged, its NaN blocks canonical.
 
   Its values are exact in bf16 and fp16 (an E2M1 value times an E4M3 scale: at most 6 significant bits, within
-  2**-10 .. 2688), and its NaN is 0x7FC00000, whose 16-bit forms are the high halves 0x7FC0 (bf16) and 0x7E00
-  (fp16, by ``.to``). COMPILED (compiled code; callers pass ``HW_E4M3``) and bf16: the high halves of two FP32
-  values by one ``prmt`` per pair, where ``.to(tl.bfloat16)`` of ``where(nan, NaN, v)`` compiled to a conversion
-  of ``v`` and a select per 16-bit half with its unpacking and repacking (LLVM moves the conversion into the
-  select's arms), about 2.5 instructions per element of the quantize pass instead of 1.5.
+  2**-10 .. 2688), and its NaN is the constant 0x7FC00000, written as 0x7FC0 (bf16: its high half) and 0x7E00 (fp16:
+  ``.to`` of ``where(nan, NaN, v)``, whose constant LLVM converts at compile time; a conversion at run time would
+  write the GPU's 0x7FFF instead). COMPILED (compiled code; callers pass ``HW_E4M3``) and bf16: the high halves of
+  two FP32 values by one ``prmt`` per pair, where ``.to(tl.bfloat16)`` of ``where(nan, NaN, v)`` compiled to a
+  conversion of ``v`` and a select per 16-bit half with its unpacking and repacking (LLVM moves the conversion into
+  the select's arms), about 2.5 instructions per element of the quantize pass instead of 1.5.
   """
   if COMPILED and dtype == tl.bfloat16:
     return tl.inline_asm_elementwise(asm="prmt.b32 $0, $1, $2, 0x7632;", constraints="=r,r,r", args=[y],
