@@ -1,7 +1,7 @@
 # Run 56a (session 24). Carry .device. Writes up to 8 files.
 # (1) the forward alone against cuDNN's, 6 rounds in each of two processes (docs/logs/run56_fwd.py);
 # (2) the GPU tests that runs 54-55 did not reach on 3ede5c3's kernels (callback launcher, ffi, flax, RoPE-QDQ,
-#     qat_matmul, pallas; test_train_lm and grad fidelity), three pytest processes side by side (compiles dominate).
+#     qat_matmul, pallas, bench numerics, grad fidelity), three pytest processes side by side (compiles dominate).
 source .device/setup.sh
 for p in 1 2; do
   timeout 170 python3 docs/logs/run56_fwd.py $OUT/run56a_fwd_$p.json p$p 6 2>&1 | grep -v -i warn > $OUT/run56a_fwd_$p.log
