@@ -71,8 +71,8 @@ import threading
 import numpy as np
 from jax.experimental.buffer_callback import buffer_callback
 
+from jqat.ffi import interpreter, scratch_pool
 from jqat.ffi import plan as plans
-from jqat.ffi import scratch_pool
 from jqat.ffi.triton_call import set_triton_cache_dir
 
 # Triton's interpreter patches triton.language while it runs a kernel: the callbacks of several CPU devices,
@@ -116,6 +116,7 @@ def launch(launch: plans.Launch, args: tuple, out_shape: tuple, aliases: dict, t
     if not interpreting():
       raise RuntimeError(f"{ENV}=callback on a CPU backend runs the kernels in Triton's interpreter: set "
                          "TRITON_INTERPRET=1 before triton is first imported")
+    interpreter.install()
     run = functools.partial(_run_interpreted, launch, refs)
   else:
     # Compiled while tracing, as jax-triton compiles while lowering: a kernel that fails to build fails here.

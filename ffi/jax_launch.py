@@ -202,3 +202,55 @@ def rope_qdq(x, cache, positions, *, heads: int, group: int, fp8: bool, e4m3_sca
   fn = _rope_qdq_fn(x.ndim, positions_rank, group, bool(fp8), bool(e4m3_scale), float(amax_floor),
                     callback_launch.launcher())
   return fn(x, cache, positions.reshape(x.shape[:positions_rank]))[0]
+
+
+def _no_vmap(fun, op: str):
+  """``fun`` whose vmap raises a clear error (a paged cache does not lead with the batch axis to fold into)."""
+  wrapped = jax.custom_batching.custom_vmap(fun)
+
+  @wrapped.def_vmap
+  def _rule(axis_size, in_batched, *args):
+    raise NotImplementedError(f"jqat.{op} with a page_table has no vmap rule: the page pool is shared by the batch; "
+                              "fold the mapped axis into the batch (and the page table) instead")
+
+  return wrapped
+
+
+@functools.cache
+def _decode_fn(opts, config, paged: bool, launcher: str):
+  def run(q, kc, ks, vc, vs, kv_len, *table):  # on the local shard
+    plan = plans.decode_attention(dense(q), dense(kc), dense(ks), dense(vc), dense(vs), dense(kv_len), opts,
+                                  target(launcher), page_table=dense(table[0]) if paged else None, config=config)
+    return execute(plan, q, kc, ks, vc, vs, kv_len, *table, launcher=launcher)
+  fn = _partitioned(run, partitioning.decode_spec(paged), launcher)
+  return _no_vmap(fn, "decode_attention") if paged else fold_batch(fn, 6)
+
+
+def decode_attention(query, k_cache, v_cache, kv_lengths, opts, page_table=None):
+  """Decode attention on the GPU (``jqat.ffi.plan.decode_attention``): O [B, Tq, N, D] in the query dtype.
+
+  query [B, Tq, N, D]; k_cache, v_cache: ``(codes, scales)``; kv_lengths [B] int32; page_table [B, P] int32 or None.
+  """
+  rows = query.shape[2] // k_cache[0].shape[2] * query.shape[1]
+  fn = _decode_fn(opts, plans.decode_config(rows), page_table is not None, callback_launch.launcher())
+  table = () if page_table is None else (page_table,)
+  return fn(query, *k_cache, *v_cache, kv_lengths, *table)[0]
+
+
+@functools.cache
+def _cache_update_fn(paged: bool, launcher: str):
+  def run(k_new, v_new, positions, kc, ks, vc, vs, *table):
+    plan = plans.kv_cache_update(dense(k_new), dense(v_new), dense(positions), dense(kc), dense(ks), dense(vc),
+                                 dense(vs), target(launcher), page_table=dense(table[0]) if paged else None)
+    return execute(plan, k_new, v_new, positions, kc, ks, vc, vs, *table, launcher=launcher)
+  fn = _partitioned(run, partitioning.kv_cache_update_spec(paged), launcher)
+  return _no_vmap(fn, "kv_cache_update") if paged else fold_batch(fn, 7)
+
+
+def kv_cache_update(k_cache, v_cache, k_new, v_new, positions, page_table=None):
+  """The cache write on the GPU (``jqat.ffi.plan.kv_cache_update``): ``(k_cache, v_cache)`` with k_new, v_new
+  [B, Tn, K, D] quantized in at positions [B, Tn] int32; each output aliases its input (in place when donated)."""
+  fn = _cache_update_fn(page_table is not None, callback_launch.launcher())
+  table = () if page_table is None else (page_table,)
+  kc, ks, vc, vs = fn(k_new, v_new, positions, *k_cache, *v_cache, *table)
+  return (kc, ks), (vc, vs)

@@ -69,3 +69,32 @@ class AttentionOptions:
 # query_seq_lengths [B], key_value_seq_lengths [B], q_segment_ids [B, Tq], kv_segment_ids [B, Tk]; all int32.
 # Key j is visible to query i of batch b only if i < q_len[b], j < kv_len[b] and q_seg[b, i] == kv_seg[b, j].
 MASK_OPERANDS = ("q_len", "kv_len", "q_seg", "kv_seg")
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeOptions:
+  """Everything static about one decode-attention call over a packed NVFP4 KV cache (docs/NUMERICS.md, "Decode").
+
+  scale: the softmax scale (resolved). is_causal: the Tq new tokens see each other causally (query i of a
+  sequence of length L sees keys j <= L - Tq + i); else every query sees all L keys.
+  block_n: the KV tile (part of the function, as in the forward). num_splits: runs of tiles walked apart and
+  merged by their maxima (1: the training forward's walk). config: the paper's switches (only quantize_qkv, for
+  Q, and quantize_p act: the cache is NVFP4 by construction and decode has no backward). p_scale: as in
+  :class:`AttentionOptions`.
+  """
+
+  scale: float
+  is_causal: bool = True
+  block_n: int = DEFAULT_BLOCK_N
+  num_splits: int = 1
+  config: QATConfig = QATConfig()
+  p_scale: str = "block"
+
+
+def default_num_splits(batch: int, kv_heads: int, capacity: int, block_n: int) -> int:
+  """The decode walk's splits when ``num_splits=None``: enough (batch, KV head, split) programs for a large GPU
+  (about 1024, eight per SM of an H200), each run at least 8 tiles long, at most 64 runs. A function of shapes
+  alone, so every implementation and device computes the same function (the runs' own maxima decide fq(P))."""
+  programs = max(1, batch * kv_heads)
+  tiles = -(-max(capacity, 1) // block_n)
+  return int(max(1, min(-(-1024 // programs), tiles // 8, 64)))

@@ -101,6 +101,24 @@ def rope_qdq_spec(x_rank: int, positions_rank: int) -> OpSpec:
                 frozenset("wpc"))
 
 
+def decode_spec(paged: bool) -> OpSpec:
+  """q, the four cache tensors (codes c, scales e), kv_lengths (and page_table) -> O. A paged cache's pool (pages
+  p, rows z) and its table (x) are needed whole by every device; batch and heads shard as in attention."""
+  cache = ("pzkc", "pzke") if paged else ("bskc", "bske")
+  operands = (("query", "btnd"), ("k_codes", cache[0]), ("k_scales", cache[1]), ("v_codes", cache[0]),
+              ("v_scales", cache[1]), ("kv_lengths", "b")) + ((("page_table", "bx"),) if paged else ())
+  return OpSpec("decode_attention", operands, (("out", "btnd"),), frozenset("dcepzx"))
+
+
+def kv_cache_update_spec(paged: bool) -> OpSpec:
+  """k_new, v_new, positions, the four cache tensors (and page_table) -> the four cache tensors."""
+  cache = ("pzkc", "pzke") if paged else ("bskc", "bske")
+  tensors = (("k_codes", cache[0]), ("k_scales", cache[1]), ("v_codes", cache[0]), ("v_scales", cache[1]))
+  operands = (("k_new", "btkd"), ("v_new", "btkd"), ("positions", "bt")) + tensors + (
+      (("page_table", "bx"),) if paged else ())
+  return OpSpec("kv_cache_update", operands, tensors, frozenset("dcepzx"))
+
+
 def _axes(entry) -> tuple[str, ...]:
   if entry is None:
     return ()

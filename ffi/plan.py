@@ -32,9 +32,10 @@ import os
 
 import triton
 
-from jqat.ffi.options import MASK_OPERANDS, P_ROW_RANGE, AttentionOptions
+from jqat.ffi.options import MASK_OPERANDS, P_ROW_RANGE, AttentionOptions, DecodeOptions
 from jqat.kernels_triton import attention_bwd as kbwd
 from jqat.kernels_triton import attention_fwd as kfwd
+from jqat.kernels_triton import decode as kdec
 from jqat.kernels_triton import nvfp4 as knv
 from jqat.kernels_triton import rope_qdq as krope
 from jqat.kernels_triton.attention_common import dot_flags, segments_sorted_kernel, seq_align
@@ -144,9 +145,9 @@ def rows_dense(t: Tensor) -> bool:
 
 # ----------------------------------------------------------------------------- launch configurations
 
-_CONFIG_TYPES = {"fwd": kfwd.ForwardConfig, "bwd": kbwd.BackwardConfig}
-_ENV = {"fwd": "JQAT_ATTN_FWD_CONFIG", "bwd": "JQAT_ATTN_BWD_CONFIG"}
-_OVERRIDES: dict = {"fwd": {}, "bwd": {}}
+_CONFIG_TYPES = {"fwd": kfwd.ForwardConfig, "bwd": kbwd.BackwardConfig, "decode": kdec.DecodeConfig}
+_ENV = {"fwd": "JQAT_ATTN_FWD_CONFIG", "bwd": "JQAT_ATTN_BWD_CONFIG", "decode": "JQAT_DECODE_CONFIG"}
+_OVERRIDES: dict = {"fwd": {}, "bwd": {}, "decode": {}}
 
 
 def parse_config(text: str, kind: str) -> dict:
@@ -173,7 +174,7 @@ def set_config_override(kind: str, config=None) -> None:
   constraints (powers of two; ``kv_block_n % 16 == 0``). Functions traced afterwards use it.
   """
   if kind not in _CONFIG_TYPES:
-    raise ValueError(f"kind must be 'fwd' or 'bwd', got {kind!r}")
+    raise ValueError(f"kind must be one of {tuple(_CONFIG_TYPES)}, got {kind!r}")
   if isinstance(config, _CONFIG_TYPES[kind]):
     config = dataclasses.asdict(config)
   if config is None or isinstance(config, str):
@@ -191,6 +192,12 @@ def forward_config(head_dim: int, residuals: bool = True) -> kfwd.ForwardConfig:
   """The forward's launch configuration for ``head_dim`` (``residuals=False``: O alone): defaults, then environment,
   then override."""
   return _launch_config("fwd", kfwd.forward_config(head_dim, residuals))
+
+
+def decode_config(rows: int) -> kdec.DecodeConfig:
+  """The decode split kernel's launch configuration for ``rows`` = G * Tq query rows per KV head: defaults, then
+  environment (``JQAT_DECODE_CONFIG``), then override."""
+  return _launch_config("decode", kdec.decode_config(rows))
 
 
 def backward_config(head_dim: int, windowed: bool = False) -> kbwd.BackwardConfig:
@@ -561,3 +568,115 @@ def rope_qdq(x: Tensor, cache: Tensor, positions: Tensor, target: Target, *, hea
       num_warps, num_stages, aliases=((0, 0),))
   return Plan({"x": x, "cache": cache, "positions": positions, "out": x}, ("x", "cache", "positions"), (), ("out",),
               (launch,))
+
+
+# ----------------------------------------------------------------------------- decode over a packed NVFP4 KV cache
+
+
+def _pow2_divisor(values, cap: int = 16) -> int:
+  """The largest power of two up to ``cap`` dividing every value (stride hints of the decode kernels)."""
+  align = cap
+  while align > 1 and any(v % align for v in values):
+    align //= 2
+  return align
+
+
+def _cache_geometry(codes: Tensor, page_table: Tensor | None, batch: int) -> dict:
+  """Scalars of a cache tensor's layout: ``[B, T, K, D // 2]`` or ``[pages, page_size, K, D // 2]`` with a table."""
+  if page_table is None:
+    return dict(capacity=codes.shape[1], pages_per_seq=1, num_pages=batch, page_size=0)
+  return dict(capacity=page_table.shape[1] * codes.shape[1], pages_per_seq=page_table.shape[1],
+              num_pages=codes.shape[0], page_size=codes.shape[1])
+
+
+def decode_attention(q: Tensor, k_codes: Tensor, k_scales: Tensor, v_codes: Tensor, v_scales: Tensor,
+                     kv_len: Tensor, opts: DecodeOptions, target: Target, *, page_table: Tensor | None = None,
+                     out_strides=None, config: kdec.DecodeConfig | None = None) -> Plan:
+  """Plan of decode attention over a packed NVFP4 KV cache: output ``o`` ``[B, Tq, N, D]`` in q's dtype.
+
+  q: ``[B, Tq, N, D]`` (last axis contiguous); caches as ``kernels_triton.decode`` describes them (codes uint8,
+  scales float8_e4m3fn, any strides with a contiguous last axis); kv_len: ``[B]`` int32; page_table:
+  ``[B, pages_per_seq]`` int32 or None (contiguous caches). One launch of the split kernel, and with
+  ``opts.num_splits > 1`` the combine launch (scratch ``part_acc``, ``part_ml``). out_strides: o's element
+  strides (default dense)."""
+  b, tq, n, d = q.shape
+  kh = k_codes.shape[2]
+  geo = _cache_geometry(k_codes, page_table, b)
+  strides = tuple(out_strides) if out_strides is not None else Tensor.dense(q.shape, q.dtype).strides
+  buffers = {"q": q, "k_codes": k_codes, "k_scales": k_scales, "v_codes": v_codes, "v_scales": v_scales,
+             "kv_len": kv_len, "o": Tensor(q.shape, q.dtype, strides)}
+  inputs = ("q", "k_codes", "k_scales", "v_codes", "v_scales", "kv_len")
+  if page_table is not None:
+    buffers["page_table"] = page_table
+    inputs += ("page_table",)
+  if q.size == 0 or geo["capacity"] == 0 or kh == 0:
+    return Plan(buffers, inputs, (), ("o",), (), {"o": 0.0})
+  group = n // kh
+  rows = group * tq
+  c = config or decode_config(rows)
+  row_blocks = triton.cdiv(rows, c.block_m)
+  programs = b * kh * row_blocks
+  splits = opts.num_splits
+  if splits > 1:
+    buffers.update(o_split=Tensor.dense((1,), q.dtype),
+                   part_acc=Tensor.dense((programs, splits, c.block_m, d), "float32"),
+                   part_ml=Tensor.dense((programs, splits, 2, c.block_m), "float32"))
+    split_outputs, scratch = ("o_split", "part_acc", "part_ml"), ("o_split", "part_acc", "part_ml")
+  else:  # the kernel writes O; the partial outputs are placeholders it never touches
+    buffers.update(part_acc=Tensor.dense((1,), "float32"), part_ml=Tensor.dense((1,), "float32"))
+    split_outputs, scratch = ("o", "part_acc", "part_ml"), ("part_acc", "part_ml")
+  cache = (k_codes, k_scales, v_codes, v_scales)
+  quant = target.quant_flags()
+  split = Launch(
+      "jqat_decode_split", kdec.decode_split_kernel, (programs, splits),
+      (Ref("q"), Ref("k_codes"), Ref("k_scales"), Ref("v_codes"), Ref("v_scales"), Ref("kv_len"),
+       Ref("page_table" if page_table is not None else "kv_len"), float(opts.scale), tq, group, kh, rows, row_blocks,
+       geo["capacity"], geo["pages_per_seq"], geo["num_pages"], *_s3(q), *strides[:3],
+       *(s for t in cache for s in t.strides[:3])),
+      split_outputs,
+      dict(HEAD_DIM=d, BLOCK_M=c.block_m, BLOCK_N=opts.block_n, PAGE_SIZE=geo["page_size"], IS_CAUSAL=opts.is_causal,
+           SPLITS=splits, QUANTIZE_Q=opts.config.quantize_qkv, QUANTIZE_P=opts.config.quantize_p,
+           P_ROW_RANGE=P_ROW_RANGE if opts.p_scale == "row" else 0.0, **quant, COMPILED=not target.interpret,
+           CODE_ALIGN=_pow2_divisor(k_codes.strides[:3] + v_codes.strides[:3]),
+           SCALE_ALIGN=_pow2_divisor(k_scales.strides[:3] + v_scales.strides[:3])),
+      c.num_warps, c.num_stages)
+  launches = (split,)
+  if splits > 1:
+    launches += (Launch(
+        "jqat_decode_combine", kdec.decode_combine_kernel,
+        (programs, c.block_m if row_blocks > 1 else rows),
+        (Ref("part_acc"), Ref("part_ml"), group, kh, rows, row_blocks, *strides[:3]), ("o",),
+        dict(HEAD_DIM=d, BLOCK_M=c.block_m, SPLITS=splits), 4, 1),)
+  return Plan(buffers, inputs, scratch, ("o",), launches)
+
+
+def kv_cache_update(k_new: Tensor, v_new: Tensor, positions: Tensor, k_codes: Tensor, k_scales: Tensor,
+                    v_codes: Tensor, v_scales: Tensor, target: Target, *, page_table: Tensor | None = None) -> Plan:
+  """Plan of the cache write: k_new, v_new ``[B, Tn, K, D]`` (last axis contiguous) quantized into the caches at
+  ``positions [B, Tn]`` int32 (dense), in place: outputs ``k_codes_out`` ... ``v_scales_out`` alias the caches."""
+  b, tn, kh, d = k_new.shape
+  geo = _cache_geometry(k_codes, page_table, b)
+  buffers = {"k_new": k_new, "v_new": v_new, "positions": positions, "k_codes": k_codes, "k_scales": k_scales,
+             "v_codes": v_codes, "v_scales": v_scales, "k_codes_out": k_codes, "k_scales_out": k_scales,
+             "v_codes_out": v_codes, "v_scales_out": v_scales}
+  inputs = ("k_new", "v_new", "positions", "k_codes", "k_scales", "v_codes", "v_scales")
+  if page_table is not None:
+    buffers["page_table"] = page_table
+    inputs += ("page_table",)
+  outputs = ("k_codes_out", "k_scales_out", "v_codes_out", "v_scales_out")
+  n_rows = b * tn * kh
+  if n_rows == 0 or geo["capacity"] == 0:  # nothing to write: the caches come back as they are
+    return Plan(buffers, inputs, (), inputs[3:7], ())
+  launch = kdec.write_launch(n_rows, d)
+  launches = []
+  for name in ("k", "v"):
+    x, codes, scales = buffers[f"{name}_new"], buffers[f"{name}_codes"], buffers[f"{name}_scales"]
+    args = (Ref(f"{name}_new"), Ref("positions"), Ref("page_table" if page_table is not None else "positions"),
+            Ref(f"{name}_codes"), Ref(f"{name}_scales"), n_rows, tn, kh, geo["capacity"], geo["pages_per_seq"],
+            geo["num_pages"], *_s3(x), *codes.strides[:3], *scales.strides[:3])
+    launches.append(Launch(
+        f"jqat_kv_cache_write_{name}", kdec.kv_cache_write_kernel, (triton.cdiv(n_rows, launch["BLOCK_R"]),), args,
+        (f"{name}_codes_out", f"{name}_scales_out"),
+        dict(HEAD_DIM=d, BLOCK_R=launch["BLOCK_R"], PAGE_SIZE=geo["page_size"], **target.quant_flags()),
+        launch["num_warps"], launch["num_stages"], aliases=((3, 0), (4, 1))))
+  return Plan(buffers, inputs, (), outputs, tuple(launches))

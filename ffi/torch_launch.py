@@ -20,6 +20,7 @@ import os
 import torch
 import triton
 
+from jqat.ffi import interpreter
 from jqat.ffi import plan as plans
 
 _WS_ALIGN = 256  # byte alignment of every buffer carved out of a workspace
@@ -104,6 +105,8 @@ def _scratch(size: int, alignment: int, stream) -> torch.Tensor:
 
 def _launch_all(plan: plans.Plan, tensors: dict, warmup: bool) -> None:
   triton.set_allocator(_scratch)
+  if plan.launches and interpreting(tensors[plan.inputs[0]]):
+    interpreter.install()
   for launch in plan.launches:
     args = tuple(tensors[a.name] if isinstance(a, plans.Ref) else a for a in launch.args)
     args += tuple(tensors[o] for o in launch.outputs)

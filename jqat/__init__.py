@@ -4,6 +4,7 @@ Public API:
   attention, attention_forward, attention_backward, QATConfig  - QAT attention (SPEC section 3)
   nvfp4.fake_quantize / quantize / dequantize                   - NVFP4 quantizer (SPEC section 2)
   rope_qdq                                                      - tail RoPE + microscaled QDQ (SPEC section 4)
+  init_kv_cache / kv_cache_update / decode_attention            - serving: a packed NVFP4 KV cache and decode over it
   parallel.ulysses_attention / parallel.attention             - sequence (Ulysses), batch and head parallelism
 
 The names load on first use, so that ``jqat.kernels_triton`` (no JAX, no torch) and the framework-free
@@ -22,7 +23,10 @@ _EXPORTS = {
   "attention": "jqat._src.attention",
   "attention_backward": "jqat._src.attention",
   "attention_forward": "jqat._src.attention",
+  "decode_attention": "jqat._src.decode",
   "enable_compilation_cache": "jqat._src.compile_cache",
+  "init_kv_cache": "jqat._src.decode",
+  "kv_cache_update": "jqat._src.decode",
   "rope_qdq": "jqat._src.rope_qdq",
 }
 _SUBMODULES = ("nvfp4", "parallel")

@@ -21,6 +21,10 @@ HAS_GPU = _has_cuda_gpu()
 # Once, before any test module imports triton (which reads it when a kernel is defined): the
 # interpreter on CPU machines, compiled kernels on a GPU. Test order must not decide it.
 os.environ.setdefault("TRITON_INTERPRET", "0" if HAS_GPU else "1")
+if os.environ["TRITON_INTERPRET"] == "1":  # kernels launched straight from tests run in the interpreter too
+  from jqat.ffi import interpreter
+
+  interpreter.install()
 
 
 _CHILD = "JQAT_TEST_CHILD"

@@ -279,3 +279,71 @@ def pack_oracle(x, axis=-1):
     codes = nib[..., 0::2] | (nib[..., 1::2] << 4)
     scales = np.where(nan, np.float32(np.nan), s).astype(ml_dtypes.float8_e4m3fn)
     return np.moveaxis(codes, -1, axis), np.moveaxis(scales, -1, axis), np.moveaxis(nan, -1, axis)
+
+
+def unpack_oracle(codes, scales):
+    """Float64 values of a packed NVFP4 tensor (``pack_oracle``'s layout), from the bit patterns and the tables."""
+    import ml_dtypes
+
+    codes = np.asarray(codes, np.uint8)
+    nib = np.stack([codes & 15, codes >> 4], axis=-1).reshape(codes.shape[:-1] + (-1,))
+    mag = E2M1_VALUES[nib & 7]
+    val = np.where(nib & 8, -mag, mag)
+    s = np.asarray(scales).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+    return val * np.repeat(s, 16, axis=-1)
+
+
+def decode_oracle(q, k, v, kv_len, *, scale, block_n, num_splits=1, is_causal=True, quantize_q=True, quantize_p=True):
+    """Float64 decode attention (docs/NUMERICS.md, "Decode"): O [B, Tq, N, D] float64.
+
+    q: [B, Tq, N, D]; k, v: the cache's values [B, T, K, D] (``unpack_oracle``); kv_len [B]. Query i of sequence b
+    sees keys j < kv_len[b], and with ``is_causal`` only j <= kv_len[b] - Tq + i. The live tiles of ``block_n`` keys
+    are cut into ``num_splits`` runs of ceil(tiles / num_splits); each run is a forward walk from an empty state
+    (fq(P) relative to its own running max) and the runs merge by their maxima.
+    """
+    q = np.asarray(q, np.float32)
+    if quantize_q:
+        q = fq_oracle(q)
+    q = q.astype(np.float64)
+    b, tq, n, d = q.shape
+    kh = k.shape[2]
+    pad = ((0, 0), (0, -k.shape[1] % block_n), (0, 0), (0, 0))  # whole tiles; the padding is never visible
+    k, v = np.pad(np.asarray(k, np.float64), pad), np.pad(np.asarray(v, np.float64), pad)
+    out = np.zeros((b, tq, n, d))
+    for bi in range(b):
+        length = int(kv_len[bi])
+        tiles = -(-length // block_n)
+        chunk = max(-(-tiles // num_splits), 1)
+        limit = np.full(tq, length) if not is_causal else np.minimum(length, length - tq + np.arange(tq) + 1)
+        for h in range(n):
+            kk, vv = k[bi, :, h // (n // kh)], v[bi, :, h // (n // kh)]
+            s_all = scale * q[bi, :, h] @ kk.T  # [Tq, T]
+            runs = []
+            for start_tile in range(0, tiles, chunk):
+                m = np.full(tq, -np.inf)
+                l = np.zeros(tq)
+                acc = np.zeros((tq, d))
+                for t in range(start_tile, min(start_tile + chunk, tiles)):
+                    sl = slice(t * block_n, (t + 1) * block_n)
+                    keys = np.arange(t * block_n, (t + 1) * block_n)
+                    valid = keys[None, :] < limit[:, None]
+                    s = np.where(valid, s_all[:, sl], -np.inf)
+                    m_new = np.maximum(m, s.max(-1))
+                    m_safe = np.where(np.isinf(m_new), 0.0, m_new)
+                    with np.errstate(invalid="ignore"):
+                        p = np.where(valid, np.exp(s - m_safe[:, None]), 0.0)
+                    pf = _fq64(p, mask=valid) if quantize_p else _bf16_round(p)
+                    alpha = np.where(np.isinf(m), 0.0, np.exp(m - m_safe))
+                    l = alpha * l + p.sum(-1)
+                    acc = alpha[:, None] * acc + pf @ vv[sl]
+                    m = m_new
+                runs.append((m, l, acc))
+            if not runs:
+                continue
+            big = np.max([r[0] for r in runs], axis=0)
+            safe = np.where(np.isinf(big), 0.0, big)
+            w = [np.where(np.isinf(r[0]), 0.0, np.exp(r[0] - safe)) for r in runs]
+            total = sum(wi * r[1] for wi, r in zip(w, runs))
+            acc = sum(wi[:, None] * r[2] for wi, r in zip(w, runs))
+            out[bi, :, h] = np.where(total[:, None] == 0, 0.0, acc / np.where(total == 0, 1.0, total)[:, None])
+    return out

@@ -55,19 +55,6 @@ from jqat.kernels_triton.attention_fwd import ForwardConfig  # noqa: E402
 INTERPRET = os.environ["TRITON_INTERPRET"] == "1"
 BOUNDS = {"O": 2e-3, "O'": 5e-4, "lse": 1e-5, "dQ": 1e-3, "dK": 1e-3, "dV": 2e-3}
 
-if INTERPRET:
-  # Triton 3.6's interpreter turns a program-id-derived loop bound into a
-  # 1-element array and calls int() on it, which NumPy >= 2.4 refuses.
-  from triton.runtime import interpreter as _interpreter
-
-  _patch_lang_tensor = _interpreter._patch_lang_tensor
-
-  def _patch_lang_tensor_numpy2(tensor, scope):
-    _patch_lang_tensor(tensor, scope)
-    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-  _interpreter._patch_lang_tensor = _patch_lang_tensor_numpy2
-
 _TORCH = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 

@@ -38,20 +38,6 @@ from jqat.kernels_triton.attention_fwd import ForwardConfig  # noqa: E402
 
 BOUNDS = {"O": 2e-3, "O'": 5e-4, "lse": 1e-5, "row_max": 1e-5, "dQ": 1e-3, "dK": 1e-3, "dV": 2e-3}
 
-if os.environ["TRITON_INTERPRET"] == "1":
-  # Triton 3.6's interpreter calls int() on a 1-element array for a program-id-derived loop bound, which
-  # NumPy >= 2.4 refuses (the same patch as test_attention_triton; applying it twice is harmless).
-  from triton.runtime import interpreter as _interpreter
-
-  _patch = _interpreter._patch_lang_tensor
-
-  def _patch_numpy2(tensor, scope):
-    _patch(tensor, scope)
-    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-  if getattr(_interpreter._patch_lang_tensor, "__name__", "") != "_patch_lang_tensor_numpy2":
-    _interpreter._patch_lang_tensor = _patch_numpy2
-
 
 def _np(t):
   return t.detach().float().cpu().numpy().astype(np.float64)

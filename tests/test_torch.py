@@ -34,17 +34,6 @@ from jqat.ffi.options import QATConfig  # noqa: E402
 INTERPRET = os.environ["TRITON_INTERPRET"] == "1"
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA torch build and GPU")
 
-if INTERPRET:  # the same NumPy >= 2.4 fix as tests/test_attention_triton.py
-  from triton.runtime import interpreter as _interpreter
-
-  _patch_lang_tensor = _interpreter._patch_lang_tensor
-
-  def _patch_lang_tensor_numpy2(tensor, scope):
-    _patch_lang_tensor(tensor, scope)
-    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-  _interpreter._patch_lang_tensor = _patch_lang_tensor_numpy2
-
 
 def _bits(x):
   """Raw bits of a torch tensor or JAX array, as a NumPy array (for bitwise comparisons)."""

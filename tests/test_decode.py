@@ -1,0 +1,346 @@
+"""The packed NVFP4 KV cache and decode attention (docs/NUMERICS.md, "Decode") against NumPy oracles.
+
+- The cache write is ``jqat.nvfp4.quantize`` bit for bit (oracle: ``pack_oracle``'s rounding), contiguous and
+  paged, on the XLA path and in the kernel (interpreter on CPU, compiled on the GPU), and updates a donated cache
+  in place.
+- Decode is compared with ``oracle.decode_oracle`` (float64, the same tile walk and splits): one tile and many,
+  ragged lengths down to Tq, causal and not, GQA/MQA, splits, paged = contiguous, the switches off.
+- ``num_splits=1`` is the training forward's O on the dequantized cache.
+- Bad input raises naming the argument, before anything runs.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import assert_close, assert_reordered_equal
+from oracle import decode_oracle, pack_oracle, unpack_oracle
+
+import jqat
+from jqat._src import dispatch
+from jqat.ffi import callback_launch
+
+INTERPRET = os.environ["TRITON_INTERPRET"] == "1"
+# O against the float64 oracle: fq(P) codes on a rounding boundary may flip between FP32 and float64 (a 1/8 step of
+# one probability of a tile, weighed by 1/l), plus BF16 rounding of O (2**-9); measured well below this.
+O_BOUND = 2e-2
+
+
+@pytest.fixture
+def kernels(monkeypatch):
+  """``implementation="triton"`` runs: compiled on a GPU, in Triton's interpreter through the callback launcher
+  on CPU."""
+  if INTERPRET:
+    monkeypatch.setenv(callback_launch.ENV, "callback")
+    monkeypatch.setattr(dispatch, "triton_unavailable_reason", lambda: None)
+  return "triton"
+
+
+def _values(shape, seed, dtype=jnp.bfloat16, outliers=False):
+  x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+  if outliers:  # blocks of very different magnitudes, an exact zero block, -0
+    x[..., :16] *= 300.0
+    x[..., 16:32] = 0.0
+    x[..., 32] = -0.0
+  return jnp.asarray(x, dtype)
+
+
+def _paged(values, page_size, seed):
+  """Pages of ``values [B, T, K, D]`` in a shuffled pool: ``(pool [B * T / page_size + 1, page_size, K, D], table)``."""
+  b, t, kh, d = values.shape
+  per_seq = t // page_size
+  order = np.random.default_rng(seed).permutation(b * per_seq) + 1  # page 0 stays unused
+  pool = np.zeros((b * per_seq + 1, page_size, kh, d), np.float32)
+  pool[order] = np.asarray(values, np.float32).reshape(b * per_seq, page_size, kh, d)
+  return jnp.asarray(pool, values.dtype), jnp.asarray(order.reshape(b, per_seq), jnp.int32)
+
+
+def _filled(k, v, page_size=None, seed=0, impl="xla"):
+  """Caches holding k, v [B, T, K, D] at positions 0..T-1, written by ``kv_cache_update``; with ``page_size``, paged."""
+  b, t, kh, d = k.shape
+  pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+  if page_size is None:
+    table = None
+    kc, vc = jqat.init_kv_cache(k.shape), jqat.init_kv_cache(v.shape)
+  else:
+    pool, table = _paged(k, page_size, seed)
+    kc, vc = jqat.init_kv_cache(pool.shape), jqat.init_kv_cache(pool.shape)
+  kc, vc = jqat.kv_cache_update(kc, vc, k, v, pos, page_table=table, implementation=impl)
+  return kc, vc, table
+
+
+def _oracle_values(cache, table):
+  codes, scales = (np.asarray(x) for x in cache)
+  if table is not None:
+    t = np.asarray(table)
+    codes = codes[t].reshape((t.shape[0], -1) + codes.shape[2:])
+    scales = scales[t].reshape((t.shape[0], -1) + scales.shape[2:])
+  return unpack_oracle(codes, scales.view(np.uint8))
+
+
+def _check_decode(q, kc, vc, lengths, table=None, *, impl="xla", num_splits=1, is_causal=True, block_n=64, **switches):
+  out = jqat.decode_attention(q, kc, vc, lengths, page_table=table, num_splits=num_splits, is_causal=is_causal,
+                              block_n=block_n, implementation=impl, **switches)
+  assert out.shape == q.shape and out.dtype == q.dtype
+  want = decode_oracle(np.asarray(q, np.float32), _oracle_values(kc, table), _oracle_values(vc, table),
+                       np.asarray(lengths), scale=q.shape[-1] ** -0.5, block_n=block_n, num_splits=num_splits,
+                       is_causal=is_causal, quantize_q=switches.get("quantize_qkv", True),
+                       quantize_p=switches.get("quantize_p", True))
+  assert_close(np.asarray(out, np.float32), want, rel=O_BOUND, name=f"O ({impl}, splits {num_splits})")
+  return out
+
+
+# ----------------------------------------------------------------------------- the cache write
+
+
+def _assert_cache_holds(cache, x, positions, table=None, untouched=None):
+  """The cache's rows at ``positions`` are ``pack_oracle(x)`` and jqat.nvfp4.quantize(x) bit for bit (codes of a
+  NaN block: quantize's); every other row equals ``untouched`` (the cache before the write)."""
+  codes, scales = (np.asarray(a).copy() for a in cache)
+  scales = scales.view(np.uint8)
+  q_codes, q_scales = (np.asarray(a) for a in jqat.nvfp4.quantize(x))
+  o_codes, o_scales, nan = pack_oracle(np.asarray(x, np.float32))
+  assert (q_scales.view(np.uint8) == o_scales.view(np.uint8)).all()
+  finite_codes = np.where(np.repeat(nan, 8, axis=-1), 0, q_codes)
+  assert (finite_codes == o_codes).all(), "quantize disagrees with the oracle"
+  b, tn = positions.shape
+  for bi in range(b):
+    for t in range(tn):
+      p = int(positions[bi, t])
+      page, row = (bi, p) if table is None else (int(table[bi, p // codes.shape[1]]), p % codes.shape[1])
+      assert (codes[page, row] == q_codes[bi, t]).all(), f"codes of (b={bi}, t={t}) at position {p}"
+      assert (scales[page, row] == q_scales[bi, t].view(np.uint8)).all(), f"scales of (b={bi}, t={t})"
+      if untouched is not None:
+        codes[page, row] = untouched[0][page, row]
+        scales[page, row] = untouched[1][page, row]
+  if untouched is not None:
+    assert (codes == untouched[0]).all() and (scales == untouched[1]).all(), "a row not written changed"
+
+
+@pytest.mark.parametrize("impl", ["xla", "kernels"])
+@pytest.mark.parametrize("paged", [False, True])
+def test_write_is_quantize_bit_for_bit(request, impl, paged):
+  impl = request.getfixturevalue("kernels") if impl == "kernels" else impl
+  b, t, kh, d, tn = 2, 32, 2, 48, 3
+  k_new = _values((b, tn, kh, d), 1, outliers=True)
+  k_new = k_new.at[0, 1, 1, 20].set(jnp.nan).at[1, 0, 0, 5].set(jnp.inf).at[1, 2, 1, 40].set(-jnp.inf)
+  v_new = _values((b, tn, kh, d), 2)
+  positions = jnp.array([[5, 0, 31], [17, 9, 16]], jnp.int32)
+  table = None
+  shape = (b, t, kh, d)
+  if paged:
+    table = jnp.array([[3, 0, 7, 1], [6, 2, 5, 4]], jnp.int32)  # page size 8
+    shape = (8, 8, kh, d)
+  before = jqat.init_kv_cache(shape)
+  before = (jnp.full_like(before[0], 0x5A), jax.lax.bitcast_convert_type(jnp.full(before[1].shape, 0x33, jnp.uint8),
+                                                                        jnp.float8_e4m3fn))
+  untouched = (np.asarray(before[0]), np.asarray(before[1]).view(np.uint8))
+  kc, vc = jqat.kv_cache_update(before, before, k_new, v_new, positions, page_table=table, implementation=impl)
+  _assert_cache_holds(kc, k_new, np.asarray(positions), None if table is None else np.asarray(table), untouched)
+  _assert_cache_holds(vc, v_new, np.asarray(positions), None if table is None else np.asarray(table), untouched)
+
+
+def test_write_in_place_when_donated():
+  """Under jit with the caches donated the update aliases them: the compiled program allocates no new cache."""
+  shape = (2, 4096, 2, 64)
+  kc, vc = jqat.init_kv_cache(shape), jqat.init_kv_cache(shape)
+  new = _values((2, 1, 2, 64), 3)
+  pos = jnp.array([[7], [4095]], jnp.int32)
+  step = jax.jit(lambda kc, vc, k, v, p: jqat.kv_cache_update(kc, vc, k, v, p), donate_argnums=(0, 1))
+  hlo = step.lower(kc, vc, new, new, pos).compile().as_text()
+  assert hlo.count("may-alias") + hlo.count("must-alias") >= 4, "the four cache buffers are not aliased"
+  pointer = kc[0].unsafe_buffer_pointer()
+  kc2, vc2 = step(kc, vc, new, new, pos)
+  assert kc[0].is_deleted(), "the cache was not donated"
+  assert kc2[0].unsafe_buffer_pointer() == pointer, "the updated codes do not reuse the cache's buffer"
+  _assert_cache_holds(kc2, new, np.asarray(pos))
+
+
+# ----------------------------------------------------------------------------- decode
+
+
+@pytest.mark.parametrize("case", [
+    # (B, Tq, N, K, T, D, lengths, splits, causal, block_n)
+    (2, 1, 4, 2, 40, 64, (40, 1), 1, True, 64),  # one tile, a length-1 sequence
+    (2, 3, 4, 1, 300, 64, (300, 77), 3, True, 64),  # MQA, many tiles, three runs, causal among 3 new tokens
+    (1, 4, 2, 2, 200, 32, (131,), 2, False, 32),  # not causal, small tiles
+])
+def test_decode_matches_oracle(case):
+  b, tq, n, kh, t, d, lengths, splits, causal, block_n = case
+  kc, vc, _ = _filled(_values((b, t, kh, d), 1), _values((b, t, kh, d), 2))
+  _check_decode(_values((b, tq, n, d), 3), kc, vc, jnp.array(lengths, jnp.int32), num_splits=splits,
+                is_causal=causal, block_n=block_n)
+
+
+def test_decode_switches_off_matches_oracle():
+  kc, vc, _ = _filled(_values((2, 100, 2, 64), 1), _values((2, 100, 2, 64), 2))
+  _check_decode(_values((2, 2, 4, 64), 3), kc, vc, jnp.array([100, 50], jnp.int32), num_splits=2,
+                quantize_qkv=False, quantize_p=False)
+
+
+def test_one_split_is_the_training_forward():
+  """num_splits=1: O of jqat.attention's forward on the dequantized cache (the new tokens bottom-right causal)."""
+  b, tq, t = 2, 3, 150
+  kc, vc, _ = _filled(_values((b, t, 2, 64), 1), _values((b, t, 2, 64), 2))
+  q = _values((b, tq, 4, 64), 3)
+  lengths = (150, 70)
+  out = jqat.decode_attention(q, kc, vc, jnp.array(lengths, jnp.int32), num_splits=1)
+  k, v = jqat.nvfp4.dequantize(*kc), jqat.nvfp4.dequantize(*vc)
+  for bi, n_keys in enumerate(lengths):
+    want = jqat.attention(q[bi:bi + 1], k[bi:bi + 1, :n_keys], v[bi:bi + 1, :n_keys], is_causal=True,
+                          causal_alignment="bottom_right")
+    assert_reordered_equal(np.asarray(out[bi:bi + 1], np.float32), np.asarray(want, np.float32), dtype=jnp.bfloat16,
+                           name=f"sequence {bi}")
+
+
+def test_paged_equals_contiguous():
+  k, v = _values((2, 256, 2, 64), 1), _values((2, 256, 2, 64), 2)
+  q = _values((2, 2, 4, 64), 3)
+  lengths = jnp.array([256, 100], jnp.int32)
+  kc, vc, _ = _filled(k, v)
+  pc, pv, table = _filled(k, v, page_size=64, seed=4)
+  flat = jqat.decode_attention(q, kc, vc, lengths, num_splits=2)
+  paged = jqat.decode_attention(q, pc, pv, lengths, page_table=table, num_splits=2)
+  assert_reordered_equal(np.asarray(paged, np.float32), np.asarray(flat, np.float32), dtype=jnp.bfloat16)
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_kernels_match_oracle(kernels, paged):
+  """The decode kernels (interpreter on CPU, compiled on a GPU), GQA, ragged lengths, one and several runs."""
+  b, tq, n, kh, t, d = 2, 2, 4, 2, 192, 48
+  kc, vc, table = _filled(_values((b, t, kh, d), 1), _values((b, t, kh, d), 2), page_size=64 if paged else None)
+  q = _values((b, tq, n, d), 3)
+  for splits in (1, 2):
+    _check_decode(q, kc, vc, jnp.array([192, 65], jnp.int32), table, impl=kernels, num_splits=splits)
+
+
+def test_default_splits_are_a_function_of_shapes():
+  from jqat.ffi.options import default_num_splits
+
+  assert default_num_splits(8, 8, 32768, 64) == 16
+  assert default_num_splits(1, 8, 131072, 64) == 64
+  assert default_num_splits(64, 1, 4096, 64) == 8
+  assert default_num_splits(32, 8, 64, 64) == 1
+
+
+def test_not_differentiable():
+  kc, vc, _ = _filled(_values((1, 16, 1, 32), 1), _values((1, 16, 1, 32), 2))
+  q = _values((1, 1, 1, 32), 3)
+  with pytest.raises(NotImplementedError, match="no derivative"):
+    jax.grad(lambda q: jqat.decode_attention(q, kc, vc, jnp.array([16], jnp.int32)).astype(jnp.float32).sum())(q)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def _bad_cases():
+  q = _values((2, 1, 4, 64), 0)
+  kc = jqat.init_kv_cache((2, 32, 2, 64))
+  lengths = jnp.array([5, 6], jnp.int32)
+  bad_scales = (kc[0], kc[1].astype(jnp.float32))
+  return [
+      ("k_cache scales must be float8_e4m3fn", dict(k_cache=bad_scales)),
+      ("k_cache codes must be uint8", dict(k_cache=(kc[0].astype(jnp.int32), kc[1]))),
+      ("k_cache must be a pair", dict(k_cache=kc[0])),
+      ("v_cache must have the shape of k_cache", dict(v_cache=jqat.init_kv_cache((2, 16, 2, 64)))),
+      ("k_cache holds head dim 64", dict(query=_values((2, 1, 4, 32), 0))),
+      ("1 to 64 new tokens", dict(query=_values((2, 65, 4, 64), 0), kv_lengths=jnp.array([65, 65], jnp.int32))),
+      ("multiple of the cache's KV heads", dict(query=_values((2, 1, 3, 64), 0))),
+      ("kv_lengths must be in", dict(kv_lengths=jnp.array([33, 5], jnp.int32))),
+      ("kv_lengths must be in", dict(query=_values((2, 4, 4, 64), 0), kv_lengths=jnp.array([3, 5], jnp.int32))),
+      ("kv_lengths must have shape", dict(kv_lengths=jnp.array([5], jnp.int32))),
+      ("kv_lengths must be an int32 array", dict(kv_lengths=jnp.array([5.0, 6.0]))),
+      ("kv_lengths must fit int32", dict(kv_lengths=np.array([2**32 + 5, 6], np.int64))),
+      ("page_table entries must be page ids", dict(page_table=jnp.array([[0], [2]], jnp.int32))),
+      ("page_table must be int32", dict(page_table=jnp.array([0, 1], jnp.int32))),
+      ("num_splits must be in", dict(num_splits=0)),
+      ("num_splits must be None or an int", dict(num_splits=2.0)),
+      ("block_n must be one of", dict(block_n=48)),
+      ("is_causal must be a bool", dict(is_causal="yes")),
+      ("p_scale must be one of", dict(p_scale="tensor")),
+  ], dict(query=q, k_cache=kc, v_cache=kc, kv_lengths=lengths)
+
+
+@pytest.mark.parametrize("index", range(19))
+def test_decode_bad_input_names_the_argument(index):
+  cases, good = _bad_cases()
+  match, change = cases[index]
+  args = {**good, **change}
+  with pytest.raises((TypeError, ValueError), match=match):
+    jqat.decode_attention(args.pop("query"), args.pop("k_cache"), args.pop("v_cache"), args.pop("kv_lengths"), **args)
+
+
+def test_update_bad_input_leaves_the_cache():
+  kc = jqat.init_kv_cache((2, 32, 2, 64))
+  new = _values((2, 1, 2, 64), 0)
+  with pytest.raises(ValueError, match=r"positions must be in \[0, 32\)"):
+    jqat.kv_cache_update(kc, kc, new, new, jnp.array([[3], [32]], jnp.int32))
+  with pytest.raises(ValueError, match="positions must have shape"):
+    jqat.kv_cache_update(kc, kc, new, new, jnp.array([3, 4], jnp.int32))
+  with pytest.raises(ValueError, match="k_cache holds head dim 64"):
+    jqat.kv_cache_update(kc, kc, _values((2, 1, 2, 32), 0), _values((2, 1, 2, 32), 0), jnp.zeros((2, 1), jnp.int32))
+  with pytest.raises(ValueError, match="page_table entries"):
+    jqat.kv_cache_update(kc, kc, new, new, jnp.zeros((2, 1), jnp.int32), page_table=jnp.array([[0], [2]], jnp.int32))
+  assert not np.asarray(kc[0]).any(), "a failed update wrote to the cache"
+
+
+def test_out_of_range_writes_are_dropped_under_jit():
+  kc = jqat.init_kv_cache((2, 8, 1, 32))
+  new = _values((2, 2, 1, 32), 0)
+  step = jax.jit(lambda c, x, p: jqat.kv_cache_update(c, c, x, x, p)[0])
+  codes, _ = step(kc, new, jnp.array([[3, 8], [-1, 2]], jnp.int32))
+  written = np.asarray(codes).reshape(2, 8, -1).any(-1)
+  assert written.sum() == 2 and written[0, 3] and written[1, 2]
+
+
+# ----------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [
+    # (B, Tq, N, K, T, D, splits, paged page size, switches)
+    (4, 1, 32, 8, 4096, 128, 8, None, {}),
+    (4, 4, 32, 8, 4096, 128, 4, 128, {}),
+    (3, 1, 8, 1, 3000, 128, 5, 64, {}),
+    (2, 64, 8, 2, 2048, 64, 2, None, {}),
+    (2, 2, 4, 4, 1024, 256, 1, None, {}),
+    (2, 1, 16, 4, 2048, 96, 3, 16, {}),
+    (2, 3, 8, 2, 2048, 128, 4, None, dict(quantize_qkv=False, quantize_p=False)),
+])
+def test_kernels_match_oracle_gpu(case):
+  b, tq, n, kh, t, d, splits, page_size, switches = case
+  kc, vc, table = _filled(_values((b, t, kh, d), 1), _values((b, t, kh, d), 2), page_size=page_size,
+                          impl="triton")
+  lengths = jnp.asarray(np.random.default_rng(5).integers(tq, t + 1, b).astype(np.int32)).at[0].set(t)
+  _check_decode(_values((b, tq, n, d), 3), kc, vc, lengths, table, impl="triton", num_splits=splits, **switches)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("paged", [False, True])
+def test_kernel_write_is_quantize_bit_for_bit_gpu(paged):
+  b, t, kh, d = 4, 1024, 8, 128
+  k, v = _values((b, t, kh, d), 1, outliers=True), _values((b, t, kh, d), 2)
+  kc, vc, table = _filled(k, v, page_size=64 if paged else None, impl="triton")
+  pos = np.broadcast_to(np.arange(t), (b, t))
+  _assert_cache_holds(kc, k, pos, None if table is None else np.asarray(table))
+  _assert_cache_holds(vc, v, pos, None if table is None else np.asarray(table))
+
+
+@pytest.mark.gpu
+def test_kernel_write_in_place_when_donated_gpu():
+  shape = (8, 8192, 8, 128)
+  kc, vc = jqat.init_kv_cache(shape), jqat.init_kv_cache(shape)
+  new = _values((8, 1, 8, 128), 3)
+  pos = jnp.full((8, 1), 100, jnp.int32)
+  step = jax.jit(lambda kc, vc, k, v, p: jqat.kv_cache_update(kc, vc, k, v, p, implementation="triton"),
+                 donate_argnums=(0, 1))
+  pointers = [x.unsafe_buffer_pointer() for x in (*kc, *vc)]
+  kc, vc = step(kc, vc, new, new, pos)
+  assert [x.unsafe_buffer_pointer() for x in (*kc, *vc)] == pointers, "the cache buffers were not reused"
+  stats = jax.devices()[0].memory_stats() or {}
+  cache_bytes = sum(x.nbytes for x in (*kc, *vc))
+  assert stats.get("peak_bytes_in_use", 0) < 2 * cache_bytes, "a copy of the cache was made"
