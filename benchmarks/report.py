@@ -1,11 +1,13 @@
 """A markdown table from a benchmark script's JSON output, for docs/BENCHMARKS.md.
 
   python benchmarks/report.py OUT.json [--command CMD] [--date YYYY-MM-DD] [--machine TEXT] [--software TEXT]
+      [--rows 0,3]
 
 Knows the JSON of attention.py (its rows, or ``--memory-only``), masks.py, kernel_times.py, sharding.py,
 rope_qdq.py, torch_rope_qdq.py, qat_matmul.py, compile_time.py and numerics_modes.py, by their keys. Prints a
 provenance line (the command, date, machine and software given, plus the device the JSON names) and the
-table; times in ms unless a header says otherwise. Nothing is computed that the JSON does not hold, except
+table; times in ms unless a header says otherwise. ``--rows`` keeps the rows of attention.py's JSON with those
+``row`` indices. Nothing is computed that the JSON does not hold, except
 ratios of two of its figures.
 """
 
@@ -45,7 +47,7 @@ def attention(d):
   cols = [("jqat fwd", "jqat_fwd_ms"), ("jqat fwd+bwd", "jqat_fwdbwd_ms"), ("jqat bwd", "jqat_bwd_ms"),
           ("cuDNN fwd", "cudnn_fwd_ms"), ("cuDNN fwd+bwd", "cudnn_fwdbwd_ms"), ("SDPA fwd", "sdpa_fwd_ms"),
           ("SDPA fwd+bwd", "sdpa_fwdbwd_ms"), ("FastVideo fwd", "fastvideo_fwd_ms"),
-          ("FastVideo fwd+bwd", "fastvideo_fwdbwd_ms")]
+          ("FastVideo fwd+bwd", "fastvideo_fwdbwd_ms"), ("XLA reference fwd+bwd", "xla_ref_fwdbwd_ms")]
   cols = [c for c in cols if any(c[1] in r for r in d["rows"])]
   header = ["B, N, K, S, D, causal"] + [name for name, _ in cols] + ["fwd / cuDNN", "fwd+bwd / cuDNN"]
   rows = []
@@ -176,8 +178,11 @@ RENDER = dict(attention=attention, memory=memory, masks=masks, kernel_times=kern
               numerics_modes=numerics_modes)
 
 
-def report(d, command=None, date=None, machine=None, software=None):
-  """The markdown lines for the JSON object ``d``: a provenance line, a blank line and the table."""
+def report(d, command=None, date=None, machine=None, software=None, rows=None):
+  """The markdown lines for the JSON object ``d``: a provenance line, a blank line and the table; ``rows``: the
+  attention rows to keep (their ``row`` indices), all when None."""
+  if rows is not None:
+    d = dict(d, rows=[r for r in d["rows"] if r.get("row") in rows])
   device = d.get("device")
   prov = [f"`{command}`" if command else None, date, machine, f"device {device}" if device else None, software]
   lines = ["; ".join(p for p in prov if p) + "." if any(prov) else None, ""]
@@ -191,10 +196,12 @@ def main():
   ap.add_argument("--date")
   ap.add_argument("--machine", help='e.g. "one NVIDIA H200"')
   ap.add_argument("--software", help='e.g. "jax 0.11.2, triton 3.6.0, jax-triton 0.3.1"')
+  ap.add_argument("--rows", help="attention.py rows to keep: comma-separated row indices")
   args = ap.parse_args()
   with open(args.json) as f:
     d = json.load(f)
-  print("\n".join(report(d, args.command, args.date, args.machine, args.software)))
+  rows = None if args.rows is None else {int(x) for x in args.rows.split(",")}
+  print("\n".join(report(d, args.command, args.date, args.machine, args.software, rows)))
 
 
 if __name__ == "__main__":

@@ -86,6 +86,13 @@ def test_each_benchmarks_json_becomes_a_table_of_its_figures(name):
     assert figure in text, (figure, text)
 
 
+def test_rows_keeps_the_attention_rows_named():
+  data = CASES["attention"][0]
+  data = dict(data, rows=data["rows"] + [dict(data["rows"][0], row=3, S=16384)])
+  text = "\n".join(report.report(data, rows={3}))
+  assert "16384" in text and "4096" not in text
+
+
 def test_an_unknown_json_is_refused():
   with pytest.raises(ValueError, match="not the JSON of a known benchmark"):
     report.kind({"rows": [{"something": 1}]})
