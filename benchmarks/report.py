@@ -25,7 +25,7 @@ def _num(v, digits=4):
     return "yes" if v else "no"
   if isinstance(v, int):
     return f"{v:,}" if abs(v) >= 100_000 else str(v)
-  return f"{v:.{digits}g}" if abs(v) < 10 ** digits else f"{v:.0f}"
+  return f"{v:#.{digits}g}".rstrip(".") if abs(v) < 10 ** digits else f"{v:.0f}"
 
 
 def _fixed(v, places=3):
@@ -184,7 +184,8 @@ def report(d, command=None, date=None, machine=None, software=None, rows=None):
   if rows is not None:
     d = dict(d, rows=[r for r in d["rows"] if r.get("row") in rows])
   device = d.get("device")
-  prov = [f"`{command}`" if command else None, date, machine, f"device {device}" if device else None, software]
+  named = device and not (machine and str(device) in machine)
+  prov = [f"`{command}`" if command else None, date, machine, f"device {device}" if named else None, software]
   lines = ["; ".join(p for p in prov if p) + "." if any(prov) else None, ""]
   return [x for x in lines if x is not None] + RENDER[kind(d)](d)
 
