@@ -27,7 +27,7 @@ row ``i`` gets the index of its first visible key, key ``j`` the label of the ro
 
 ``bias``, dropout during training and ``sow_weights`` (which needs the
 attention matrix that the kernels never materialize) are rejected with a
-``ValueError``. ``precision`` is ignored: the numerics are fixed by SPEC section 3.
+``ValueError``. ``precision`` is ignored: the numerics are fixed (docs/NUMERICS.md, sections 4-7).
 """
 
 from __future__ import annotations
