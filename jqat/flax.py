@@ -135,7 +135,7 @@ def make_attention_fn(*, is_causal: bool = False, implementation: str | None = N
     dtype: compute dtype; query, key and value are promoted to it (default: their
     common dtype), as flax's ``dot_product_attention`` does.
     """
-    del broadcast_dropout, dropout_rng, precision  # no dropout is ever applied; numerics fixed by the spec
+    del broadcast_dropout, dropout_rng, precision  # no dropout is ever applied; numerics fixed (docs/NUMERICS.md)
     if bias is not None:
       raise ValueError("jqat attention_fn does not support an attention bias (got bias of shape "
                        f"{np.shape(bias)}); the kernels add no bias to the logits")

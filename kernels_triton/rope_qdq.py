@@ -13,7 +13,7 @@ Groups (16 or 32 channels) never straddle a tile boundary (every tile is a
 multiple of 64 channels wide), so the tiles are independent. ``out`` is the same
 buffer as ``x`` when called in place.
 
-Numerics, all bit-exact with the spec, without any per-element division:
+Numerics, all bit-exact with docs/NUMERICS.md, section 9, without any per-element division:
 - RoPE: ``tl.fma`` is the single-rounding FP32 FMA; the product ``b * sin`` it
   subtracts is a separately rounded FP32 multiply, negated on the sign bit.
 - Scales: UE8M0 takes the rounded product ``amax * fp32(1 / limit)`` and its
