@@ -7,7 +7,7 @@ Forward and fwd+bwd (``jax.jit(jax.grad(...))``) ms through ``jqat.attention(imp
 with every QAT switch on and default keywords (``--p-scale`` adds that one), timed as benchmarks/attention.py
 does (``time_ms``). ``--cudnn`` also times ``jax.nn.dot_product_attention(implementation="cudnn")`` on the same
 inputs in the same process, and prints jqat's ratios to it.
-Alternate the trees in one device session (A, B, A, B) so clock and thermal drift shows up as spread.
+Alternate the trees on one machine (A, B, A, B) so clock and thermal drift shows up as spread.
 """
 
 from __future__ import annotations

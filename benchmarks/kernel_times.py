@@ -9,7 +9,7 @@ fake-quantizes Q in a launch of its own, where the JAX one fuses it into the del
 GPU's normal clocks (Nsight Compute locks them lower). Cases: ``full`` (non-causal), ``causal``,
 ``window:W`` (causal, ``local_window_size=(W - 1, 0)``), ``packed:L`` / ``packed_causal:L`` (documents
 of L tokens as segment ids). Several window widths separate each kernel's cost per tile walked from
-its fixed cost per call (docs/PERFORMANCE.md).
+its fixed cost per call (docs/PERFORMANCE.md, section 6).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Three times per case, each a median of repeats of back-to-back calls synchronize
 benchmarks/attention.py): the jitted forward; fwd+bwd as ``jax.jit(jax.grad(loss))`` of a sum loss through
 ``jqat.attention`` (Triton); and fwd+bwd as ``jax.jit`` of ``jax.vjp`` applied to a given dO (what a layer in a
 model runs). The sum loss adds one kernel that is not attention, the broadcast of its cotangent into dO (an
-O(S) write: 40 us at S = 16384, docs/BENCHMARKS.md run 40), which the window's baseline scales down with the
+O(S) write: 40 us at S = 16384 on the H200), which the window's baseline scales down with the
 visible fraction; the given dO has none. The targets are judged on the forward and the given-dO fwd+bwd.
 
 - packed: (1, S, 16, 128) packed as S/doc documents of ``doc`` tokens (``q_segment_ids`` /

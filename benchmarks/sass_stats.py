@@ -10,11 +10,11 @@ launch configurations the bindings run), compiles each launch for ``sm_<arch>`` 
 stack bytes (spills), shared memory, the number of SASS instructions and the instruction mix of each loop
 (a backward branch's body; the KV-tile and query-tile loops are the large ones), with the counts of local
 loads/stores (spills), MUFU, HGMMA and WARPGROUP (wgmma arrive/wait) instructions. Static counts: per thread,
-per loop iteration; they say what the compiler emitted, not how fast it runs (docs/PERFORMANCE.md).
+per loop iteration; they say what the compiler emitted, not how fast it runs (docs/PERFORMANCE.md, section 3).
 
 Each kernel's line also names any "Potential Performance Loss" that ptxas reports for it (``ptxas -v`` on its
-PTX), such as wgmma serialized after every instruction: the windowed forward and dQ were (docs/BENCHMARKS.md,
-run 37), which the loop counts show only as many WARPGROUP instructions.
+PTX), such as wgmma serialized after every instruction (the windowed forward and dQ once were: 18% of the
+window's dQ time on the H200), which the loop counts show only as many WARPGROUP instructions.
 """
 
 from __future__ import annotations
@@ -189,8 +189,9 @@ def main(argv=None):
 
 
 def rope_stats(arch: int) -> dict:
-  """Registers and SASS instructions per element of x of the in-place RoPE + QDQ kernel, per mode of SPEC
-  section 4 (1M rows, a 65,536-row cache, one position per row). No loop: each program handles one tile."""
+  """Registers and SASS instructions per element of x of the in-place RoPE + QDQ kernel, per mode of
+  docs/NUMERICS.md, section 9.2 (1M rows, a 65,536-row cache, one position per row). No loop: each program handles
+  one tile."""
   from jqat._src.rope_qdq_reference import MODES  # noqa: PLC0415
 
   out = {}

@@ -11,8 +11,8 @@ for both; scratch buffers are outputs of the launch that writes them, as in the
 jax-triton path.
 
 Why: jax-triton hands jaxlib PTX, and jaxlib runs ptxas on it at the first launch of each
-kernel in every process (docs/BENCHMARKS.md, "Warm start, broken down": 1.4-1.85 s of a
-2.8-3.9 s warm start on an H200). Here each specialization is compiled by
+kernel in every process (docs/BENCHMARKS.md, "Cold and warm start": 2.64 s of a 4.36 s
+warm start on an H200). Here each specialization is compiled by
 ``triton.compile`` once per process, whose on-disk cache (``TRITON_CACHE_DIR``, the same
 private directory as the jax-triton path) holds the cubin, so a warm process loads it
 without ptxas. The specialization is jax-triton's (every buffer 16-byte aligned, integer
@@ -23,8 +23,8 @@ jaxlib's there (two versions, which may contract FP32 multiply-adds differently)
 What it costs:
 
 - One Python callback per kernel launch (a plan has 1 to 6), holding the GIL: the buffers'
-  pointers, a CUDA context query (``ctypes``) and Triton's launcher. Measured on an H200
-  (docs/BENCHMARKS.md run 33): a jitted fwd+bwd costs 0.11 ms more at (1, 1024, 8, 128) causal
+  pointers, a CUDA context query (``ctypes``) and Triton's launcher. Measured on an H200:
+  a jitted fwd+bwd costs 0.11 ms more at (1, 1024, 8, 128) causal
   (0.278 vs 0.168 ms, about 14 us per launch), 8% more at (8, 1024, 16, 128), 2% at
   (1, 4096, 16, 128). Serialized across devices by the GIL.
 - ``command_buffer_compatible=False``: XLA never records the callback into a CUDA graph.
@@ -33,8 +33,8 @@ What it costs:
   call that stream capture does not allow. So XLA splits a command buffer around every
   launch, where jax-triton's custom call can be recorded.
 - JAX's persistent compilation cache: the H200 run of ``benchmarks/compile_time.py --launcher
-  callback`` counted 5 hits and no miss in the warm process (run 33), so the programs were
-  read back; the warm start without that cache (kernel caches only) was 2.74 s against 2.57 s.
+  callback`` counted 5 hits and no miss in the warm process, so the programs were read back;
+  the warm start without that cache (kernel caches only) was 2.74 s against 2.57 s (docs/BENCHMARKS.md).
 - No partitioning rule: ``custom_partitioning`` lowers the per-shard function into a module
   of its own and drops its host callbacks, so ``jqat.ffi.jax_launch`` leaves this launcher's
   ops unwrapped and XLA gathers sharded operands onto every device (correct, replicated work).

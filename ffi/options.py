@@ -32,7 +32,7 @@ class QATConfig:
 
 @dataclasses.dataclass(frozen=True)
 class AttentionOptions:
-  """Everything static about one QAT attention call (SPEC section 3).
+  """Everything static about one QAT attention call (docs/NUMERICS.md, sections 4-7).
 
   scale: the softmax scale (already resolved from ``None`` to ``1/sqrt(D)``).
   is_causal: causal mask, key j visible to query i iff j <= i + offset.
@@ -44,7 +44,7 @@ class AttentionOptions:
   causal_alignment: where the diagonal of the causal mask and the window sits when
     Tq != Tk: "top_left" (offset 0, as in JAX) or "bottom_right" (offset Tk - Tq: the
     last query sees the last key, as in chunked prefill).
-  p_scale: how fq(P) is scaled (docs/NUMERICS.md): "block" = E4M3 scales per 16 only (SPEC section 3);
+  p_scale: how fq(P) is scaled (docs/NUMERICS.md, section 7.1): "block" = E4M3 scales per 16 only;
     "row" = two-level, fq(P_ROW_RANGE * exp(S - m)) with m the row max; the forward's final m is an extra
     output (``row_max``) that the backward reads. (Not in :class:`QATConfig`, whose fields are the paper's
     boolean switches.)

@@ -229,9 +229,9 @@ def _fake_quantize(srcs, dsts, xs, target: Target) -> Launch:
     return Launch(name, knv.fake_quantize_rows_kernel, grid, (Ref(srcs[0]), rows[0], d, d, d), tuple(dsts),
                   {key: launch[key] for key in ("BLOCK_R", "BLOCK_C", "EVEN")} | flags, launch["num_warps"],
                   launch["num_stages"])
-  # One launch for two or three tensors, the same tiles and bits. Through JAX it is level with a launch per tensor
-  # (docs/BENCHMARKS.md run 53c); the torch binding launches from Python, where three launches of the pass over
-  # 8 x 1024 x 16 rows each took 0.107 ms back to back and one launch over all three 0.057 ms (run 53b).
+  # One launch for two or three tensors, the same tiles and bits. Through JAX it is level with a launch per tensor;
+  # the torch binding launches from Python, where three launches of the pass over 8 x 1024 x 16 rows each took
+  # 0.107 ms back to back and one launch over all three 0.057 ms (host time, measured on the H200).
   kernel = {2: knv.fake_quantize_rows2_kernel, 3: knv.fake_quantize_rows3_kernel}[len(xs)]
   grid, launch = knv.fake_quantize_many_launch(rows, d)
   constexprs = {key: val for key, val in launch.items() if key not in ("num_warps", "num_stages")} | flags
@@ -337,8 +337,8 @@ def kept_quantized(opts: AttentionOptions) -> tuple[str, ...]:
 
   Not Q: the backward forms fq(Q) in the delta launch, over O''s storage, which is dead then. Kept from the
   forward instead, fq(Q) and O' are both live in the backward: jax.grad at (1, 8, 65536, 128) causal peaked at
-  1212 MB against 1078 (issue 13's memory bound, 1.2x of inputs + outputs + residuals, exceeded: 1.287x;
-  docs/BENCHMARKS.md, run 40e), for a 42 us saving at 16k."""
+  1212 MB against 1078 (the memory bound, 1.2x of inputs + outputs + residuals, exceeded: 1.287x; measured on the
+  H200), for a 42 us saving at 16k."""
   return ("k", "v") if opts.config.quantize_qkv and not _tensor_mode(opts) else ()
 
 
@@ -390,23 +390,23 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
   tensor = _tensor_mode(opts)
   # fq(Q) by the pass, with K and V, where the tile walks are short or masked (causal, window): there the kernel
   # without its own Q rounding ran faster; without those masks the kernel that rounds its Q tile itself (and keeps
-  # it in registers for the QK^T product) did (docs/BENCHMARKS.md, run 36). Above D = 128 that kernel is short of
-  # registers and ptxas serializes its wgmma: the pass is 12-16% faster there, masks or not (run 38). With packed
+  # it in registers for the QK^T product) did, as long as it did not spill. Above D = 128 that kernel is short of
+  # registers and ptxas serializes its wgmma: the pass is 12-16% faster there, masks or not. With packed
   # documents (segment ids) the kernel that rounds its own Q spilled in every loop; from the pass it does not,
-  # and packed non-causal 16k with documents of 1024 ran 31% faster (run 39). Since the E2M1 rounding became a
-  # quotient (run 42), the no-mask kernel at 64 < D <= 128 that rounds its own Q spills in its loop (965
-  # instructions, 21 LDL) where the one reading fq(Q) does not (930): the pass there too. Measured (run 43): that
-  # forward kernel 9-11% faster at 4k and 16k, the pass 0.012-0.038 ms longer. At 32 < D <= 64, on 64 rows / 4 warps
-  # (run 51b), fq(Q) from the pass leaves O alone at 140 registers (own Q: 163), which a cap of 128 fits without
-  # spilling in its loops: four programs per SM (OUT_CONFIGS; run 53a: 1.5-2.3% faster than own Q uncapped, while
-  # the pass without the cap was 2-4% slower). D <= 32 keeps its own Q (there the pass was level or slower).
+  # and packed non-causal 16k with documents of 1024 ran 31% faster. With the E2M1 rounding as a quotient, the
+  # no-mask kernel at 64 < D <= 128 that rounds its own Q spills in its loop (965 instructions, 21 LDL) where the
+  # one reading fq(Q) does not (930): the pass there too (that forward kernel 9-11% faster at 4k and 16k, the pass
+  # 0.012-0.038 ms longer). At 32 < D <= 64, on 64 rows / 4 warps, fq(Q) from the pass leaves O alone at 140
+  # registers (own Q: 163), which a cap of 128 fits without spilling in its loops: four programs per SM
+  # (OUT_CONFIGS: 1.5-2.3% faster than own Q uncapped, while the pass without the cap was 2-4% slower). D <= 32
+  # keeps its own Q (there the pass was level or slower). Measured on the H200: docs/PERFORMANCE.md, section 3.
   q_pass = (cfg.quantize_qkv and not tensor and rows_dense(q)
             and (opts.is_causal or opts.local_window_size is not None or q.shape[-1] > 32 or mask_flags["HAS_SEG"]))
   qq = "q"
   # qkv_scale="tensor": Q is quantized inside the forward kernel, from its encode scale, up to D = 128; above, that
-  # kernel is short of registers and ptxas serialized its wgmma at D = 144-256 (docs/logs/run47_scan_tensor_main.log,
-  # as for the other modes, run 38): there fq(enc * Q) comes from the pass with K and V (run 47c: the forward kernel
-  # 18% faster at D = 192 and 256, the same bits).
+  # kernel is short of registers and ptxas serialized its wgmma at D = 144-256 (an offline build of every head dim,
+  # as for the other modes): there fq(enc * Q) comes from the pass with K and V (the forward kernel measured 18%
+  # faster at D = 192 and 256, the same bits).
   tensor_q_pass = tensor and d > 128
   if tensor_q_pass:
     (qq, kk, vv), scratch, launches = _two_level_inputs(("q", "k", "v"), target, buffers)
@@ -419,7 +419,7 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
   scratch += tuple(launch.outputs[0] for launch in mask_launches)
   launches += mask_launches
   c = config or forward_config(d, residuals)
-  # "block" launches the kernel of SPEC section 3 unchanged; "row" its two-level twin (one more output);
+  # "block" launches the kernel of docs/NUMERICS.md, section 4; "row" its two-level twin (one more output);
   # qkv_scale="tensor" the entry points that also read the encode scales.
   kernels = {(False, False): kfwd.attention_fwd_kernel, (True, False): kfwd.attention_fwd_row_kernel,
              (False, True): kfwd.attention_fwd_tensor_kernel, (True, True): kfwd.attention_fwd_row_tensor_kernel}

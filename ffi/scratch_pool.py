@@ -5,8 +5,8 @@ program. Both JAX launchers take it per launch with ``cuMemAllocAsync`` (jaxlib'
 jax-triton path, ``jqat.ffi.callback_launch`` on the other), from the device's current stream-ordered
 memory pool (by default its default pool), and free it behind the launch. That pool's release threshold is
 0 by default, so at every synchronization the driver unmaps what is free, and the next launch maps it
-again. Measured on the H200 (docs/BENCHMARKS.md, run 47a): 0.02-0.03 ms per jitted forward in a loop of 10
-calls and a sync, gone with the threshold raised.
+again. Measured on the H200: 0.02-0.03 ms per jitted forward in a loop of 10 calls and a sync, gone with
+the threshold raised (docs/PERFORMANCE.md, section 7).
 
 So the first time a launcher builds or runs a kernel with scratch, :func:`keep_mapped` raises the release
 threshold of every device's current pool to :data:`KEEP_BYTES`. It never lowers one (a caller's higher
@@ -19,7 +19,7 @@ from __future__ import annotations
 import ctypes
 import threading
 
-# Twice the 32 MiB the default pool was seen to map at once for a few hundred kilobytes of scratch (run 47a); the
+# Twice the 32 MiB the default pool was seen to map at once for a few hundred kilobytes of scratch; the
 # scratch of the largest launch measured (75k tokens, 40 heads) is about 6 MB.
 KEEP_BYTES = 64 << 20
 _RELEASE_THRESHOLD = 4  # CU_MEMPOOL_ATTR_RELEASE_THRESHOLD

@@ -1,10 +1,10 @@
 """jqat: NVFP4 quantization-aware-training (Attn-QAT) attention for JAX.
 
 Public API:
-  attention, attention_forward, attention_backward, QATConfig  - QAT attention (SPEC section 3)
-  nvfp4.fake_quantize / quantize / dequantize                   - NVFP4 quantizer (SPEC section 2)
-  rope_qdq                                                      - tail RoPE + microscaled QDQ (SPEC section 4)
-  init_kv_cache / kv_cache_update / decode_attention            - serving: a packed NVFP4 KV cache and decode over it
+  attention, attention_forward, attention_backward, QATConfig  - QAT attention (docs/NUMERICS.md, sections 4-7)
+  nvfp4.fake_quantize / quantize / dequantize                   - NVFP4 quantizer (docs/NUMERICS.md, sections 2-3)
+  rope_qdq                                                      - tail RoPE + microscaled QDQ (docs/NUMERICS.md, 9)
+  init_kv_cache / kv_cache_update / decode_attention            - serving: packed NVFP4 KV cache (docs/NUMERICS.md, 10)
   parallel.ulysses_attention / parallel.attention             - sequence (Ulysses), batch and head parallelism
 
 The names load on first use, so that ``jqat.kernels_triton`` (no JAX, no torch) and the framework-free

@@ -27,7 +27,7 @@ row ``i`` gets the index of its first visible key, key ``j`` the label of the ro
 
 ``bias``, dropout during training and ``sow_weights`` (which needs the
 attention matrix that the kernels never materialize) are rejected with a
-``ValueError``. ``precision`` is ignored: the numerics are fixed by SPEC section 3.
+``ValueError``. ``precision`` is ignored: the numerics are fixed (docs/NUMERICS.md, sections 4-7).
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def make_attention_fn(*, is_causal: bool = False, implementation: str | None = N
     dtype: compute dtype; query, key and value are promoted to it (default: their
     common dtype), as flax's ``dot_product_attention`` does.
     """
-    del broadcast_dropout, dropout_rng, precision  # no dropout is ever applied; numerics fixed by the spec
+    del broadcast_dropout, dropout_rng, precision  # no dropout is ever applied; numerics fixed (docs/NUMERICS.md)
     if bias is not None:
       raise ValueError("jqat attention_fn does not support an attention bias (got bias of shape "
                        f"{np.shape(bias)}); the kernels add no bias to the logits")

@@ -1,4 +1,4 @@
-"""NVFP4 fake quantization in pure JAX (SPEC section 2).
+"""NVFP4 fake quantization in pure JAX (docs/NUMERICS.md, section 2).
 
 Blocks of 16 consecutive elements along one axis share an E4M3 scale; each
 element becomes an E2M1 code. Every decision below is made by comparing the
@@ -168,7 +168,7 @@ def _fake_quantize_ste_jvp(axis, primals, tangents):
 
 
 def fake_quantize(x: jax.Array, axis: int = -1, mask: jax.Array | None = None) -> jax.Array:
-  """NVFP4 quantize-dequantize ``x`` in blocks of 16 along ``axis`` (SPEC section 2).
+  """NVFP4 quantize-dequantize ``x`` in blocks of 16 along ``axis`` (docs/NUMERICS.md, section 2).
 
   x: [...] float (bf16, fp16 or fp32); the result has the same shape and dtype
     (an empty ``x`` gives an empty result).

@@ -1,4 +1,4 @@
-"""NVFP4 QAT attention backward (SPEC section 3) as Triton kernels, deterministic (no atomics).
+"""NVFP4 QAT attention backward (docs/NUMERICS.md, section 5) as Triton kernels, deterministic (no atomics).
 
 Given fq(Q), fq(K), fq(V) (written once by ``fake_quantize_kernel``), dO, lse
 and ``delta = rowsum(O_for_delta * dO)`` (``attention_bwd_delta_kernel``):
@@ -68,7 +68,7 @@ class BackwardConfig:
   kv_num_stages: int
 
 
-# By head dim, from the H200 sweeps (docs/BENCHMARKS.md, with the register and spill figures).
+# By head dim, the fastest of the H200 sweeps (benchmarks/attention_sweep.py; docs/PERFORMANCE.md, section 4).
 BACKWARD_CONFIGS = {64: BackwardConfig(128, 32, 4, 3, 128, 32, 4, 3), 128: BackwardConfig(128, 64, 8, 3, 64, 32, 4, 3),
                     256: BackwardConfig(64, 32, 8, 2, 64, 32, 8, 2)}
 
@@ -79,8 +79,8 @@ def backward_config(head_dim: int, windowed: bool = False) -> BackwardConfig:
   config = BACKWARD_CONFIGS[min((d for d in BACKWARD_CONFIGS if d >= head_dim), default=256)]
   if windowed and config is BACKWARD_CONFIGS[128]:
     # A window of 1024 at 16k: 64 query rows on 4 warps, 2 stages, walk 17 key tiles of 64 instead of 128 rows' 18,
-    # with fewer masked: the dQ kernel 0.455 -> 0.421 ms on the H200 (docs/BENCHMARKS.md, run 40b). Without a
-    # window the 128-row program stays (run 37).
+    # with fewer masked: the dQ kernel 7% faster on the H200. Without a window the 128-row program stays: the 64-row
+    # one was 8-18% slower there.
     config = dataclasses.replace(config, dq_block_m=64, dq_num_warps=4, dq_num_stages=2)
   return config
 
@@ -137,7 +137,7 @@ def attention_bwd_delta_fq_kernel(o_ptr, do_ptr, q_ptr, tq, n_heads, stride_ob, 
   """
   # delta exactly as attention_bwd_delta_kernel forms it (same tile and layout: the torch binding, which keeps
   # that kernel, gets the same bits), then fq(Q) in slices of 4096 elements: a whole tile at once needs three
-  # times the registers (docs/BENCHMARKS.md, run 33).
+  # times the registers.
   b, h = _delta_block(o_ptr, do_ptr, tq, n_heads, stride_ob, stride_ot, stride_on, stride_db, stride_dt, stride_dn,
                       delta_ptr, HEAD_DIM, D_PAD, BLOCK_M)
   offs_d = tl.arange(0, D_PAD)
@@ -252,8 +252,8 @@ def _attention_bwd_dq(
     lo, a, c, hi = narrow_to_segments(lo, a, c, hi, seg_q, offs_m < q_lim, kv_seg_base, kv_lim,
                                       tl.load(seg_sorted_ptr + b), BLOCK_N)
   # A window: one pipelined walk, the mask under a runtime branch, as in the forward; above D_PAD = 128 that walk
-  # made ptxas serialize every wgmma of the kernel (docs/logs/run49_dq_scan.py), so wide heads take the three walks
-  # (run 49c: that kernel 12% faster at D = 192 and 256, the same bits).
+  # made ptxas serialize every wgmma of the kernel, so wide heads take the three walks (that kernel measured 12%
+  # faster at D = 192 and 256 on the H200, the same bits).
   if WINDOW_LEFT >= 0 and D_PAD <= 128:
     for i in range(0, hi - lo, BLOCK_N):
       dq = _dq_tile(dq, q, do, lse2, delta, k_base, v_base, lo + i, offs_m, offs_n, offs_d, seg_q, kv_seg_base,
@@ -288,7 +288,7 @@ def attention_bwd_dq_kernel(
     HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
     QK_F32: tl.constexpr, DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr,
     SEQ_ALIGN: tl.constexpr):
-  """dQ with qkv_scale="block" (SPEC section 3). See ``_attention_bwd_dq``."""
+  """dQ with qkv_scale="block" (docs/NUMERICS.md, section 5). See ``_attention_bwd_dq``."""
   _attention_bwd_dq(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, scale, tq, tk, n_heads, group, q_len_ptr,
                     kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, lse_ptr, lse_ptr, lse_ptr, stride_qb, stride_qt,
                     stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn, stride_db, stride_dt,
@@ -486,7 +486,7 @@ def attention_bwd_dkdv_kernel(
     HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
     QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr,
     DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr, P_ROW_RANGE: tl.constexpr):
-  """dK, dV with qkv_scale="block" (SPEC section 3). See ``_attention_bwd_dkdv``."""
+  """dK, dV with qkv_scale="block" (docs/NUMERICS.md, section 5). See ``_attention_bwd_dkdv``."""
   _attention_bwd_dkdv(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, m_ptr, scale, tq, tk, n_heads, group,
                       q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, lse_ptr, lse_ptr, lse_ptr,
                       stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt,

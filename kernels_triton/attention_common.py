@@ -48,7 +48,7 @@ def aligned_lengths(tq, tk, SEQ_ALIGN: tl.constexpr):
 
   SEQ_ALIGN: 16 when both lengths are multiples of 16 (``seq_align``), else 1. Triton's own launcher (the
   torch binding) marks integer arguments divisible by 16 itself; jax-triton marks none, and without the
-  hint its forward compiled to a longer KV loop (docs/PERFORMANCE.md).
+  hint its forward compiled to a longer KV loop (docs/PERFORMANCE.md, section 3).
   """
   if SEQ_ALIGN > 1:
     tq = tq // SEQ_ALIGN * SEQ_ALIGN
@@ -64,7 +64,7 @@ def program_tile(HEAVIEST_FIRST: tl.constexpr, DESCENDING: tl.constexpr):
   Blocks are dispatched in launch order (``program_id(0)`` fastest). With a causal mask the tiles' work
   grows along the sequence (query tiles: with the index; key tiles: against it), and in launch order each
   head's heaviest tile would start last, the last head's after every other program: one whole tile's walk
-  of tail with most SMs idle (18% of the causal forward kernel's time at 4k, docs/BENCHMARKS.md run 37).
+  of tail with most SMs idle (18% of the causal forward kernel's time at 4k, measured on the H200).
   HEAVIEST_FIRST hands out the programs tile-major, every batch and head of one tile together, heaviest
   tile first (``DESCENDING``: from the last index), so the programs still running at the end are the
   shortest. Each program computes the same tile as before, only at another place in the order: the
@@ -119,7 +119,7 @@ def qk_dot(a, b_t, QK_F32: tl.constexpr, DOT_PREC: tl.constexpr):
 
 @triton.jit
 def bf16_dot(a, b, DOT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, SOFT_BF16: tl.constexpr):
-  """``bf16(a) @ b`` in FP32: ``a`` (probabilities or dS, FP32) is rounded to bf16 as the SPEC says."""
+  """``bf16(a) @ b`` in FP32: ``a`` (probabilities or dS, FP32) is rounded to bf16 (docs/NUMERICS.md, 4.3, 5)."""
   a = round_bf16(a, SOFT_BF16)
   if DOT_BF16:
     return tl.dot(a, b)
@@ -169,7 +169,7 @@ def mask_limits(b, tq, tk, q_len_ptr, kv_len_ptr, HAS_Q_LEN: tl.constexpr, HAS_K
 @triton.jit
 def visible(rows, keys, seg_q, seg_k, q_lim, kv_lim, off, IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr,
             WINDOW_RIGHT: tl.constexpr, HAS_SEG: tl.constexpr):
-  """The elementwise mask of a tile: key ``keys`` visible to query ``rows`` (SPEC section 3 masks).
+  """The elementwise mask of a tile: key ``keys`` visible to query ``rows`` (docs/NUMERICS.md, section 4.2).
 
   rows/seg_q and keys/seg_k broadcast against each other (``[M, 1]`` and ``[1, N]``, or transposed for
   the dK/dV kernel's ``[keys, queries]`` tiles); seg_q, seg_k are ignored without HAS_SEG.

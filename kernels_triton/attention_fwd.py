@@ -1,4 +1,4 @@
-"""NVFP4 QAT attention forward (SPEC section 3) as one Triton kernel.
+"""NVFP4 QAT attention forward (docs/NUMERICS.md, section 4) as one Triton kernel.
 
 One program owns ``BLOCK_M`` query rows of one query head and walks the KV
 tiles of ``BLOCK_N`` keys from key 0, exactly as the reference does (the
@@ -54,7 +54,7 @@ from jqat.kernels_triton.nvfp4 import cast_fq, fq_probs, fq_tile
 class ForwardConfig:
   """Launch configuration of :func:`attention_fwd_kernel`: query rows per program, warps, pipeline stages, and a cap
   on registers per thread (``maxnreg``, 0 for none: ptxas then takes what it wants; a cap can fit one more program
-  per SM, or spill, or serialize the wgmma: docs/PERFORMANCE.md, twenty-first session).
+  per SM, or spill, or serialize the wgmma: docs/PERFORMANCE.md, section 3).
 
   The KV tile ``BLOCK_N`` is not here: it changes the function computed (``block_n`` of the API).
   """
@@ -66,13 +66,13 @@ class ForwardConfig:
 
 
 # By head dim. The Q tile and the pipelined K/V tiles must fit Hopper's shared memory
-# (D = 256 halves BLOCK_M). D = 128 and 64 come from the H200 sweeps (docs/BENCHMARKS.md,
-# with the register and spill figures of each). D <= 64 (run 51b): 64 rows on 4 warps; O alone then
-# takes 163 registers, so three programs (12 warps) share an SM, where 128 rows on 8 warps (172) left one.
+# (D = 256 halves BLOCK_M). D = 128 and 64 are the fastest of the H200 sweeps (benchmarks/attention_sweep.py;
+# docs/PERFORMANCE.md, section 3). D <= 64: 64 rows on 4 warps; O alone then takes 163 registers, so three
+# programs (12 warps) share an SM, where 128 rows on 8 warps (172) left one (16-18% faster at D = 64).
 FORWARD_CONFIGS = {64: ForwardConfig(64, 4, 3), 128: ForwardConfig(64, 4, 3), 256: ForwardConfig(64, 8, 2)}
 # O alone (the primal's ``attention_fwd_out*`` entry points). At 32 < D <= 64, reading fq(Q) from the pass, it takes
 # 140 registers (three programs per SM); capped at 128 it keeps its loops free of spills (4 B of stack outside them)
-# and four programs share an SM: run 53a, 1.5% faster at (2, 16, 4096, 64), 2.3% at 16k, the same bits. The
+# and four programs share an SM: 1.5% faster at (2, 16, 4096, 64) and 2.3% at 16k on the H200, the same bits. The
 # training forward stays uncapped: at 128 ptxas serializes its wgmma and it spills in every mask case.
 OUT_CONFIGS = {**FORWARD_CONFIGS, 64: ForwardConfig(64, 4, 3, maxnreg=128)}
 
@@ -164,7 +164,7 @@ def _attention_fwd(
     QUANTIZE_Q: tl.constexpr, QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr,
     SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr,
     P_ROW_RANGE: tl.constexpr, QKV_TENSOR: tl.constexpr, SEQ_ALIGN: tl.constexpr, RESIDUALS: tl.constexpr = True):
-  """Forward of SPEC section 3 for query rows [i * BLOCK_M, +BLOCK_M) of head j % N, batch j // N, where
+  """Forward of docs/NUMERICS.md, section 4, for query rows [i * BLOCK_M, +BLOCK_M) of head j % N, batch j // N, where
   ``(i, j) = program_tile(...)``.
 
   q: [B, Tq, N, D]; k, v: [B, Tk, K, D] (already fq when QUANTIZE_QKV), N = K * group;
@@ -238,11 +238,11 @@ def _attention_fwd(
 
   # K/V tiles come by TMA at D_PAD = 128, and at 256 without segment ids: one copy per tile and no per-thread
   # addresses (the integer work that issued the K/V copies took about 12% of this kernel's stall samples,
-  # docs/PERFORMANCE.md run 45c; run 46: this kernel 5-9% faster at D = 128 and 256). Below D_PAD = 128 and with
-  # segment ids at 256 the tiles keep their loads (run 46: ptxas SIGSEGV at D = 16 and 32, the call slower at 64,
+  # docs/PERFORMANCE.md, section 3; this kernel 5-9% faster at D = 128 and 256). Below D_PAD = 128 and with
+  # segment ids at 256 the tiles keep their loads (ptxas SIGSEGV at D = 16 and 32, the call slower at 64,
   # serialized wgmma with segment ids at 256). A window or segment ids walk most of their tiles masked: there every
-  # walk takes the descriptors, bounded by kv_lim so that a ragged tail's rows come as zeros (run 47b: the window's
-  # and the packed documents' forward 3.5-6.5% faster); elsewhere only the unmasked loop does (run 47b: every walk
+  # walk takes the descriptors, bounded by kv_lim so that a ragged tail's rows come as zeros (the window's and the
+  # packed documents' forward 3.5-6.5% faster); elsewhere only the unmasked loop does (descriptors on every walk
   # cost the causal and full forward 1.5-3%).
   USE_TMA: tl.constexpr = D_PAD == 128 or (D_PAD == 256 and not HAS_SEG)
   TMA_EVERY_WALK: tl.constexpr = USE_TMA and (WINDOW_LEFT >= 0 or HAS_SEG)
@@ -260,9 +260,9 @@ def _attention_fwd(
   if WINDOW_LEFT >= 0:
     # A window: one pipelined walk over [lo, hi), the mask applied under a runtime branch on the edge tiles. Its
     # programs are short (17 tiles at 1024 keys); three loops filled and drained the K/V pipeline three times
-    # each: this walk is 6% faster (docs/BENCHMARKS.md, run 39). Numerics: behind the branch the middle tiles'
+    # each: this walk is 6% faster. Numerics: behind the branch the middle tiles'
     # product and max subtraction are two roundings, as the masked tiles' always were, where the unmasked loop
-    # of the other masks contracts them into one FMA (docs/NUMERICS.md, "Rounding of the exponent").
+    # of the other masks contracts them into one FMA (docs/NUMERICS.md, section 8).
     for i in range(0, hi - lo, BLOCK_N):
       acc, acc_hp, m, l = _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, lo + i, offs_m, offs_n, offs_d, seg_q,
                                    kv_seg_base, q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, False, HEAD_DIM,
@@ -271,7 +271,7 @@ def _attention_fwd(
                                    (lo + i < a) | (lo + i >= c), k_desc, v_desc, TMA_EVERY_WALK, not RESIDUALS)
   else:
     # The first walk counts from 0: written as range(lo, a), with the window's lo, ptxas serialized every wgmma
-    # of the kernel ("non wgmma instructions defining accumulator registers", docs/PERFORMANCE.md, run 37).
+    # of the kernel ("non wgmma instructions defining accumulator registers"; the window's forward ran 5% slower).
     for i in range(0, a - lo, BLOCK_N):
       acc, acc_hp, m, l = _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, lo + i, offs_m, offs_n, offs_d, seg_q,
                                    kv_seg_base, q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, True, HEAD_DIM,
@@ -280,7 +280,7 @@ def _attention_fwd(
                                    v_desc=v_desc, USE_TMA=TMA_EVERY_WALK, O_ONLY=not RESIDUALS)
     mid_k = k_desc
     mid_v = v_desc
-    if USE_TMA and not TMA_EVERY_WALK:  # made here, after the first walk: that order is the one run 46 measured
+    if USE_TMA and not TMA_EVERY_WALK:  # made here, after the first walk: the order in which they were measured
       mid_k, mid_v = kv_descriptors(k_base, v_base, tk, stride_kt, stride_vt, HEAD_DIM, BLOCK_N, D_PAD)
     for start_n in range(a, c, BLOCK_N):
       acc, acc_hp, m, l = _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, seg_q,
@@ -335,7 +335,7 @@ def attention_fwd_kernel(
     QUANTIZE_Q: tl.constexpr, QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr,
     SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr,
     SEQ_ALIGN: tl.constexpr):
-  """The forward with p_scale="block" (SPEC section 3): outputs o, o_hp, lse. See ``_attention_fwd``."""
+  """The forward with p_scale="block" (docs/NUMERICS.md, section 4): outputs o, o_hp, lse. See ``_attention_fwd``."""
   _attention_fwd(q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr,
                  seg_sorted_ptr, lse_ptr, lse_ptr, lse_ptr, stride_qb, stride_qt, stride_qn, stride_kb, stride_kt,
                  stride_kn, stride_vb, stride_vt, stride_vn, stride_ob, stride_ot, stride_on, o_ptr, o_hp_ptr, lse_ptr,

@@ -1,4 +1,4 @@
-"""NVFP4 fake quantization as Triton device functions and a standalone kernel (SPEC section 2).
+"""NVFP4 fake quantization as Triton device functions and a standalone kernel (docs/NUMERICS.md, section 2).
 
 Framework-free: imports Triton only. The device functions quantize a 2-D FP32
 tile in blocks of 16 along its last axis and are shared by the attention
@@ -152,7 +152,7 @@ def e2m1_dequant(ax, s, AXIS: tl.constexpr, HW_E2M1: tl.constexpr, QUOTIENT: tl.
   binade (0.5 below 2, then 1, then 2) as ``(y + M) - M`` with ``M = 2**(max(e, 0) + 22)``, whose FP32 ulp is
   that spacing; ties go to the even multiple, which is E2M1's even code. +Inf gives a NaN residual, which
   ``min`` turns into 6. ``tests/test_nvfp4_triton.py`` compares this path with the tree for every E4M3 scale
-  and every non-negative FP32 value on the GPU (run 42: equal; without the FMA correction it is not).
+  and every non-negative FP32 value on the GPU (equal on the H200; without the FMA correction it is not).
   """
   if HW_E2M1:
     s3 = tl.expand_dims(s, AXIS)
@@ -219,7 +219,7 @@ def fq_tile(x, valid, ROWS: tl.constexpr, COLS: tl.constexpr, HW_E4M3: tl.conste
   # One reduction gives the amax and the NaN flag: the maximum propagates NaN (max.NaN, a plain max's cost; a
   # separate flag reduction took about 2 instructions per element of the quantize pass). Only the flag is read
   # from it: the NaN written is the constant below, never the reduction's NaN (whose payload, 0x7FFF, once
-  # reached the output in some launch configurations on the H200, docs/BENCHMARKS.md run 35).
+  # reached the output in some launch configurations on the H200).
   amax = tl.reduce(ax, 2, _max_nan)
   nan = amax != amax
   s = e4m3_block_scale(tl.where(nan, 0.0, amax), HW_E4M3)
@@ -262,7 +262,7 @@ def _prob_block_scales(p3, AXIS: tl.constexpr, HW_E4M3: tl.constexpr):
   """E4M3 scales of probability blocks (``AXIS`` the block axis): NaN for a block that holds a NaN.
 
   The block maximum propagates NaN (``max.NaN``, the cost of a plain max); a NaN scale then
-  makes every element of its block NaN through the final ``mag * s``, as SPEC section 2 says.
+  makes every element of its block NaN through the final ``mag * s`` (docs/NUMERICS.md, section 2.2).
   """
   amax = tl.reduce(p3, AXIS, _max_nan)
   s = e4m3_block_scale(amax, HW_E4M3)
@@ -292,7 +292,7 @@ def fq_probs_t(pt, ROWS: tl.constexpr, COLS: tl.constexpr, HW_E4M3: tl.constexpr
 
   For the dK/dV kernel, which holds P transposed (keys on axis 0) and must quantize
   along keys. Here nothing else carries a NaN probability into dV, so a block holding
-  one is NaN throughout (SPEC section 2).
+  one is NaN throughout (docs/NUMERICS.md, section 2.2).
   """
   NB: tl.constexpr = ROWS // 16
   p3 = tl.reshape(pt, [NB, 16, COLS])
@@ -335,7 +335,7 @@ def fake_quantize_kernel(x_ptr, rows, cols, stride_x, stride_out, out_ptr, BLOCK
 def fake_quantize_launch(rows: int, cols: int) -> tuple[tuple[int, int], dict]:
   """Grid and launch parameters of :func:`fake_quantize_rows_kernel` for ``rows`` rows of ``cols`` channels."""
   # 16 elements per thread (2048 per program of 4 warps): 26% faster on the H200 than 32 at D = 64, 128 and 256,
-  # bit for bit the same output (docs/BENCHMARKS.md, run 36).
+  # bit for bit the same output (32 held 94 registers: 31% occupancy).
   block_c = min(128, triton.next_power_of_2(cols))
   block_r = max(1, 2048 // block_c)
   grid = (triton.cdiv(rows, block_r), triton.cdiv(cols, block_c))
@@ -382,7 +382,7 @@ def fake_quantize_rows2_kernel(x0_ptr, x1_ptr, rows0, rows1, cols, out0_ptr, out
                                EVEN0: tl.constexpr, EVEN1: tl.constexpr):
   """``out_i = fq(x_i)`` for two tensors of dense rows in one launch (:func:`fake_quantize_many_launch`): the same
   tiles and results as one :func:`fake_quantize_rows_kernel` launch per tensor, for one launch's host cost instead
-  of one per tensor (docs/PERFORMANCE.md, twenty-second session)."""
+  of one per tensor (docs/PERFORMANCE.md, section 5)."""
   t = tl.program_id(0)
   n0 = tl.cdiv(rows0, BLOCK_R)
   if t < n0:

@@ -1,4 +1,4 @@
-"""Tail RoPE + microscaled quantize/dequantize, one fused in-place pass (SPEC section 4).
+"""Tail RoPE + microscaled quantize/dequantize, one fused in-place pass (docs/NUMERICS.md, section 9).
 
 Framework-free: imports triton (and nvfp4's roundings). Each program handles ``BLOCK_R`` rows as 2-D
 tiles, so every load and store is a wide, coalesced access:
@@ -13,7 +13,7 @@ Groups (16 or 32 channels) never straddle a tile boundary (every tile is a
 multiple of 64 channels wide), so the tiles are independent. ``out`` is the same
 buffer as ``x`` when called in place.
 
-Numerics, all bit-exact with the spec, without any per-element division:
+Numerics, all bit-exact with docs/NUMERICS.md, section 9, without any per-element division:
 - RoPE: ``tl.fma`` is the single-rounding FP32 FMA; the product ``b * sin`` it
   subtracts is a separately rounded FP32 multiply, negated on the sign bit.
 - Scales: UE8M0 takes the rounded product ``amax * fp32(1 / limit)`` and its
@@ -61,7 +61,7 @@ NAN_BITS = tl.constexpr(0x7FC00000)  # FP32 bits of the NaN written over a group
 
 def launch_config(width: int, hw_e4m3: bool) -> dict:
   """Constexprs, ``num_warps`` and ``num_stages`` for rows of ``width`` channels (a power of two >= 128)."""
-  block_r = max(1, 4096 // width)  # 4096 channels, 8 KiB of bf16, per program of 4 warps (docs/BENCHMARKS.md, run 44)
+  block_r = max(1, 4096 // width)  # 4096 channels, 8 KiB of bf16, per program of 4 warps (the fastest measured)
   head_tiles = width.bit_length() - ROPE.bit_length()  # D/2, D/4, ..., 64: log2(D) - 6 tiles
   return dict(BLOCK_R=block_r, HEAD_TILES=head_tiles, HW=bool(hw_e4m3), num_warps=4, num_stages=2)
 
@@ -197,8 +197,8 @@ def rope_qdq_kernel(x_ptr, cache_ptr, pos_ptr, n_rows, n_pos, heads, out_ptr,
   base = row32.to(tl.int64)[:, None] * D
 
   # x is streamed (read and written once: evict_first) so that it does not push the cache out of L2, whose
-  # rows are gathered at random positions (evict_last). Figures, and the load orders that were tried instead:
-  # docs/BENCHMARKS.md, runs 33 and 44.
+  # rows are gathered at random positions (evict_last). The load orders that were tried instead, and why they
+  # were slower: docs/PERFORMANCE.md, section 8.
   # ---- the tail's cache rows first: the position ids, then the rows they select, are two dependent round trips
   # that would otherwise wait behind the head's loads, arithmetic and stores (ptxas keeps the program order here).
   # Positions outside [0, n_pos) are a caller error; clamping keeps the read in bounds

@@ -1,4 +1,4 @@
-"""Independent NumPy oracles, written from SPEC sections 2 and 3 without calling project code.
+"""Independent NumPy oracles, written from docs/NUMERICS.md, sections 2-5, without calling project code.
 
 The quantizer oracle divides with NumPy's IEEE FP32 division (correctly
 rounded) and rounds by nearest-value search over explicit value tables, so it
@@ -110,7 +110,7 @@ def _visible(b, tq, tk, is_causal, vis):
 
 
 def attention_oracle(q, k, v, *, scale, is_causal, block_n, quantize_qkv=True, quantize_p=True, vis=None):
-    """Float64 re-derivation of the SPEC section 3 forward: (O, O', lse) with O, O' float64.
+    """Float64 re-derivation of the forward of docs/NUMERICS.md, section 4: (O, O', lse) with O, O' float64.
 
     q: [B, Tq, N, D]; k, v: [B, Tk, K, D]; walks KV tiles of ``block_n`` keys.
     vis: [B, Tq, Tk] bool visibility (:func:`visible_oracle`); overrides ``is_causal``.
@@ -152,7 +152,7 @@ def attention_oracle(q, k, v, *, scale, is_causal, block_n, quantize_qkv=True, q
 
 def attention_grad_oracle(do, q, k, v, o_for_delta, lse, *, scale, is_causal, quantize_qkv=True,
                           quantize_p_backward=True, vis=None):
-    """Float64 re-derivation of the SPEC section 3 backward with materialized P: (dQ, dK, dV) float64.
+    """Float64 re-derivation of the backward of docs/NUMERICS.md, section 5, with materialized P: (dQ, dK, dV) float64.
 
     vis: [B, Tq, Tk] bool visibility (:func:`visible_oracle`); overrides ``is_causal``.
     """
@@ -185,7 +185,7 @@ def attention_grad_oracle(do, q, k, v, o_for_delta, lse, *, scale, is_causal, qu
     return dq, fold(dk), fold(dv)
 
 
-# NaN positions, derived from the dependency structure of SPEC section 3 with booleans only
+# NaN positions, derived from the dependency structure of docs/NUMERICS.md, sections 4-5, with booleans only
 # (no arithmetic): an output is NaN iff some term of its formula over visible (query, key)
 # pairs is NaN (IEEE: NaN * 0 is NaN). Masked pairs contribute no term at all.
 
@@ -257,7 +257,7 @@ def attention_grad_nan_oracle(do_nan, q_nan, k_nan, v_nan, o_nan, lse_nan, *, is
 
 
 def pack_oracle(x, axis=-1):
-    """Packed NVFP4 of ``x`` (SPEC section 2), by the same table rounding as :func:`fq_oracle`.
+    """Packed NVFP4 of ``x`` (docs/NUMERICS.md, section 3), by the same table rounding as :func:`fq_oracle`.
 
     Returns ``codes`` uint8 (element 2i in the low nibble; bit 3 sign, bits 2..0 the index
     into ``E2M1_VALUES``), ``scales`` float8_e4m3fn (NaN for a block holding a NaN) and the

@@ -1,4 +1,4 @@
-"""Independent NumPy oracle for tail RoPE + microscaled QDQ, written from SPEC section 4 without project code.
+"""Independent NumPy oracle for tail RoPE + microscaled QDQ, written from docs/NUMERICS.md, 9, without project code.
 
 Method, chosen to share nothing with the implementations it checks:
 - the FMA is computed in float64 (an FP32 product is exact there) with the

@@ -1,4 +1,4 @@
-"""The pure-JAX QAT attention (the "xla" implementation) against a float64 NumPy re-derivation of SPEC section 3."""
+"""The pure-JAX QAT attention (the "xla" implementation) against float64 NumPy (docs/NUMERICS.md, 4-5)."""
 
 import functools
 import math

@@ -1,4 +1,4 @@
-"""The Triton QAT attention kernels against the pure-JAX reference (SPEC section 3).
+"""The Triton QAT attention kernels against the pure-JAX reference (docs/NUMERICS.md, 4-5).
 
 CPU: the kernels run under ``TRITON_INTERPRET=1`` on torch CPU tensors at tiny
 shapes, launched directly (the JAX binding needs a GPU). GPU

@@ -403,8 +403,8 @@ def test_callback_public_api_matches_xla_gpu(launcher):
 def test_forward_builds_for_sm90_with_descriptors_only_where_gated(monkeypatch, tmp_path):
   """The forward kernel builds for sm_90 (Triton's ptxas included) in every head-dim class, and makes TMA
   descriptors (global scratch) only at D_PAD = 128 and 256: Triton 3.6's ptxas died on the descriptor kernel at
-  D = 16 and 32, and at D = 64 the call was slower (docs/BENCHMARKS.md, run 46); and not with segment ids at
-  D_PAD = 256, where ptxas serialized the descriptor kernel's wgmma (docs/logs/run46_fwd_scan.py)."""
+  D = 16 and 32, and at D = 64 the call was slower on the H200; and not with segment ids at D_PAD = 256, where
+  ptxas serialized the descriptor kernel's wgmma (an offline build of every head dim, mask and mode)."""
   from jqat.ffi import plan as plans
   from jqat.ffi.options import AttentionOptions
 
@@ -427,8 +427,8 @@ def test_forward_builds_for_sm90_with_descriptors_only_where_gated(monkeypatch, 
 @pytest.mark.fresh_process  # a real compile: not in a process where the interpreter has run
 def test_windowed_dq_above_128_is_not_serialized(monkeypatch, tmp_path):
   """The dQ kernel with a window at D = 192 builds for sm_90 and ptxas (``-v``, Triton's own) does not serialize
-  its wgmma: the window's single walk did at every D_PAD > 128 (docs/logs/run49_dq_scan.py), which cost that kernel
-  12% at D = 192 and 256 (docs/BENCHMARKS.md, run 49c); wide heads now take the three walks."""
+  its wgmma: the window's single walk did at every D_PAD > 128 (an offline build of every head dim), which cost that
+  kernel 12% at D = 192 and 256 on the H200; wide heads now take the three walks."""
   from jqat.ffi import plan as plans
   from jqat.ffi.options import AttentionOptions
 
@@ -446,8 +446,8 @@ def test_windowed_dq_above_128_is_not_serialized(monkeypatch, tmp_path):
 @pytest.mark.fresh_process  # a real compile: not in a process where the interpreter has run
 def test_primal_at_d64_fits_four_programs_per_sm(monkeypatch, tmp_path):
   """The forward without residuals at D = 64 runs 64 rows on 4 warps, reads fq(Q) from the pass and is capped at 128
-  registers, so four programs (16 warps) share an SM: 128 rows on 8 warps at 172 registers left one (16-18% slower,
-  docs/BENCHMARKS.md run 51b), the uncapped kernel three (the capped one 1.5-2.3% faster, run 53a). The cap reaches
+  registers, so four programs (16 warps) share an SM: 128 rows on 8 warps at 172 registers left one (16-18% slower
+  on the H200), the uncapped kernel three (the capped one 1.5-2.3% faster). The cap reaches
   ptxas (Triton's maxnreg) and ptxas keeps the wgmma asynchronous under it; the training forward stays uncapped (at
   128 ptxas serialized its wgmma)."""
   import re

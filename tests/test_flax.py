@@ -143,7 +143,7 @@ def test_padding_and_segment_masks_match_flax(name, jit):
     call = nnx.jit(call)
   expected = call(_nnx_mha(None), mask)
   actual = call(_nnx_mha(jqat.flax.make_attention_fn(**BF16_OFF)), mask)
-  # Rows that see no key: flax gives the mean of V (uniform softmax over -inf), jqat gives 0 (SPEC section 3).
+  # Rows that see no key: flax gives the mean of V (uniform softmax over -inf), jqat gives 0 (docs/NUMERICS.md, 4.3).
   live = np.asarray(mask).any(axis=(1, 3))[..., None]
   assert_close(np.where(live, _as64(actual), 0), np.where(live, _as64(expected), 0), rel=BF16_REL, name=name)
   assert (np.asarray(actual.astype(jnp.float32))[~np.broadcast_to(live, actual.shape)] == 0).all()

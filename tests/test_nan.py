@@ -1,4 +1,4 @@
-"""NaN is never hidden and never spreads: exact NaN positions of the forward and backward (SPEC section 3).
+"""NaN is never hidden and never spreads: exact NaN positions of the forward and backward (docs/NUMERICS.md, section 5).
 
 The expected positions come from tests/oracle.py's boolean dependency oracles, not from
 running the implementation. Parametrized over implementations so the Triton kernels can join.

@@ -233,7 +233,7 @@ def test_row_mode_through_flax_and_torch():
 OFF = dict(quantize_qkv=False, quantize_p=False, high_precision_delta=True, quantize_p_backward=False)
 
 
-# dQ = bf16(dS) @ K and dK = bf16(dS)^T @ Q (SPEC section 3) round dS to bf16 (2^-9 relative) before the
+# dQ = bf16(dS) @ K and dK = bf16(dS)^T @ Q (docs/NUMERICS.md, section 5) round dS to bf16 (2^-9 relative) before the
 # sum over keys that would cancel the mean's share exactly: against keys whose common component (3) is 3x
 # their spread, the un-smoothed dQ carries ~3 * 2^-9 of extra rounding (measured 6e-3), dK 5e-4 through
 # the mean's chain rule; dV = bf16(P)^T dO sees the same P up to FP32 noise.
@@ -349,7 +349,7 @@ def test_tensor_scale_quantizer_is_bitwise_the_oracle():
 
 def test_div_rn_is_ieee_division():
   """The reference's encode and decode scales divide with ``div_rn``: NumPy's IEEE FP32 division bit for bit,
-  on whatever backend runs the test (XLA's GPU division was one ulp off, run 38), over random bit patterns
+  on whatever backend runs the test (XLA's GPU division was one ulp off on the H200), over random bit patterns
   (subnormals included), results that overflow to inf or fall to subnormals, and ``den = inf``."""
   rng = np.random.default_rng(11)
   den = rng.integers(1, 0x7F800000, 200_000, dtype=np.int64).astype(np.uint32).view(np.float32)

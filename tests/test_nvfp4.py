@@ -48,7 +48,7 @@ def test_exact_e2m1_midpoints_and_neighbours():
   lead = np.broadcast_to((6 * s)[:, None, :], blocks.shape[:2] + (1,))
   xb = np.concatenate([lead, blocks], -1).reshape(-1, 16).astype(np.float32)
   assert_bitwise(fq(xb), fq_oracle(xb))
-  # The SPEC's worked example: 0.5859375 / 0.46875 is exactly 1.25 and rounds to 1.0.
+  # The worked example of docs/NUMERICS.md, section 2.1: 0.5859375 / 0.46875 is exactly 1.25 and rounds to 1.0.
   one = np.zeros(16, np.float32)
   one[:2] = [0.5859375, 0.46875 * 6]
   assert fq(one)[0] == np.float32(0.46875)

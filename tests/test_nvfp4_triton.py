@@ -1,4 +1,4 @@
-"""The Triton NVFP4 quantizer against the NumPy oracle, bit for bit (SPEC section 2).
+"""The Triton NVFP4 quantizer against the NumPy oracle, bit for bit (docs/NUMERICS.md, section 2).
 
 CPU: the kernel runs under ``TRITON_INTERPRET=1`` on torch CPU tensors, with
 the software E4M3/E2M1 paths. GPU (``@pytest.mark.gpu``): the same checks,
@@ -92,7 +92,7 @@ def _midpoints():
 
 
 def _special_cases():
-  """Zero blocks, +-0, amax > 2688, Inf, NaN-in-block, the SPEC's 0.5859375 / 0.46875 midpoint."""
+  """Zero blocks, +-0, amax > 2688, Inf, NaN-in-block, the 0.5859375 / 0.46875 midpoint."""
   blocks = np.zeros((8, 16), np.float32)
   blocks[1, :] = -0.0
   blocks[1, 3] = 0.0
@@ -167,7 +167,7 @@ def _probability_cases():
   rand = (rng.random(fill) * 10.0 ** rng.integers(-12, 1, fill)).astype(np.float32)
   rand[rng.random(fill) < 0.2] = 0.0
   x = np.concatenate([x, rand]).reshape(64, 64)
-  x[-1, 3] = x[-2, 40] = x[-3, 63] = np.nan  # a NaN probability makes its block NaN (SPEC section 2)
+  x[-1, 3] = x[-2, 40] = x[-3, 63] = np.nan  # a NaN probability makes its block NaN (docs/NUMERICS.md, 2.2)
   return x
 
 
@@ -300,7 +300,7 @@ def test_e2m1_quotient_algorithm_matches_oracle(reciprocal_ulps):
 @pytest.mark.parametrize("block_r,num_warps", [(8, 4), (16, 4), (32, 4), (32, 8), (64, 2)])
 def test_nan_block_bits_do_not_depend_on_launch(block_r, num_warps, even):
   """A NaN block reads 0x7FC0 (bf16) in every layout: on the H200 the block's NaN once took the max.NaN
-  result's payload (0x7FFF) in some launch configurations only (run 35); the other values are the oracle's.
+  result's payload (0x7FFF) in some launch configurations only; the other values are the oracle's.
   even: the unmasked variant (EVEN, no tile with a tail), as the plans launch it for whole tiles."""
   device = kernel_device()
   rng = np.random.default_rng(3)

@@ -51,7 +51,8 @@ def test_installed_wheel_imports_without_the_checkout(tmp_path):
 
 
 def test_kernel_layers_import_without_jax_or_torch():
-  """SPEC: kernels_triton imports no JAX or torch; the launch plans are framework-free. ``import jqat`` is lazy."""
+  """The layers (README, "Layout"): kernels_triton imports no JAX or torch; the launch plans are framework-free.
+  ``import jqat`` is lazy."""
   pytest.importorskip("triton")
   code = ("import sys, jqat.kernels_triton.attention_fwd, jqat.kernels_triton.attention_bwd, "
           "jqat.kernels_triton.nvfp4, jqat.kernels_triton.rope_qdq, jqat.ffi.plan\n"

@@ -48,24 +48,24 @@ def test_plan_uses_the_strides_it_is_given():
                                   dataclasses.replace(opts, is_causal=False), GPU, out_strides=nq.stride())
   assert dense.scratch == ("k_hat", "v_hat") and dense.launches[-1].args[0] == plans.Ref("q")
   assert dense.launches[-1].constexprs["QUANTIZE_Q"]
-  # At 32 < D <= 64 fq(Q) comes from the pass, and O alone (no residuals) then fits a cap of 128 registers (run 53a).
+  # At 32 < D <= 64 fq(Q) comes from the pass, and O alone (no residuals) then fits a cap of 128 registers.
   for d in (48, 64):
     mq, mk, mv = map(torch_launch.describe, _bhsd_views(2, 8, 2, 100, 70, d))
     for residuals, cap in ((True, 0), (False, 128)):
       mid = plans.attention_forward(mq, mk, mv, dataclasses.replace(opts, is_causal=False), GPU, residuals=residuals)
       assert mid.scratch == ("q_hat", "k_hat", "v_hat") and not mid.launches[-1].constexprs["QUANTIZE_Q"]
       assert mid.launches[-1].maxnreg == cap
-  # At 64 < D <= 128 that kernel spills in its loop since run 42's quotient rounding: fq(Q) from the pass.
+  # At 64 < D <= 128 that kernel spills in its loop (with the quotient rounding of E2M1): fq(Q) from the pass.
   d128 = plans.attention_forward(*map(torch_launch.describe, (q, k, v)), dataclasses.replace(opts, is_causal=False),
                                  GPU, out_strides=q.stride())
   assert d128.scratch == ("q_hat", "k_hat", "v_hat") and not d128.launches[-1].constexprs["QUANTIZE_Q"]
   # Above D = 128 the kernel's own Q rounding left too few registers (ptxas serialized its wgmma): fq(Q) from
-  # the pass, masks or not (docs/BENCHMARKS.md, run 38).
+  # the pass, masks or not.
   wq, wk, wv = _bhsd_views(2, 8, 2, 100, 70, 192)
   wide = plans.attention_forward(*map(torch_launch.describe, (wq, wk, wv)), dataclasses.replace(opts, is_causal=False),
                                  GPU, out_strides=wq.stride())
   assert wide.scratch == ("q_hat", "k_hat", "v_hat") and not wide.launches[-1].constexprs["QUANTIZE_Q"]
-  # Packed documents: the kernel that rounds its own Q spilled in every loop; fq(Q) from the pass (run 39).
+  # Packed documents: the kernel that rounds its own Q spilled in every loop; fq(Q) from the pass.
   seg_q, seg_k = plans.Tensor.dense((2, 100), "int32"), plans.Tensor.dense((2, 70), "int32")
   packed = plans.attention_forward(*map(torch_launch.describe, (q, k, v)), dataclasses.replace(opts, is_causal=False),
                                    GPU, out_strides=q.stride(), masks=(None, None, seg_q, seg_k))
@@ -205,7 +205,7 @@ def test_tensor_scale_plans(p_scale):
     assert wide.launches[-1].args[0] == plans.Ref("q_hat" if q_pass else "q"), d
     assert wide.launches[-1].constexprs["QUANTIZE_Q"] is not q_pass, d
     _assert_signatures(wide)
-  # Without quantization the scale mode changes nothing; "block" plans launch the kernels of SPEC section 3.
+  # Without quantization the scale mode changes nothing; "block" plans launch the kernels of docs/NUMERICS.md, 4.
   q, k, v = _bhsd_views(2, 4, 2, 33, 40, 64)
   for opts in (AttentionOptions(0.125, p_scale=p_scale), AttentionOptions(0.125, p_scale=p_scale, qkv_scale="tensor",
                                                                           config=QATConfig(quantize_qkv=False))):
@@ -328,7 +328,7 @@ def test_backward_reads_the_forwards_quantized_inputs(causal):
 
 
 def test_windowed_backward_takes_the_window_dq_config(monkeypatch):
-  """With a local window the dQ launch (D = 128) has 64 rows on 4 warps and 2 stages (run 40b), without one the
+  """With a local window the dQ launch (D = 128) has 64 rows on 4 warps and 2 stages, without one the
   default 128 rows on 8 warps; the environment still overrides either."""
   q = plans.Tensor.dense((1, 300, 4, 128), "bfloat16")
   lse = plans.Tensor.dense((1, 4, 300), "float32")

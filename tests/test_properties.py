@@ -1,7 +1,7 @@
 """Property tests (hypothesis) of QAT attention on the XLA path: random shapes, dtypes, masks and options.
 
 Two kinds of property, each against something independent of the implementation:
-- the float64 re-derivation of SPEC section 3 (tests/oracle.py) with the element-by-element
+- the float64 re-derivation of docs/NUMERICS.md, sections 4-5 (tests/oracle.py) with the element-by-element
   mask oracle, within the bounds of tests/test_attention_reference.py;
 - invariants: permuting the batch (with its masks) or the query heads within their KV group
   permutes the outputs, and nothing else changes. Both sides are the same compiled program

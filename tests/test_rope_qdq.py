@@ -1,4 +1,4 @@
-"""Tail RoPE + microscaled QDQ (SPEC section 4): bitwise against the NumPy oracle, and validation (section 6).
+"""Tail RoPE + microscaled QDQ (docs/NUMERICS.md, 9): bitwise against the NumPy oracle, and validation (docs/API.md).
 
 The Triton kernel runs here twice: compiled through JAX on a GPU (``gpu``
 marker), and on CPU under ``TRITON_INTERPRET=1`` driven with torch tensors, in
@@ -352,7 +352,7 @@ def test_reference_signed_zero_rotation(mode):
 
 
 # ------------------------------------------------------------------ non-finite inputs
-# The rule (docs/NUMERICS.md, "Tail RoPE + QDQ: non-finite inputs"): a NaN in a group (from x,
+# The rule (docs/NUMERICS.md, section 9.3): a NaN in a group (from x,
 # from the cache row, or made by the rotation) makes the whole group the canonical NaN 0x7FC0;
 # +-Inf counts as the largest finite FP32 value for the amax and quantizes to +-limit * scale
 # (+-Inf in the UE8M0 modes, where that product overflows; +-2688 in the e4m3 mode).
@@ -574,7 +574,7 @@ def test_empty_x():
   assert out.shape == x.shape and out.dtype == jnp.bfloat16
 
 
-# ------------------------------------------------------------------ validation (SPEC 6)
+# ------------------------------------------------------------------ validation (docs/API.md, section 3)
 
 _X4 = jnp.zeros((2, 3, 128), jnp.bfloat16)
 _X8 = jnp.zeros((2, 3, 512), jnp.bfloat16)

@@ -1,4 +1,4 @@
-"""jqat.torch: the PyTorch shim (SPEC section 5) against the JAX API.
+"""jqat.torch: the PyTorch shim (docs/API.md, section 2) against the JAX API.
 
 CPU (always): CPU tensors go through DLPack to the XLA reference, so every
 result must equal the JAX API's bit for bit; plus the vendor mapping/unpacking

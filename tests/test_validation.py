@@ -1,4 +1,4 @@
-"""Bad keywords and inputs of QAT attention: clear errors naming the argument, nothing launched (SPEC section 6).
+"""Bad keywords and inputs of QAT attention: clear errors naming the argument, nothing launched (docs/API.md, 3).
 
 Each case was a crash or a silent misreading before the shared validator (jqat/_src/validate.py):
 ``is_causal="no"`` and ``quantize_qkv="False"`` read as True, ``block_n="64"`` a raw TypeError,

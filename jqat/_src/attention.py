@@ -10,7 +10,7 @@ diagonal, ``query_seq_lengths`` / ``key_value_seq_lengths`` int32 [B] (padding),
 ``q_segment_ids`` [B, Tq] / ``kv_segment_ids`` [B, Tk] int32 (a query sees only keys of its own
 segment: packed documents). A row that sees no key gives O = 0, lse = -inf and zero gradients.
 
-Numerics modes (defined in docs/NUMERICS.md): ``p_scale`` "block" (SPEC section 3) or "row"
+Numerics modes (defined in docs/NUMERICS.md, section 7): ``p_scale`` "block" (sections 4-5) or "row"
 (two-level fq(P) relative to the row max; the forward then also returns ``row_max`` [B, N, Tq]
 fp32, which the backward takes); ``smooth_k`` (subtract the mean key over live keys before the op:
 SageAttention's SmoothK, the softmax is unchanged in exact arithmetic); ``qkv_scale`` "block" or "tensor"
@@ -154,7 +154,7 @@ def attention_backward(d_out, query, key, value, out_for_delta, lse, *, scale=No
                        key_value_seq_lengths=None, q_segment_ids=None, kv_segment_ids=None, local_window_size=None,
                        causal_alignment="top_left", p_scale="block", row_max=None, smooth_k=False,
                        qkv_scale="block"):
-  """The explicit QAT backward: ``(dQ, dK, dV)`` in the dtypes of query, key, value (SPEC section 3).
+  """The explicit QAT backward: ``(dQ, dK, dV)`` in the dtypes of query, key, value (docs/NUMERICS.md, section 5).
 
   d_out, out_for_delta: [B, Tq, N, D] in the query dtype; query [B, Tq, N, D]; key, value [B, Tk, K, D];
   lse: [B, N, Tq] fp32. ``out_for_delta`` is O' from :func:`attention_forward`
@@ -248,14 +248,14 @@ def attention(query, key, value, *, scale=None, is_causal=False, implementation=
   block_n: KV tile of the forward, one of 16, 32, 64, 128, 256 (the quantized P depends on it;
     both implementations use the same value).
   The four switches reproduce the paper's ablations; all False is BF16 flash attention.
-  p_scale: "block" (per-16 E4M3 scales only, SPEC section 3) or "row" (two-level: probabilities scaled
+  p_scale: "block" (per-16 E4M3 scales only, docs/NUMERICS.md) or "row" (two-level: probabilities scaled
     by their row max first, so long diffuse rows keep their dV; docs/NUMERICS.md).
   smooth_k: subtract the mean key over live keys (per batch, KV head, channel) before quantizing
     (:func:`smooth_keys`); the gradient flows through the mean.
   qkv_scale: "block" (E4M3 block scales only) or "tensor" (two-level: an FP32 scale per (batch, head) maps
     the amax over live rows to 6 * 448 above the block scales; docs/NUMERICS.md). Both implementations.
   Returns out: [B, Tq, N, D] in the query dtype. Gradients are straight-through
-  for Q, K, V and follow SPEC section 3; higher-order derivatives raise.
+  for Q, K, V and follow docs/NUMERICS.md, section 5; higher-order derivatives raise.
   """
   validate.attention_inputs(query, key, value)
   d = query.shape[-1]

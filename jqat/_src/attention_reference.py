@@ -1,4 +1,4 @@
-"""Pure-JAX NVFP4 QAT attention (SPEC section 3): the ``"xla"`` implementation and the kernels' oracle.
+"""Pure-JAX NVFP4 QAT attention (docs/NUMERICS.md, sections 4-5): the ``"xla"`` implementation and the kernels' oracle.
 
 Layout BTNH: query [B, Tq, N, D], key/value [B, Tk, K, D], N % K == 0.
 The forward walks KV tiles of ``block_n`` keys exactly as the kernel does,
@@ -11,7 +11,7 @@ it, and no other. Masked (query, key) pairs contribute exactly nothing, not
 ``0 * NaN``; only ``lse == -inf`` means "this row sees no key".
 Zero-size B, Tq, Tk or N give empty results (Tk = 0: O = O' = 0, lse = -inf).
 
-``p_scale`` picks how fq(P) is scaled (docs/NUMERICS.md): "block" is SPEC section 3;
+``p_scale`` picks how fq(P) is scaled (docs/NUMERICS.md, section 7.1): "block" is sections 4-5;
 "row" quantizes ``R * exp(S - m)`` (R = ``P_ROW_RANGE`` = 6 * 448) and folds 1/R into the
 normalization, in the forward with the running max, in the backward with the forward's final
 row max ``row_max`` (an extra forward output and backward input, row mode only).
@@ -72,8 +72,8 @@ def div_rn(num, den):
   """``num / den`` in FP32, correctly rounded (IEEE round-to-nearest-even, subnormal results and overflow to
   inf included), for ``num > 0`` finite and ``den > 0`` (``den == inf`` gives 0).
 
-  XLA's GPU division is not correctly rounded: ``2688 / amax`` came out one ulp off on the H200 (run 38,
-  docs/VERIFICATION.md), which moved fq(enc * x) codes. This one divides the integer significands bit by
+  XLA's GPU division is not correctly rounded: ``2688 / amax`` came out one ulp off on the H200 (against the CPU
+  backend's, in one process), which moved fq(enc * x) codes. This one divides the integer significands bit by
   bit (exact int32 arithmetic, the same on every backend): Q = floor(Mn * 2**26 / Md) and its remainder, then
   rounds Q to the result's precision."""
   mn, en = _significand(num)
@@ -285,7 +285,7 @@ def forward(q, k, v, *, scale, is_causal, block_n, cfg: QATConfig, masks=NO_MASK
 def backward(do, q, k, v, o_for_delta, lse, *, scale, is_causal, cfg: QATConfig, masks=NO_MASKS,
              local_window_size=None, causal_alignment="top_left", block_k=BACKWARD_BLOCK_K, p_scale="block",
              row_max=None, qkv_scale="block"):
-  """Gradients of SPEC section 3 given ``dO, Q, K, V``, the output used for delta and ``lse``.
+  """Gradients of docs/NUMERICS.md, section 5, given ``dO, Q, K, V``, the output used for delta and ``lse``.
 
   do, o_for_delta: [B, Tq, N, D]; q: [B, Tq, N, D]; k, v: [B, Tk, K, D]; lse: [B, N, Tq] fp32.
   o_for_delta: O' (Attn-QAT) or O (the ``high_precision_delta=False`` ablation).

@@ -151,7 +151,7 @@ def qat_matmul(x: jax.Array, w: jax.Array, *, implementation: str | None = None,
   x: [..., K] f32, bf16 or f16; quantized in blocks of 16 along its last axis.
   w: [K, N] f32, bf16 or f16; quantized in blocks of 16 along its first axis.
   K must be a multiple of 16. Returns [..., N] in x's dtype, accumulated in FP32
-  (SPEC section 2 numerics for ``fq``, the same quantizer as the attention).
+  (docs/NUMERICS.md, section 2, for ``fq``: the same quantizer as the attention).
 
   implementation: None (the Pallas kernel, Triton backend, on an NVIDIA GPU; else
     the XLA reference), ``"pallas"`` (the kernel; interpret mode where there is no

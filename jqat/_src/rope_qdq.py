@@ -1,4 +1,4 @@
-"""Public tail RoPE + microscaled QDQ (SPEC section 4): validation and implementation dispatch.
+"""Public tail RoPE + microscaled QDQ (docs/NUMERICS.md, section 9): validation and implementation dispatch.
 
 Numerics, non-finite inputs included, are in docs/NUMERICS.md ("Tail RoPE + QDQ:
 non-finite inputs"); the reference and the kernel follow them bit for bit.
@@ -18,7 +18,7 @@ _CHOICES = ", ".join(f"(quantization={q!r}, group_size={g}, scale_format={s!r})"
 
 
 def _mode(quantization, group_size, scale_format) -> reference.Mode:
-  """The SPEC section 4 mode of the keywords; a wrong type is a TypeError, a wrong value a ValueError."""
+  """The mode of the keywords (docs/NUMERICS.md, 9.2); a wrong type is a TypeError, a wrong value a ValueError."""
   for name, value, choices in (("quantization", quantization, "'fp4' or 'fp8'"),
                                ("scale_format", scale_format, "'ue8m0' or 'e4m3'")):
     if not isinstance(value, str):
@@ -40,7 +40,7 @@ def _mode(quantization, group_size, scale_format) -> reference.Mode:
 
 
 def check_arrays(x, cache, positions, mode: reference.Mode):
-  """Shape and dtype rules of SPEC section 4, shared by the JAX op and the torch shim.
+  """Shape and dtype rules of docs/NUMERICS.md, section 9.2, shared by the JAX op and the torch shim.
 
   Works on anything with ``shape`` and ``dtype`` (JAX arrays, torch tensors);
   raises naming the argument, what was expected and what was given.

@@ -1,4 +1,4 @@
-"""Pure-JAX tail RoPE + microscaled QDQ (SPEC section 4): the oracle of the kernel and the "xla" implementation.
+"""Pure-JAX tail RoPE + microscaled QDQ (docs/NUMERICS.md, 9): the oracle of the kernel and the "xla" implementation.
 
 Bit-exactness must not depend on what XLA (and LLVM / ptxas below it) does to
 floating-point code on any backend, so the reference relies on nothing but
@@ -85,7 +85,7 @@ ROPE_CHANNELS = 64  # the rotated tail: 32 adjacent pairs
 
 @dataclasses.dataclass(frozen=True)
 class Mode:
-  """One row of the SPEC section 4 table."""
+  """One row of the table of docs/NUMERICS.md, section 9.2."""
   width: int          # channels per row (x.shape[-1])
   group: int          # channels per scale group
   fp8: bool           # E4M3 elements (limit 448) instead of E2M1 (limit 6)

@@ -2,7 +2,7 @@
 
 Works on anything with ``shape`` and ``dtype`` (JAX arrays, tracers, torch tensors), so the
 checks and their messages are the same on both sides; each failure names the argument,
-what was expected and what was given (SPEC section 6).
+what was expected and what was given (docs/API.md, section 3).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""PyTorch front end of jqat: QAT attention and tail RoPE + QDQ on torch tensors (SPEC section 5).
+"""PyTorch front end of jqat: QAT attention and tail RoPE + QDQ on torch tensors (docs/API.md, section 2).
 
 Layout is BHSD, as in ``torch.nn.functional.scaled_dot_product_attention``:
 ``q [B, H, Sq, D]``, ``k, v [B, Hkv, Skv, D]``, ``lse [B, H, Sq]`` fp32.

@@ -25,7 +25,7 @@ from jqat.torch import _tensors as tt
 
 
 def check_inputs(q, k, v, *, enable_gqa: bool = True, names=("q", "k", "v")):
-  """SPEC section 6 checks of BHSD q, k, v (the shared validator, plus device and backend)."""
+  """The checks of docs/API.md, section 3, on BHSD q, k, v (the shared validator, plus device and backend)."""
   for name, t in zip(names, (q, k, v)):
     tt.check_tensor(name, t)
   validate.attention_inputs(q, k, v, layout="BHSD", names=names, gqa=enable_gqa)
@@ -303,7 +303,7 @@ def attention(q, k, v, is_causal=False, scale=None, enable_gqa=False, *, block_n
   scale: softmax scale, default 1/sqrt(D).
   block_n: KV tile of the forward (the quantized P depends on it), as in ``jqat.attention``.
   quantize_qkv, quantize_p, high_precision_delta, quantize_p_backward: the paper's ablation
-    switches (SPEC section 3); all False is plain BF16 flash attention.
+    switches (docs/NUMERICS.md, section 6); all False is plain BF16 flash attention.
   query_seq_lengths, key_value_seq_lengths: integer [B] (padding); q_segment_ids [B, Sq], kv_segment_ids [B, Skv]
     integer (packed documents); local_window_size, causal_alignment: as in ``jqat.attention`` (there
     ``is_causal`` follows ``causal_alignment`` too). Integer masks are passed to the kernels as int32.

@@ -212,7 +212,7 @@ _PLANS_KEPT = 16  # launch plans a RopeQDQInplace keeps (one per shape seen, the
 
 
 def _check_rope(x, cache, positions, mode):
-  """Static checks of rope_qdq_inplace (SPEC section 6); nothing is touched on failure."""
+  """Static checks of rope_qdq_inplace (docs/API.md, section 3); nothing is touched on failure."""
   for name, t in (("x", x), ("cache", cache), ("positions", positions)):
     tt.check_tensor(name, t)
     if t.requires_grad:
@@ -279,7 +279,7 @@ class RopeQDQInplace:
     m = self.mode
     positions = positions.reshape(-1)
     # The checks fixed the dtypes, the device and contiguity, so the shapes (and whether Triton interprets) select the
-    # plan. Building one costs about as much host time as launching it (docs/BENCHMARKS.md, run 44), so the op keeps
+    # plan. Building one cost about as much host time as launching it (measured on the H200), so the op keeps
     # the latest few.
     key = (x.shape, cache.shape, positions.shape, torch_launch.interpreting(x))
     plan = self._plans.get(key)

@@ -1,0 +1,209 @@
+"""A markdown table from a benchmark script's JSON output, for docs/BENCHMARKS.md.
+
+  python benchmarks/report.py OUT.json [--command CMD] [--date YYYY-MM-DD] [--machine TEXT] [--software TEXT]
+      [--rows 0,3]
+
+Knows the JSON of attention.py (its rows, or ``--memory-only``), masks.py, kernel_times.py, sharding.py,
+rope_qdq.py, torch_rope_qdq.py, qat_matmul.py, compile_time.py and numerics_modes.py, by their keys. Prints a
+provenance line (the command, date, machine and software given, plus the device the JSON names) and the
+table; times in ms unless a header says otherwise. ``--rows`` keeps the rows of attention.py's JSON with those
+``row`` indices. Nothing is computed that the JSON does not hold, except
+ratios of two of its figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def _num(v, digits=4):
+  """``v`` with ``digits`` significant digits ("-" for a missing value)."""
+  if v is None:
+    return "-"
+  if isinstance(v, bool):
+    return "yes" if v else "no"
+  if isinstance(v, int):
+    return f"{v:,}" if abs(v) >= 100_000 else str(v)
+  return f"{v:#.{digits}g}".rstrip(".") if abs(v) < 10 ** digits else f"{v:.0f}"
+
+
+def _fixed(v, places=3):
+  return "-" if v is None else f"{v:.{places}f}"
+
+
+def _ratio(v):
+  return "-" if v is None else f"{v:.2f}"
+
+
+def _table(header, rows):
+  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+  lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+  return lines
+
+
+def attention(d):
+  """benchmarks/attention.py: one row per shape; columns without a figure in any row are left out."""
+  cols = [("jqat fwd", "jqat_fwd_ms"), ("jqat fwd+bwd", "jqat_fwdbwd_ms"), ("jqat bwd", "jqat_bwd_ms"),
+          ("cuDNN fwd", "cudnn_fwd_ms"), ("cuDNN fwd+bwd", "cudnn_fwdbwd_ms"), ("SDPA fwd", "sdpa_fwd_ms"),
+          ("SDPA fwd+bwd", "sdpa_fwdbwd_ms"), ("FastVideo fwd", "fastvideo_fwd_ms"),
+          ("FastVideo fwd+bwd", "fastvideo_fwdbwd_ms"), ("XLA reference fwd+bwd", "xla_ref_fwdbwd_ms")]
+  cols = [c for c in cols if any(c[1] in r for r in d["rows"])]
+  header = ["B, N, K, S, D, causal"] + [name for name, _ in cols] + ["fwd / cuDNN", "fwd+bwd / cuDNN"]
+  rows = []
+  for r in d["rows"]:
+    shape = f"{r['B']}, {r['N']}, {r['K']}, {r['S']}, {r['D']}, {'yes' if r['causal'] else 'no'}"
+    rows.append([shape] + [_num(r.get(key)) for _, key in cols]
+                + [_ratio(r.get("ratio_fwd_vs_cudnn")), _ratio(r.get("ratio_fwdbwd_vs_cudnn"))])
+  return _table(header, rows)
+
+
+def memory(d):
+  """benchmarks/attention.py --memory-only: the plans' prediction against the measured peak."""
+  m = d["memory_check"]
+  a = m["accounting"]
+  s = a["shape"]
+  mb = lambda v: "-" if v is None else f"{v / 1e6:.2f}"
+  header = ["(B, N, S, D), causal", "inputs + outputs + residuals, MB", "predicted peak, MB", "measured peak, MB",
+            "measured / (inputs + outputs + residuals)", "gradients finite"]
+  ratio = m.get("measured_ratio")
+  row = [f"({s['B']}, {s['N']}, {s['S']}, {s['D']}), {'yes' if s['causal'] else 'no'}", mb(a["base"]),
+         mb(a["predicted_peak"]), mb(m.get("peak_bytes")), "-" if ratio is None else f"{ratio:.3f}x",
+         _num(m.get("finite"))]
+  return _table(header, [row])
+
+
+def masks(d):
+  """benchmarks/masks.py: forward, sum-loss fwd+bwd and given-dO fwd+bwd, each with its baseline and ratio."""
+  kinds = ["fwd", "sum-loss fwd+bwd", "given-dO fwd+bwd"][: len(d["rows"][0]["ms"])]
+  header = ["case", "baseline"] + [h for k in kinds for h in (k, "baseline", "ratio")]
+  rows = []
+  for r in d["rows"]:
+    cells = [c for m, b, q in zip(r["ms"], r["baseline_ms"], r["ratio"]) for c in (_num(m), _num(b), _ratio(q))]
+    rows.append([r["case"], r["baseline"]] + cells)
+  return _table(header, rows)
+
+
+def kernel_times(d):
+  """benchmarks/kernel_times.py: device ms per fwd+bwd of each kernel group, one column per case."""
+  cases = list(d["cases"])
+  groups = list(dict.fromkeys(g for c in cases for g in d["cases"][c]["grouped"]))
+  ms = lambda v: "-" if v is None else f"{v:.3f}"
+  label = lambda g: "torch elementwise kernels (gradient adds, fills)" if g.startswith("void at::") else g
+  rows = [[label(g)] + [ms(d["cases"][c]["grouped"].get(g)) for c in cases] for g in groups]
+  rows.append(["total"] + [ms(d["cases"][c]["total"]) for c in cases])
+  return _table(["kernel"] + cases, rows)
+
+
+def sharding(d):
+  """benchmarks/sharding.py: fwd+bwd per configuration and its speed-up over one GPU."""
+  header = ["B, T, N, D, causal", "config", "fwd+bwd", "speed-up vs 1 GPU", "target", "collectives"]
+  rows = []
+  for r in d["rows"]:
+    coll = ", ".join(f"{n} {k}" for k, n in r.get("collectives", {}).items() if n) or "none"
+    shape = f"{r['B']}, {r['T']}, {r['N']}, {r['D']}, {'yes' if r['causal'] else 'no'}"
+    rows.append([shape, r["config"], _num(r.get("fwdbwd_ms")), _ratio(r.get("speedup_vs_1")),
+                 r.get("target") or "", r.get("error", coll)])
+  return _table(header, rows)
+
+
+def rope_qdq(d):
+  """benchmarks/rope_qdq.py: the JAX op against a device-to-device copy and the jitted reference."""
+  header = ["mode", "rows", "ms", "GB/s", "copy GB/s", "% of copy", "reference ms", "speed-up vs reference"]
+  rows = [[r["mode"], _num(r["rows"]), _num(r["ours_ms"]), _num(r["ours_gbs"]),
+           f"{_num(r['copy_gbs'])} ({r['copy_method']})", f"{r['pct_of_copy']:.1f}%", _num(r["reference_ms"]),
+           f"{r['speedup_vs_reference']:.1f}x"] for r in d["results"]]
+  return _table(header, rows)
+
+
+def torch_rope_qdq(d):
+  """benchmarks/torch_rope_qdq.py: the in-place torch op against ``dst.copy_(x)`` in the same rounds."""
+  header = ["mode", "width", "H", "rows", "ms", "copy ms", "share of a copy's speed", "HBM GB/s", "allocated +B"]
+  rows = [[r["mode"], r["width"], r["heads"], _num(r["rows"]), _num(r["ours_ms"]), _num(r["copy_ms"]),
+           f"{100 * r['copy_fraction']:.1f}%", _num(r["ours_hbm_gbs"]), r["allocated_delta"]] for r in d["results"]]
+  return _table(header, rows)
+
+
+def qat_matmul(d):
+  """benchmarks/qat_matmul.py: the Pallas kernel against jnp.dot of pre-quantized operands and the XLA path."""
+  header = ["M, K, N", "jnp.dot of fq operands", "XLA (fq + dot)", "Pallas (best config)", "Pallas / dot",
+            "jax.grad: Pallas / XLA"]
+  rows = [[f"{r['M']}, {r['K']}, {r['N']}", f"{_num(r['dot_prequant_ms'])} ({r['dot_prequant_tflops']:.0f} TF/s)",
+           _num(r["xla_ms"]), f"{_num(r['pallas_best_ms'])} ({r['pallas_best']}, {r['pallas_best_tflops']:.0f} TF/s)",
+           f"{r['ratio_pallas_vs_dot']:.1f}x", f"{_num(r.get('pallas_fwdbwd_ms'))} / {_num(r.get('xla_fwdbwd_ms'))}"]
+          for r in d["rows"]]
+  return _table(header, rows)
+
+
+def compile_time(d):
+  """benchmarks/compile_time.py: seconds from a new process to its first gradient, per cache state."""
+  header = ["start", "first gradient, s", "of which the first run, s", "process, s", "kernels compiled",
+            "XLA cache hits / misses"]
+  rows = []
+  for start in ("cold", "warm", "warm_kernel_cache_only"):
+    if start in d:
+      r = d[start]
+      rows.append([start.replace("_", " "), f"{r['first_result_s']:.2f}", f"{r['phases_s']['first_run']:.2f}",
+                   f"{r['process_wall_s']:.2f}", r["kernels_compiled_before_first_result"],
+                   f"{r['xla_cache_hits']} / {r['xla_cache_misses']}"])
+  return _table(header, rows)
+
+
+def numerics_modes(d):
+  """benchmarks/numerics_modes.py: fwd+bwd time and relative error against exact attention, per mode."""
+  header = ["T", "causal", "p_scale", "smooth_k", "qkv_scale", "fwd+bwd", "O", "dQ", "dK", "dV"]
+  rows = [[r["t"], _num(r["causal"]), r["p_scale"], _num(r["smooth_k"]), r["qkv_scale"],
+           _num(r.get("fwd_bwd_ms"))] + [_fixed(r.get(f"err_{x}")) for x in ("o", "dq", "dk", "dv")]
+          for r in d["rows"]]
+  return _table(header, rows)
+
+
+def kind(d):
+  """Which script wrote ``d``."""
+  rows = d.get("rows") or [{}]
+  results = d.get("results") or [{}]
+  for name, test in [("memory", "memory_check" in d and "rows" not in d), ("attention", "jqat_fwd_ms" in rows[0]),
+                     ("masks", "baseline_ms" in rows[0]), ("kernel_times", "cases" in d),
+                     ("sharding", "speedup_vs_1" in rows[0] or "config" in rows[0]),
+                     ("qat_matmul", "dot_prequant_ms" in rows[0]), ("numerics_modes", "err_dv" in rows[0]),
+                     ("torch_rope_qdq", "copy_fraction" in results[0]),
+                     ("rope_qdq", "speedup_vs_reference" in results[0]), ("compile_time", "warm" in d)]:
+    if test:
+      return name
+  raise ValueError("not the JSON of a known benchmark script")
+
+
+RENDER = dict(attention=attention, memory=memory, masks=masks, kernel_times=kernel_times, sharding=sharding,
+              rope_qdq=rope_qdq, torch_rope_qdq=torch_rope_qdq, qat_matmul=qat_matmul, compile_time=compile_time,
+              numerics_modes=numerics_modes)
+
+
+def report(d, command=None, date=None, machine=None, software=None, rows=None):
+  """The markdown lines for the JSON object ``d``: a provenance line, a blank line and the table; ``rows``: the
+  attention rows to keep (their ``row`` indices), all when None."""
+  if rows is not None:
+    d = dict(d, rows=[r for r in d["rows"] if r.get("row") in rows])
+  device = d.get("device")
+  named = device and not (machine and str(device) in machine)
+  prov = [f"`{command}`" if command else None, date, machine, f"device {device}" if named else None, software]
+  lines = ["; ".join(p for p in prov if p) + "." if any(prov) else None, ""]
+  return [x for x in lines if x is not None] + RENDER[kind(d)](d)
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("json")
+  ap.add_argument("--command", help="the command line that wrote the JSON")
+  ap.add_argument("--date")
+  ap.add_argument("--machine", help='e.g. "one NVIDIA H200"')
+  ap.add_argument("--software", help='e.g. "jax 0.11.2, triton 3.6.0, jax-triton 0.3.1"')
+  ap.add_argument("--rows", help="attention.py rows to keep: comma-separated row indices")
+  args = ap.parse_args()
+  with open(args.json) as f:
+    d = json.load(f)
+  rows = None if args.rows is None else {int(x) for x in args.rows.split(",")}
+  print("\n".join(report(d, args.command, args.date, args.machine, args.software, rows)))
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,106 @@
+"""benchmarks/report.py: each benchmark script's JSON (small synthetic ones, with the keys the scripts write) becomes a
+markdown table holding its figures, and an unknown JSON is refused."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "benchmarks", "report.py")
+_spec = importlib.util.spec_from_file_location("bench_report", SCRIPT)
+report = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(report)
+
+_PHASES = {"first_run": 2.6392}
+_START = dict(first_result_s=4.358, process_wall_s=4.894, kernels_compiled_before_first_result=0, xla_cache_hits=5,
+              xla_cache_misses=0, phases_s=_PHASES)
+
+CASES = {
+  "attention": (
+    {"device": "NVIDIA H200", "rows": [dict(row=0, B=1, N=16, K=16, S=4096, D=128, causal=False, jqat_fwd_ms=0.4877,
+                                            jqat_fwdbwd_ms=1.7753, cudnn_fwd_ms=0.2401, cudnn_fwdbwd_ms=0.8961,
+                                            ratio_fwd_vs_cudnn=2.031, ratio_fwdbwd_vs_cudnn=1.981)]},
+    ["1, 16, 16, 4096, 128, no", "0.4877", "1.775", "2.03", "1.98"],
+  ),
+  "memory": (
+    {"memory_check": {"accounting": {"shape": dict(B=1, N=8, S=65536, D=128, causal=True), "base": 941621252,
+                                     "predicted_peak": 1077936132},
+                      "peak_bytes": 1077937408, "measured_ratio": 1.1448, "finite": True}},
+    ["941.62", "1077.94", "1.145x"],
+  ),
+  "masks": (
+    {"rows": [dict(case="window 1024 at 16384", baseline="0.0605 x full non-causal", ms=[0.615, 2.243, 2.183],
+                   baseline_ms=[0.3898, 1.540, 1.552], ratio=[1.578, 1.456, 1.407])]},
+    ["window 1024 at 16384", "0.615", "1.58", "1.41", "given-dO fwd+bwd"],
+  ),
+  "kernel_times": (
+    {"cases": {"causal": {"grouped": {"bwd_dkdv": 0.269, "attention_fwd": 0.190}, "total": 0.459}}},
+    ["bwd_dkdv", "0.269", "0.459"],
+  ),
+  "sharding": (
+    {"rows": [dict(config="jqat batch", B=2, T=16384, N=16, D=128, causal=True, fwdbwd_ms=16.21, speedup_vs_1=1.958,
+                   target=1.8, collectives={"all-to-all": 0})]},
+    ["jqat batch", "16.21", "1.96", "none"],
+  ),
+  "rope_qdq": (
+    {"results": [dict(mode="fp4/32/ue8m0", rows=1048576, ours_ms=0.1489, ours_gbs=4063.2, copy_gbs=4102.6,
+                      copy_method="torch", pct_of_copy=99.04, reference_ms=1.675, speedup_vs_reference=11.25)]},
+    ["1,048,576", "99.0%", "11.2x"],
+  ),
+  "torch_rope_qdq": (
+    {"results": [dict(mode="fp4/16/e4m3", width=512, heads=1, rows=1048576, ours_ms=0.5596, copy_ms=0.5058,
+                      copy_fraction=0.904, ours_hbm_gbs=3845.0, allocated_delta=0)]},
+    ["fp4/16/e4m3", "90.4%", "0.5596"],
+  ),
+  "qat_matmul": (
+    {"rows": [dict(M=4096, K=4096, N=4096, dot_prequant_ms=0.1893, dot_prequant_tflops=725.9, xla_ms=2.911,
+                   pallas_best="128x128x64x8x3", pallas_best_ms=7.049, pallas_best_tflops=19.5,
+                   ratio_pallas_vs_dot=37.23, pallas_fwdbwd_ms=0.493, xla_fwdbwd_ms=0.4927)]},
+    ["37.2x", "7.049", "726 TF/s"],
+  ),
+  "compile_time": ({"cold": dict(_START, first_result_s=11.28), "warm": _START}, ["11.28", "4.36", "2.64", "5 / 0"]),
+  "numerics_modes": (
+    {"rows": [dict(t=16384, causal=False, p_scale="row", smooth_k=False, qkv_scale="block", fwd_bwd_ms=39.65,
+                   err_o=0.166, err_dq=0.192, err_dk=0.192, err_dv=0.120)]},
+    ["16384", "row", "39.65", "0.120"],
+  ),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_each_benchmarks_json_becomes_a_table_of_its_figures(name):
+  data, figures = CASES[name]
+  assert report.kind(data) == name
+  lines = report.report(data, command="python3 benchmarks/x.py", date="2026-12-02", machine="one NVIDIA H200")
+  assert lines[0].startswith("`python3 benchmarks/x.py`; 2026-12-02; one NVIDIA H200")
+  table = lines[2:]
+  assert table[1].startswith("|---|") and len({row.count("|") for row in table}) == 1  # one width for every row
+  text = "\n".join(table)
+  for figure in figures:
+    assert figure in text, (figure, text)
+
+
+def test_rows_keeps_the_attention_rows_named():
+  data = CASES["attention"][0]
+  data = dict(data, rows=data["rows"] + [dict(data["rows"][0], row=3, S=16384)])
+  text = "\n".join(report.report(data, rows={3}))
+  assert "16384" in text and "4096" not in text
+
+
+def test_an_unknown_json_is_refused():
+  with pytest.raises(ValueError, match="not the JSON of a known benchmark"):
+    report.kind({"rows": [{"something": 1}]})
+
+
+def test_command_line(tmp_path):
+  path = tmp_path / "masks.json"
+  path.write_text(json.dumps(CASES["masks"][0]))
+  out = subprocess.run([sys.executable, SCRIPT, str(path), "--date", "2026-12-02"], capture_output=True, text=True,
+                       check=True).stdout
+  assert out.startswith("2026-12-02.\n\n| case | baseline |") and "| window 1024 at 16384 |" in out
