@@ -194,10 +194,10 @@ def decode_split_kernel(
 
   q: [B, Tq, N, D] (strides stride_q*, last axis contiguous, multiples of 16), N = K * group; row r of a
   (batch, KV head) is query ``r // group`` of head ``kvh * group + r % group``; ``rows`` = group * Tq, in
-  ``row_blocks`` blocks of BLOCK_M. Caches: codes ``[.., D // 2]`` and scales ``[.., D // 16]`` (uint8 and E4M3 bytes) with leading axes
-  ``[B, capacity, K]`` (PAGE_SIZE 0) or ``[num_pages, PAGE_SIZE, K]`` through pt ``[B, pages_per_seq]`` int32;
-  kv_len [B] int32, clamped to ``[0, capacity]``. Query i sees keys ``j < kv_len``, and with IS_CAUSAL only
-  ``j <= kv_len - Tq + i``.
+  ``row_blocks`` blocks of BLOCK_M. Caches: codes ``[.., D // 2]`` and scales ``[.., D // 16]`` (uint8 and E4M3
+  bytes) with leading axes ``[B, capacity, K]`` (PAGE_SIZE 0) or ``[num_pages, PAGE_SIZE, K]`` through pt
+  ``[B, pages_per_seq]`` int32; kv_len [B] int32, clamped to ``[0, capacity]``. Query i sees keys
+  ``j < kv_len``, and with IS_CAUSAL only ``j <= kv_len - Tq + i``.
   The live tiles ``cdiv(kv_len, BLOCK_N)`` are cut into SPLITS runs of ``cdiv(tiles, SPLITS)``; this program
   (``program_id(1)``) walks its run from an empty state. SPLITS 1: O is written to o ([B, Tq, N, D], strides
   stride_o*, multiples of 16); else the unnormalized ``acc`` to part_acc ``[B * K * row_blocks, SPLITS, BLOCK_M,
