@@ -145,17 +145,18 @@ def sweep(rows):
     q = jax.random.normal(jax.random.key(1), (b, 1, n, d), jnp.bfloat16)
     lengths = jnp.full((b,), t, jnp.int32)
     default = default_num_splits(b, kh, t, 64)
-    configs = [(default, w, s) for w in (4, 8) for s in (1, 2, 3)]
-    configs += [(max(1, default // 2), 4, 2), (min(64, default * 2), 4, 2)]
-    for splits, warps, stages in configs:
-      plans.set_config_override("decode", dict(num_warps=warps, num_stages=stages))
+    configs = [(default, w, s, c) for w in (2, 4) for s in (2, 3) for c in (0, 1)]
+    configs += [(max(1, default // 2), 2, 2, 1), (min(64, default * 2), 2, 2, 1)]
+    for splits, warps, stages, cvt in configs:
+      plans.set_config_override("decode", dict(num_warps=warps, num_stages=stages, cvt=cvt))
       fn = jax.jit(lambda q, kc, vc, n, s=splits: jqat.decode_attention(q, kc, vc, n, num_splits=s,
                                                                       implementation="triton"))
       try:
         ms = time_ms(fn, [(q, kc, vc, lengths)])
-        out.append(dict(B=b, N=n, K=kh, T=t, D=d, splits=splits, num_warps=warps, num_stages=stages, ms=ms))
+        out.append(dict(B=b, N=n, K=kh, T=t, D=d, splits=splits, num_warps=warps, num_stages=stages, cvt=cvt, ms=ms,
+                        tbps=b * t * kh * (d // 2 + d // 16) * 2 / ms / 1e9))
       except Exception as e:  # noqa: BLE001
-        out.append(dict(B=b, T=t, splits=splits, num_warps=warps, num_stages=stages, error=str(e)[:200]))
+        out.append(dict(B=b, T=t, splits=splits, num_warps=warps, num_stages=stages, cvt=cvt, error=str(e)[:200]))
       print(out[-1], flush=True)
     plans.set_config_override("decode", None)
   return out

@@ -107,7 +107,7 @@ def decode_spec(paged: bool) -> OpSpec:
   cache = ("pzkc", "pzke") if paged else ("bskc", "bske")
   operands = (("query", "btnd"), ("k_codes", cache[0]), ("k_scales", cache[1]), ("v_codes", cache[0]),
               ("v_scales", cache[1]), ("kv_lengths", "b")) + ((("page_table", "bx"),) if paged else ())
-  return OpSpec("decode_attention", operands, (("out", "btnd"),), frozenset("dcepzx"))
+  return OpSpec("decode_attention", operands, (("out", "btnd"),), frozenset("dcepzx" if paged else "dce"))
 
 
 def kv_cache_update_spec(paged: bool) -> OpSpec:
@@ -116,7 +116,7 @@ def kv_cache_update_spec(paged: bool) -> OpSpec:
   tensors = (("k_codes", cache[0]), ("k_scales", cache[1]), ("v_codes", cache[0]), ("v_scales", cache[1]))
   operands = (("k_new", "btkd"), ("v_new", "btkd"), ("positions", "bt")) + tensors + (
       (("page_table", "bx"),) if paged else ())
-  return OpSpec("kv_cache_update", operands, tensors, frozenset("dcepzx"))
+  return OpSpec("kv_cache_update", operands, tensors, frozenset("dcepzx" if paged else "dce"))
 
 
 def _axes(entry) -> tuple[str, ...]:

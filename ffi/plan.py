@@ -638,7 +638,7 @@ def decode_attention(q: Tensor, k_codes: Tensor, k_scales: Tensor, v_codes: Tens
            SPLITS=splits, QUANTIZE_Q=opts.config.quantize_qkv, QUANTIZE_P=opts.config.quantize_p,
            P_ROW_RANGE=P_ROW_RANGE if opts.p_scale == "row" else 0.0, **quant, COMPILED=not target.interpret,
            CODE_ALIGN=_pow2_divisor(k_codes.strides[:3] + v_codes.strides[:3]),
-           SCALE_ALIGN=_pow2_divisor(k_scales.strides[:3] + v_scales.strides[:3])),
+           SCALE_ALIGN=_pow2_divisor(k_scales.strides[:3] + v_scales.strides[:3]), CVT=bool(c.cvt)),
       c.num_warps, c.num_stages)
   launches = (split,)
   if splits > 1:
@@ -677,6 +677,6 @@ def kv_cache_update(k_new: Tensor, v_new: Tensor, positions: Tensor, k_codes: Te
     launches.append(Launch(
         f"jqat_kv_cache_write_{name}", kdec.kv_cache_write_kernel, (triton.cdiv(n_rows, launch["BLOCK_R"]),), args,
         (f"{name}_codes_out", f"{name}_scales_out"),
-        dict(HEAD_DIM=d, BLOCK_R=launch["BLOCK_R"], PAGE_SIZE=geo["page_size"], **target.quant_flags()),
+        dict(HEAD_DIM=d, BLOCK_R=launch["BLOCK_R"], PAGE_SIZE=geo["page_size"], HW_E4M3=target.quant_flags()["HW_E4M3"]),
         launch["num_warps"], launch["num_stages"], aliases=((3, 0), (4, 1))))
   return Plan(buffers, inputs, (), outputs, tuple(launches))

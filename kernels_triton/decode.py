@@ -45,7 +45,6 @@ from jqat.kernels_triton.nvfp4 import (
   round_e2m1,
 )
 
-SUB_SHIFT = tl.constexpr(16384.0)  # 2**14: E2M1 codes are read as FP16 values 2**14 times too small
 MAX_ROWS_PER_PROGRAM = 64
 
 
@@ -58,6 +57,7 @@ class DecodeConfig:
   block_m: int
   num_warps: int
   num_stages: int
+  cvt: int = 0  # 1: codes to FP16 by the E4M3 conversion instruction (sm_89+), else by integer bit operations
 
 
 def decode_config(rows: int) -> DecodeConfig:
@@ -84,7 +84,9 @@ def e4m3_bits_to_f32(b):
 @triton.jit
 def _nibble_values_asm(codes):
   """``(low, high)`` nibbles of uint8 ``codes`` as FP16 ``E2M1 * 2**-14`` (see the module docstring), four bytes at
-  a time: one byte permute, then shifts and masks on two FP16 lanes per register."""
+  a time: one byte permute per two bytes, then shifts and masks on two FP16 lanes per register. Not pure, so that
+  the compiler keeps it where the codes are loaded (16 bytes a thread) instead of repeating it in the tensor cores'
+  operand layout, where each thread holds single bytes."""
   return tl.inline_asm_elementwise(
       asm="""{
       .reg .b32 x, t;
@@ -95,13 +97,33 @@ def _nibble_values_asm(codes):
       shl.b32 t, x, 12; and.b32 t, t, 0x80008000; shl.b32 $1, x, 9; and.b32 $1, $1, 0x0E000E00; or.b32 $1, $1, t;
       shl.b32 t, x, 8; and.b32 t, t, 0x80008000; shl.b32 $3, x, 5; and.b32 $3, $3, 0x0E000E00; or.b32 $3, $3, t;
       }""",
-      constraints="=r,=r,=r,=r,r", args=[codes], dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
+      constraints="=r,=r,=r,=r,r", args=[codes], dtype=(tl.float16, tl.float16), is_pure=False, pack=4)
 
 
 @triton.jit
-def _nibble_values(codes, COMPILED: tl.constexpr):
-  """``(low, high)`` nibbles of uint8 ``codes`` as FP16 ``E2M1 * 2**-14``, the same values on both paths."""
-  if COMPILED:
+def _nibble_values_cvt(codes):
+  """``(low, high)`` nibbles of uint8 ``codes`` as FP16 ``E2M1 * 2**-6``, by the hardware's E4M3 -> FP16 conversion
+  (sm_89+): a nibble ``s e e m`` is the E4M3 byte ``s 0 0 0 0 e e m 0 0`` placed so, E2M1 * 2**-6 exactly (exponent
+  0 is the subnormal 0.5 * 2**-6). Two conversions per four values."""
+  return tl.inline_asm_elementwise(
+      asm="""{
+      .reg .b32 l, h, t;
+      .reg .b16 l0, l1, h0, h1;
+      shl.b32 t, $4, 4; and.b32 t, t, 0x80808080; shl.b32 l, $4, 2; and.b32 l, l, 0x1C1C1C1C; or.b32 l, l, t;
+      shr.u32 h, $4, 2; and.b32 h, h, 0x1C1C1C1C; and.b32 t, $4, 0x80808080; or.b32 h, h, t;
+      mov.b32 {l0, l1}, l; mov.b32 {h0, h1}, h;
+      cvt.rn.f16x2.e4m3x2 $0, l0; cvt.rn.f16x2.e4m3x2 $1, l1;
+      cvt.rn.f16x2.e4m3x2 $2, h0; cvt.rn.f16x2.e4m3x2 $3, h1;
+      }""",
+      constraints="=r,=r,=r,=r,r", args=[codes], dtype=(tl.float16, tl.float16), is_pure=False, pack=4)
+
+
+@triton.jit
+def _nibble_values(codes, COMPILED: tl.constexpr, CVT: tl.constexpr):
+  """``(low, high)`` nibbles of uint8 ``codes`` as FP16 ``E2M1 / value_shift(CVT)``, the same values on all paths."""
+  if COMPILED and CVT:
+    return _nibble_values_cvt(codes)
+  elif COMPILED:
     return _nibble_values_asm(codes)
   else:
     c = codes.to(tl.int32)
@@ -111,15 +133,26 @@ def _nibble_values(codes, COMPILED: tl.constexpr):
 
 
 @triton.jit
+def value_shift(CVT: tl.constexpr):
+  """The power of two by which :func:`dequant_tile`'s values are too small: 2**6 through the E4M3 conversion, 2**14
+  through FP16 bit patterns."""
+  return 64.0 if CVT else 16384.0
+
+
+@triton.jit
 def dequant_tile(codes, scales, ROWS: tl.constexpr, DH: tl.constexpr, NB: tl.constexpr, DTYPE: tl.constexpr,
-                 COMPILED: tl.constexpr):
-  """Even and odd channels ``[ROWS, DH]`` of a cache tile, each ``value * 2**-14`` in ``DTYPE`` (exact).
+                 COMPILED: tl.constexpr, CVT: tl.constexpr = False):
+  """Even and odd channels ``[ROWS, DH]`` of a cache tile, each ``value / value_shift(CVT)`` in ``DTYPE`` (exact).
 
   codes: uint8 ``[ROWS, DH]``; scales: E4M3 bytes ``[ROWS, NB]`` (NB * 8 == DH). DTYPE float16 (the quantized
   path, see the module docstring), bfloat16 or float32 (operands of unquantized BF16 / FP32 dots).
   """
+  lo, hi = _nibble_values(codes, COMPILED, CVT)
+  if DTYPE == tl.float16 and COMPILED:  # the hardware conversion (emulated below sm_89), NaN kept
+    s16 = scales.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+    s16 = tl.reshape(tl.broadcast_to(s16[:, :, None], [ROWS, NB, 8]), [ROWS, DH])
+    return lo * s16, hi * s16
   sc = tl.reshape(tl.broadcast_to(e4m3_bits_to_f32(scales)[:, :, None], [ROWS, NB, 8]), [ROWS, DH])
-  lo, hi = _nibble_values(codes, COMPILED)
   if DTYPE == tl.float16:
     s16 = sc.to(tl.float16)  # exact: E4M3 values fit FP16
     return lo * s16, hi * s16
@@ -189,7 +222,7 @@ def decode_split_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
     IS_CAUSAL: tl.constexpr, SPLITS: tl.constexpr, QUANTIZE_Q: tl.constexpr, QUANTIZE_P: tl.constexpr,
     P_ROW_RANGE: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr, COMPILED: tl.constexpr,
-    CODE_ALIGN: tl.constexpr, SCALE_ALIGN: tl.constexpr):
+    CODE_ALIGN: tl.constexpr, SCALE_ALIGN: tl.constexpr, CVT: tl.constexpr = False):
   """One split of the KV walk of one (batch, KV head, row block).
 
   q: [B, Tq, N, D] (strides stride_q*, last axis contiguous, multiples of 16), N = K * group; row r of a
@@ -250,7 +283,9 @@ def decode_split_kernel(
   t_lo = tl.minimum(split * chunk, tiles)
   t_hi = tl.minimum(t_lo + chunk, tiles)
 
-  qk_scale = scale * LOG2E * SUB_SHIFT
+  CVT_ON: tl.constexpr = CVT and COMPILED and HW_E4M3
+  SHIFT: tl.constexpr = value_shift(CVT_ON)
+  qk_scale = scale * LOG2E * SHIFT
   m = tl.full([BLOCK_M], float("-inf"), tl.float32)
   l = tl.zeros([BLOCK_M], tl.float32)
   acc_even = tl.zeros([BLOCK_M, DH_PAD], tl.float32)
@@ -269,7 +304,7 @@ def decode_split_kernel(
     rows_vs = _cache_rows(b, kvh, kn, key_ok, pt_ptr, pages_per_seq, num_pages, stride_vsp, stride_vst, stride_vsk,
                           PAGE_SIZE)
     v_codes, v_scales = _load_tile(vc_ptr, vs_ptr, rows_vc, rows_vs, key_ok, DH, NB, DH_PAD, NB_PAD)
-    k_even, k_odd = dequant_tile(k_codes, k_scales, BLOCK_N, DH_PAD, NB_PAD, Q_DTYPE, COMPILED)
+    k_even, k_odd = dequant_tile(k_codes, k_scales, BLOCK_N, DH_PAD, NB_PAD, Q_DTYPE, COMPILED, CVT_ON)
     s = _dot(q_even, tl.trans(k_even), DOT_F32) + _dot(q_odd, tl.trans(k_odd), DOT_F32)
     s = s * qk_scale  # log2 units
     valid = kn[None, :] < limit[:, None]
@@ -287,13 +322,13 @@ def decode_split_kernel(
       p_op = fq_probs(p, BLOCK_M, BLOCK_N, HW_E4M3, HW_E2M1).to(tl.float16)  # exact
     else:
       p_op = round_bf16(p, not COMPILED)
-    v_even, v_odd = dequant_tile(v_codes, v_scales, BLOCK_N, DH_PAD, NB_PAD, P_DTYPE, COMPILED)
+    v_even, v_odd = dequant_tile(v_codes, v_scales, BLOCK_N, DH_PAD, NB_PAD, P_DTYPE, COMPILED, CVT_ON)
     acc_even = acc_even * alpha[:, None] + _dot(p_op, v_even, DOT_F32)
     acc_odd = acc_odd * alpha[:, None] + _dot(p_op, v_odd, DOT_F32)
     m = m_new
 
   # Back to natural units of V: the values were read 2**14 times too small.
-  acc = tl.reshape(tl.join(acc_even, acc_odd), [BLOCK_M, D_PAD]) * SUB_SHIFT
+  acc = tl.reshape(tl.join(acc_even, acc_odd), [BLOCK_M, D_PAD]) * SHIFT
   out_ok = row_ok[:, None] & d_ok[None, :]
   if SPLITS == 1:
     empty = l == 0.0

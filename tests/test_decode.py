@@ -344,3 +344,85 @@ def test_kernel_write_in_place_when_donated_gpu():
   stats = jax.devices()[0].memory_stats() or {}
   cache_bytes = sum(x.nbytes for x in (*kc, *vc))
   assert stats.get("peak_bytes_in_use", 0) < 2 * cache_bytes, "a copy of the cache was made"
+
+
+# ----------------------------------------------------------------------------- torch
+
+
+def _torch_cache(cache, device="cpu"):
+  import torch
+
+  codes, scales = (np.asarray(x) for x in cache)
+  return (torch.from_numpy(codes.copy()).to(device),
+          torch.from_numpy(scales.view(np.uint8).copy()).view(torch.float8_e4m3fn).to(device))
+
+
+def test_torch_matches_jax_on_cpu():
+  """jqat.torch's decode and cache write on CPU tensors run the XLA path: the JAX API's bits."""
+  import torch
+
+  import jqat.torch as jt
+
+  b, t, kh, d, n, tq = 2, 96, 2, 64, 4, 2
+  k, v = _values((b, t, kh, d), 1), _values((b, t, kh, d), 2)
+  empty = jqat.init_kv_cache((b, t, kh, d))
+  kc, vc = _torch_cache(empty), _torch_cache(empty)
+  to_bhsd = lambda x: torch.from_numpy(np.asarray(x, np.float32)).to(torch.bfloat16).transpose(1, 2).contiguous()
+  pos = torch.arange(t, dtype=torch.int32).expand(b, t).contiguous()
+  version = kc[0]._version
+  assert jt.kv_cache_update(kc, vc, to_bhsd(k), to_bhsd(v), pos) == (kc, vc)
+  jkc, jvc, _ = _filled(k, v)
+  assert (kc[0].numpy() == np.asarray(jkc[0])).all() and (vc[1].view(torch.uint8).numpy()
+                                                          == np.asarray(jvc[1]).view(np.uint8)).all()
+  assert kc[0]._version > version, "the in-place write did not bump the version counter"
+  q = _values((b, tq, n, d), 3)
+  lengths = jnp.array([96, 40], jnp.int32)
+  got = jt.decode_attention(to_bhsd(q), kc, vc, torch.tensor([96, 40], dtype=torch.int32), num_splits=2)
+  want = jqat.decode_attention(q, jkc, jvc, lengths, num_splits=2, implementation="xla")
+  assert (got.transpose(1, 2).float().numpy() == np.asarray(want, np.float32)).all()
+  with pytest.raises(ValueError, match=r"positions must be in \[0, 96\)"):
+    jt.kv_cache_update(kc, vc, to_bhsd(k)[:, :, :1], to_bhsd(v)[:, :, :1], torch.full((b, 1), 96, dtype=torch.int32))
+  with pytest.raises(ValueError, match="positions must be int32"):
+    jt.kv_cache_update(kc, vc, to_bhsd(k), to_bhsd(v), pos.long())
+
+
+@pytest.mark.gpu
+def test_torch_kernels_and_cuda_graph_gpu():
+  """jqat.torch on CUDA: the kernels against the oracle, and a captured decode step (write + attend) replayed with
+  new inputs gives the eager result."""
+  import torch
+
+  import jqat.torch as jt
+
+  b, t, kh, d, n = 4, 2048, 8, 128, 32
+  dev = "cuda"
+  k, v = _values((b, t, kh, d), 1), _values((b, t, kh, d), 2)
+  jkc, jvc, _ = _filled(k, v, impl="triton")
+  kc, vc = _torch_cache(jkc, dev), _torch_cache(jvc, dev)
+  lengths = torch.full((b,), t, dtype=torch.int32, device=dev)
+  q = torch.randn(b, n, 1, d, device=dev, dtype=torch.bfloat16)
+  got = jt.decode_attention(q, kc, vc, lengths, num_splits=4)
+  want = decode_oracle(q.transpose(1, 2).float().cpu().numpy(), _oracle_values(jkc, None), _oracle_values(jvc, None),
+                       np.full(b, t), scale=d ** -0.5, block_n=64, num_splits=4)
+  assert_close(got.transpose(1, 2).float().cpu().numpy(), want, rel=O_BOUND, name="torch O")
+  new = torch.randn(b, kh, 1, d, device=dev, dtype=torch.bfloat16)
+  pos = torch.full((b, 1), t - 1, dtype=torch.int32, device=dev)
+  out = torch.empty_like(q)
+
+  def step():
+    jt.kv_cache_update(kc, vc, new, new, pos)
+    jt.decode_attention(q, kc, vc, lengths, num_splits=4, out=out)
+
+  step()  # compiles
+  torch.cuda.synchronize()
+  graph = torch.cuda.CUDAGraph()
+  with torch.cuda.graph(graph):
+    step()
+  q.copy_(torch.randn_like(q))
+  new.copy_(torch.randn_like(new))
+  graph.replay()
+  torch.cuda.synchronize()
+  replayed = out.clone()
+  step()
+  torch.cuda.synchronize()
+  assert torch.equal(replayed, out), "the replayed step differs from the eager one"

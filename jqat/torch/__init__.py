@@ -15,10 +15,12 @@ the ``torch.library`` op ``torch.ops.jqat.attention_fwd`` underneath, so ``torch
 does not break its graph; ``torch.ops.jqat.attention_out``, O without the backward's residuals, where
 nothing differentiates), and the vendor API names of ``vendor``:
 :func:`nvfp4_attention_qat_forward`, :func:`nvfp4_attention_qat_backward`,
-:class:`Nvfp4AttentionQatBackward`, :func:`rope_qdq_inplace`, :class:`RopeQDQInplace`.
+:class:`Nvfp4AttentionQatBackward`, :func:`rope_qdq_inplace`, :class:`RopeQDQInplace`; serving over a packed NVFP4
+KV cache: :func:`kv_cache_update` (in place) and :func:`decode_attention` (``jqat.torch._decode``).
 """
 
 from jqat.torch._attention import attention
+from jqat.torch._decode import decode_attention, kv_cache_update
 from jqat.torch.vendor import (
     Nvfp4AttentionQatBackward,
     RopeQDQInplace,
@@ -29,6 +31,6 @@ from jqat.torch.vendor import (
 )
 
 __all__ = [
-    "Nvfp4AttentionQatBackward", "RopeQDQInplace", "TupleDict", "attention", "nvfp4_attention_qat_backward",
-    "nvfp4_attention_qat_forward", "rope_qdq_inplace",
+    "Nvfp4AttentionQatBackward", "RopeQDQInplace", "TupleDict", "attention", "decode_attention", "kv_cache_update",
+    "nvfp4_attention_qat_backward", "nvfp4_attention_qat_forward", "rope_qdq_inplace",
 ]
