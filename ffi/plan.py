@@ -677,6 +677,7 @@ def kv_cache_update(k_new: Tensor, v_new: Tensor, positions: Tensor, k_codes: Te
     launches.append(Launch(
         f"jqat_kv_cache_write_{name}", kdec.kv_cache_write_kernel, (triton.cdiv(n_rows, launch["BLOCK_R"]),), args,
         (f"{name}_codes_out", f"{name}_scales_out"),
-        dict(HEAD_DIM=d, BLOCK_R=launch["BLOCK_R"], PAGE_SIZE=geo["page_size"], HW_E4M3=target.quant_flags()["HW_E4M3"]),
+        dict(HEAD_DIM=d, BLOCK_R=launch["BLOCK_R"], PAGE_SIZE=geo["page_size"],
+             HW_E4M3=target.quant_flags()["HW_E4M3"]),
         launch["num_warps"], launch["num_stages"], aliases=((3, 0), (4, 1))))
   return Plan(buffers, inputs, (), outputs, tuple(launches))
