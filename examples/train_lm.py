@@ -49,6 +49,7 @@ import time
 
 import _plot  # noqa: E402
 import jax
+import serve_lm
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -79,6 +80,7 @@ class Config:
   implementation: str | None = None  # None: Triton on a GPU, the XLA reference elsewhere
   rope_base: float = 10000.0
   seed: int = 0
+  serve_tokens: int = 256  # greedy tokens generated through the KV caches after training (examples/serve_lm.py)
 
 
 CONFIGS = {
@@ -87,7 +89,7 @@ CONFIGS = {
     "gpu": Config(seq_len=2048, d_model=256, num_heads=4, num_layers=4, batch_size=8, steps_pretrain=800,
                   steps_qat=250, lr_pretrain=2e-3, lr_qat=3e-4, warmup=50, eval_every=50, eval_batches=8),
     "tiny": Config(seq_len=32, d_model=64, num_heads=1, num_layers=1, batch_size=4, steps_pretrain=6,
-                   steps_qat=3, warmup=2, eval_every=3, eval_batches=2, max_files=200),
+                   steps_qat=3, warmup=2, eval_every=3, eval_batches=2, max_files=200, serve_tokens=16),
 }
 
 BF16_OFF = dict(quantize_qkv=False, quantize_p=False, high_precision_delta=False, quantize_p_backward=False)
@@ -162,15 +164,17 @@ def val_batches(data: np.ndarray, cfg: Config) -> np.ndarray:
 # ----------------------------------------------------------------------------- model
 
 
-def rope(x, base: float):
+def rope(x, base: float, positions=None):
   """Rotary position embedding (rotate-half pairing): x [B, T, N, D] -> [B, T, N, D] in x's dtype.
 
-  Positions are 0..T-1 of the call, computed in fp32; plain jnp so it runs under any sharding.
+  positions: int [B, T] (decoding through a KV cache), or None for 0..T-1 of the call; the angles are fp32; plain
+  jnp so it runs under any sharding.
   """
   t, half = x.shape[-3], x.shape[-1] // 2
   inv_freq = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
-  angle = jnp.arange(t, dtype=jnp.float32)[:, None] * inv_freq  # [T, D/2]
-  cos, sin = jnp.cos(angle)[:, None], jnp.sin(angle)[:, None]  # [T, 1, D/2]: broadcast over heads
+  pos = jnp.arange(t, dtype=jnp.float32)[None] if positions is None else positions.astype(jnp.float32)
+  angle = pos[..., None] * inv_freq  # [B or 1, T, D/2]
+  cos, sin = jnp.cos(angle)[..., None, :], jnp.sin(angle)[..., None, :]  # [B or 1, T, 1, D/2]: over heads
   x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
   return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
@@ -417,6 +421,9 @@ def run_seed(cfg: Config, out_dir: str, *, profile: str = "custom", mesh_sizes: 
                      "curves": curves}
     if row.key == CHECKPOINT_ROW:
       save_checkpoint(os.path.join(out_dir, f"{CHECKPOINT_ROW}_seed{cfg.seed}.npz"), model, cfg)
+      if cfg.serve_tokens > 0 and mesh is None:  # the trained model served through the packed NVFP4 KV cache
+        results[row.key]["serving"] = serve_lm.serve_report(model, cfg, val, tokens=cfg.serve_tokens,
+                                                            prompt=min(serve_lm.CHUNK, cfg.seq_len))
   result = {"profile": profile, "seed": cfg.seed, "config": dataclasses.asdict(cfg),
             "backend": jax.default_backend(), "devices": jax.device_count(), "split": split,
             "rows_spec": [dataclasses.asdict(r) for r in rows], "pretrain": pretrain, "rows": results,
@@ -560,6 +567,10 @@ def main(argv=None) -> dict:
                       help="override Config fields of the profile")
   parser.add_argument("--mesh", type=parse_mesh, default=None,
                       help="data=N,seq=M: batch over N devices, attention sequence-parallel (Ulysses) over M")
+  parser.add_argument("--generate", type=int, default=None, metavar="TOKENS",
+                      help="after training, serve the Attn-QAT model through the packed NVFP4 KV cache: the loss "
+                           "check and greedy generation of TOKENS bytes vs a BF16 cache (default: the profile's "
+                           "serve_tokens; 0 skips; one device only)")
   args = parser.parse_args(argv)
   if args.merge:
     return write_merged(read_results(args.merge), args.out)
@@ -570,6 +581,8 @@ def main(argv=None) -> dict:
   profile = ("tiny" if args.tiny else "gpu" if args.gpu else "cpu" if args.cpu
              else "gpu" if jax.default_backend() == "gpu" else "cpu")
   cfg = dataclasses.replace(CONFIGS[profile], **args.overrides)
+  if args.generate is not None:
+    cfg = dataclasses.replace(cfg, serve_tokens=args.generate)
   results = [run_seed(dataclasses.replace(cfg, seed=s), args.out, profile=profile, mesh_sizes=args.mesh,
                       rows=args.rows) for s in seeds]
   return write_merged(results, args.out)

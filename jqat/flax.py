@@ -43,7 +43,7 @@ from jqat._src import validate
 from jqat._src.attention import attention
 from jqat.ffi.options import DEFAULT_BLOCK_N
 
-__all__ = ["attention_fn", "make_attention_fn"]
+__all__ = ["PackedKVCache", "attention_fn", "make_attention_fn"]
 
 _SUPPORTED = ("no mask, the causal mask (top-left or bottom-right), padding masks, segment masks from "
               "flax.nnx.make_attention_mask(segment_ids, segment_ids, jnp.equal), the decode cache mask, and "
@@ -203,3 +203,77 @@ def _traced(run, labelled, same_heads):
 
 attention_fn = make_attention_fn()
 """Attn-QAT attention (all switches on) for flax; masks mapped as the module docstring says."""
+
+
+class PackedKVCache:
+  """A packed NVFP4 KV cache as Flax nnx state, for serving a model under ``nnx.jit``.
+
+      cache = jqat.flax.PackedKVCache(batch=8, capacity=4096, kv_heads=4, head_dim=64)   # inside an nnx.Module
+      out = cache.prefill(q, k, v)        # [B, T, N, D] prompt: jqat.attention (causal), K and V written
+      out = cache.decode(q, k, v)         # [B, Tq <= 64, ...] new tokens: written, then jqat.decode_attention
+
+  Built as an ``nnx.Module`` on first use of the class (``make``), so that its ``nnx.Cache`` variables (the codes and
+  scales of K and V and the per-sequence lengths) are updated in place by ``nnx.jit``. Keyword arguments of
+  ``decode``/``prefill`` go to ``jqat.decode_attention`` / ``jqat.attention`` (the QAT switches, ``block_n``,
+  ``num_splits``, ``implementation``). Sequences advance together (one length per sequence is kept, so ragged
+  batches can be prefilled with ``lengths``).
+  """
+
+  def __new__(cls, batch: int, capacity: int, kv_heads: int, head_dim: int):
+    return _packed_kv_cache_module()(batch, capacity, kv_heads, head_dim)
+
+
+def _packed_kv_cache_module():
+  global _PackedKVCacheModule
+  if _PackedKVCacheModule is not None:
+    return _PackedKVCacheModule
+  from flax import nnx  # noqa: PLC0415  (flax is an optional dependency)
+
+  from jqat._src import decode as _decode  # noqa: PLC0415
+
+  class PackedKVCacheModule(nnx.Module):
+    __doc__ = PackedKVCache.__doc__
+
+    def __init__(self, batch: int, capacity: int, kv_heads: int, head_dim: int):
+      for name, value in (("batch", batch), ("capacity", capacity), ("kv_heads", kv_heads), ("head_dim", head_dim)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+          raise ValueError(f"PackedKVCache: {name} must be a positive int, got {value!r}")
+      kc, vc = (_decode.init_kv_cache((batch, capacity, kv_heads, head_dim)) for _ in range(2))
+      self.k_codes, self.k_scales = nnx.Cache(kc[0]), nnx.Cache(kc[1])
+      self.v_codes, self.v_scales = nnx.Cache(vc[0]), nnx.Cache(vc[1])
+      self.lengths = nnx.Cache(jnp.zeros((batch,), jnp.int32))
+
+    def _write(self, key, value, implementation):
+      tn = key.shape[1]
+      positions = self.lengths[...][:, None] + jnp.arange(tn, dtype=jnp.int32)[None, :]
+      (kc, ks), (vc, vs) = _decode.kv_cache_update(
+          (self.k_codes[...], self.k_scales[...]), (self.v_codes[...], self.v_scales[...]), key, value, positions,
+          implementation=implementation)
+      self.k_codes[...], self.k_scales[...], self.v_codes[...], self.v_scales[...] = kc, ks, vc, vs
+      self.lengths[...] = self.lengths[...] + tn
+
+    def reset(self):
+      """Empties every sequence (the codes stay; lengths 0 hide them)."""
+      self.lengths[...] = jnp.zeros_like(self.lengths[...])
+
+    def prefill(self, query, key, value, *, implementation=None, **attention_kwargs):
+      """query [B, T, N, D], key, value [B, T, K, D] of a prompt at the start of empty sequences: writes K, V and
+      returns causal ``jqat.attention`` over the prompt (the training forward, on the values the cache now holds)."""
+      out = attention(query, key, value, is_causal=True, implementation=implementation, **attention_kwargs)
+      self._write(key, value, implementation)
+      return out
+
+    def decode(self, query, key, value, *, implementation=None, **decode_kwargs):
+      """query [B, Tq, N, D], key, value [B, Tq, K, D] of 1..64 new tokens: writes them after each sequence's
+      tokens and returns ``jqat.decode_attention`` over the cache (causal among the new tokens)."""
+      self._write(key, value, implementation)
+      return _decode.decode_attention(query, (self.k_codes[...], self.k_scales[...]),
+                                      (self.v_codes[...], self.v_scales[...]), self.lengths[...],
+                                      implementation=implementation, **decode_kwargs)
+
+  PackedKVCacheModule.__name__ = PackedKVCacheModule.__qualname__ = "PackedKVCache"
+  _PackedKVCacheModule = PackedKVCacheModule
+  return PackedKVCacheModule
+
+
+_PackedKVCacheModule = None
