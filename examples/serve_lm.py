@@ -126,8 +126,9 @@ def serve_report(model, cfg, val, *, tokens: int = 256, batches: int = 2, prompt
   prompts = windows[0, :, :prompt]
   packed, packed_rate = generate(model, cfg, prompts, tokens, "packed")
   bf16, bf16_rate = generate(model, cfg, prompts, tokens, "bf16")
-  report = {"val_loss_forward": forward, "val_loss_cache": through_cache,
-            "val_loss_difference": abs(through_cache - forward), "loss_check_passed": abs(through_cache - forward) <= 1e-3,
+  difference = abs(through_cache - forward)
+  report = {"val_loss_forward": forward, "val_loss_cache": through_cache, "val_loss_difference": difference,
+            "loss_check_passed": difference <= 1e-3,
             "tokens": tokens, "batch": int(prompts.shape[0]), "packed_tokens_per_s": packed_rate,
             "bf16_tokens_per_s": bf16_rate, "agreement": float((packed == bf16).mean()),
             "first_divergence": [int(np.argmax(r != s)) if (r != s).any() else tokens for r, s in zip(packed, bf16)],

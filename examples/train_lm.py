@@ -49,10 +49,10 @@ import time
 
 import _plot  # noqa: E402
 import jax
-import serve_lm
 import jax.numpy as jnp
 import numpy as np
 import optax
+import serve_lm
 from flax import nnx
 
 import jqat.flax  # noqa: E402

@@ -254,3 +254,36 @@ def kv_cache_update(k_cache, v_cache, k_new, v_new, positions, page_table=None):
   table = () if page_table is None else (page_table,)
   kc, ks, vc, vs = fn(k_new, v_new, positions, *k_cache, *v_cache, *table)
   return (kc, ks), (vc, vs)
+
+
+@functools.cache
+def _fake_quantize_fn(axis: int, rank: int, out_dtype: str, launcher: str):
+  def run(blocks):  # on the local shard, in NVFP4 blocks: x [..., Q, 16] or w [Q, 16, N]
+    if axis == 0:
+      flat = blocks.reshape((blocks.shape[0] * blocks.shape[1],) + blocks.shape[2:])
+      plan = plans.fake_quantize_columns(dense(flat), target(launcher), out_dtype)
+    else:
+      flat = blocks.reshape(blocks.shape[:-2] + (blocks.shape[-2] * blocks.shape[-1],))
+      plan = plans.fake_quantize_rows(dense(flat), target(launcher), out_dtype)
+    return tuple(out.reshape(blocks.shape) for out in execute(plan, flat, launcher=launcher))
+  # Under vmap the mapped axis folds into the leading one: more rows of x, or more blocks of 16 along w's K (a
+  # block never straddles two of the stacked matrices, K % 16 == 0).
+  return fold_batch(_partitioned(run, partitioning.fake_quantize_spec(rank, axis), launcher), 1)
+
+
+def fake_quantize(x, axis: int, out_dtype="bfloat16"):
+  """fq(x) by the Triton quantize pass of ``jqat.ffi.plan.fake_quantize_rows`` (``axis=-1``: x ``[..., K]``, rank
+  >= 1) or ``fake_quantize_columns`` (``axis=0``: x ``[K, N]``), K % 16 == 0; returned as ``out_dtype``, x's shape.
+
+  The op takes x split into NVFP4 blocks (``[..., K // 16, 16]`` or ``[K // 16, 16, N]``, free reshapes), so its
+  partitioning rule (``jqat.ffi.partitioning.fake_quantize_spec``) keeps every axis local but the 16 elements of a
+  block: a shard of whole blocks along K quantizes as the whole tensor does.
+  """
+  if axis not in (0, -1) or (axis == 0 and x.ndim != 2) or x.ndim < 1 or x.shape[axis] % 16:
+    raise ValueError(f"fake_quantize: axis -1 of an x of rank >= 1 or axis 0 of a 2-D x, K % 16 == 0; got axis {axis}, "
+                     f"shape {x.shape}")
+  out_dtype = jnp.dtype(out_dtype).name
+  k = x.shape[axis]
+  blocks = x.reshape((k // 16, 16, x.shape[1]) if axis == 0 else x.shape[:-1] + (k // 16, 16))
+  fn = _fake_quantize_fn(axis, blocks.ndim, out_dtype, callback_launch.launcher())
+  return fn(blocks)[0].reshape(x.shape)

@@ -13,11 +13,15 @@ calls of one launch plan) is wrapped in ``jax.experimental.custom_partitioning``
 
 The rule of every op is elementwise in its leading axes: attention is independent per
 batch row and per KV-head group, rope_qdq per row. The fake-quantize and delta kernels
-are launched only inside the attention plans, so the op-level rule covers them.
+of the attention plans are launched inside those ops, so the op-level rule covers them;
+qat_matmul's two quantize passes are ops of their own, elementwise in every axis but the
+16 elements of an NVFP4 block (:func:`fake_quantize_spec`).
 
 Factors (one letter per axis, as in an einsum):
   b batch; t query sequence; s key sequence; n query heads; k KV heads; d head dim;
-  r (r1, r2, ...) rows and h heads of rope_qdq; w its channels; p, c its cache.
+  r (r1, r2, ...) rows and h heads of rope_qdq; w its channels; p, c its cache;
+  q blocks of 16 and e the 16 elements of a block of a quantize pass; r (r1, ...) the rows of its x, c the
+  columns of its w.
 Query heads are sharded exactly like KV heads (the partition step enforces it; the Shardy
 rule keeps ``n`` and ``k`` as separate factors, because a compound ``(k g)`` lets Shardy
 split one mesh axis over both, which no NamedSharding describes). A device holding KV
@@ -117,6 +121,19 @@ def kv_cache_update_spec(paged: bool) -> OpSpec:
   operands = (("k_new", "btkd"), ("v_new", "btkd"), ("positions", "bt")) + tensors + (
       (("page_table", "bx"),) if paged else ())
   return OpSpec("kv_cache_update", operands, tensors, frozenset("dcepzx" if paged else "dce"))
+
+
+def fake_quantize_spec(rank: int, axis: int) -> OpSpec:
+  """A quantize pass of qat_matmul on its operand split into NVFP4 blocks: ``axis=-1``: x ``[r, r1, ..., q, e]``
+  (``[..., K]`` as ``[..., K // 16, 16]``, ``rank`` axes); ``axis=0``: w ``[q, e, c]`` (``[K, N]`` as
+  ``[K // 16, 16, N]``). Only ``e`` is gathered: a shard of whole blocks quantizes like the whole tensor, so rows,
+  columns and the blocks along K (a K-sharded, row-parallel linear) stay local."""
+  if axis == 0:
+    factors = ("q", "e", "c")
+  else:
+    factors = ("r",) * (rank > 2) + tuple(f"r{i}" for i in range(1, rank - 2)) + ("q", "e")
+  assert len(factors) == rank, (rank, axis)
+  return OpSpec("nvfp4 quantize pass", (("x", factors),), (("fq_x", factors),), frozenset("e"))
 
 
 def _axes(entry) -> tuple[str, ...]:

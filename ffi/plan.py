@@ -546,6 +546,54 @@ def attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out_for_d
   return Plan(buffers, inputs, scratch, outputs, launches + (delta, dq, dkdv), stored_in=stored_in)
 
 
+# ----------------------------------------------------------------------------- qat_matmul's quantize passes
+# jqat.nvfp4.qat_matmul quantizes x [..., K] along its last axis and w [K, N] along its first, once each, then
+# hands fq(x), fq(w) to a BF16 dot (XLA's, cuBLAS on the GPU). These plans are those two passes: one launch each,
+# reading x's dtype and writing ``out_dtype`` (bf16 for the dot; fq values are exact in bf16, fp16 and fp32).
+
+QUANTIZED_DTYPES = ("bfloat16", "float16", "float32")
+
+
+def _check_quantize_pass(name: str, t: Tensor, out_dtype: str, blocks: int):
+  if t.dtype not in QUANTIZED_DTYPES or out_dtype not in QUANTIZED_DTYPES:
+    raise ValueError(f"{name}: input and output dtypes must be among {QUANTIZED_DTYPES}, got {t.dtype} -> {out_dtype}")
+  if blocks % knv.BLOCK:
+    raise ValueError(f"{name}: the quantized axis must be a multiple of {knv.BLOCK}, got shape {t.shape}")
+
+
+def fake_quantize_rows(x: Tensor, target: Target, out_dtype: str = "bfloat16") -> Plan:
+  """Plan of ``x_hat = fq(x)`` in blocks of 16 along x's last axis (a multiple of 16), as ``out_dtype``: output
+  ``x_hat`` is dense, shaped like x. x must be dense rows (:func:`rows_dense`); the pass is the attention plans'
+  fake-quantize launch (``fake_quantize_rows_kernel``). An empty x fills instead of launching."""
+  _check_quantize_pass("fake_quantize_rows", x, out_dtype, x.shape[-1] if x.shape else 1)
+  buffers = {"x": x, "x_hat": Tensor.dense(x.shape, out_dtype)}
+  if x.size == 0:
+    return Plan(buffers, ("x",), (), ("x_hat",), (), {"x_hat": 0.0})
+  launch = dataclasses.replace(_fake_quantize(("x",), ("x_hat",), (x,), target), name="jqat_nvfp4_fake_quantize_rows")
+  return Plan(buffers, ("x",), (), ("x_hat",), (launch,))
+
+
+def fake_quantize_columns(w: Tensor, target: Target, out_dtype: str = "bfloat16") -> Plan:
+  """Plan of ``w_hat = fq(w)`` in blocks of 16 along axis 0 of a 2-D ``w: [K, N]`` (K % 16 == 0, contiguous last
+  axis, any row stride), as ``out_dtype``: output ``w_hat`` is dense ``[K, N]``. One launch of
+  ``fake_quantize_cols_kernel``, which reads W as it is laid out (no transpose). An empty w fills instead."""
+  if len(w.shape) != 2 or (w.size and w.strides[1] != 1):
+    raise ValueError(f"fake_quantize_columns: w must be 2-D with a contiguous last axis, got shape {w.shape} "
+                     f"strides {w.strides}")
+  _check_quantize_pass("fake_quantize_columns", w, out_dtype, w.shape[0])
+  k, n = w.shape
+  w_hat = Tensor.dense(w.shape, out_dtype)
+  buffers = {"w": w, "w_hat": w_hat}
+  if w.size == 0:
+    return Plan(buffers, ("w",), (), ("w_hat",), (), {"w_hat": 0.0})
+  grid, cfg = knv.fake_quantize_cols_launch(k, n, w.strides[0], w_hat.strides[0])
+  launch = Launch("jqat_nvfp4_fake_quantize_columns", knv.fake_quantize_cols_kernel, grid,
+                  (Ref("w"), k, n, w.strides[0], w_hat.strides[0]), ("w_hat",),
+                  {key: cfg[key] for key in ("BLOCK_R", "BLOCK_C", "EVEN", "ALIGN")} | target.quant_flags(),
+                  cfg["num_warps"], cfg["num_stages"])
+  return Plan(buffers, ("w",), (), ("w_hat",), (launch,))
+
+
 # ----------------------------------------------------------------------------- tail RoPE + QDQ
 
 

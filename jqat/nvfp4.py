@@ -23,10 +23,14 @@ over one axis of a register array and its resource estimation of a
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 from jax import lax
+
+if TYPE_CHECKING:  # for type checkers only: at run time qat_matmul loads on first use (__getattr__ below)
+  from jqat._src.qat_matmul import qat_matmul
 
 __all__ = ["BLOCK", "dequantize", "e2m1_code", "e4m3_block_scale", "fake_quantize", "qat_matmul", "quantize"]
 
@@ -276,5 +280,16 @@ def _normalize_axis(axis: int, ndim: int, fn: str) -> int:
   return axis % ndim
 
 
-# Re-exported here, at the end: qat_matmul's module uses this one's quantizer.
-from jqat._src.qat_matmul import qat_matmul  # noqa: E402
+def __getattr__(name):
+  # qat_matmul lives in jqat._src.qat_matmul, which imports this module's quantizer: loaded on first use, so
+  # neither module imports the other while it is being imported.
+  if name == "qat_matmul":
+    from jqat._src.qat_matmul import qat_matmul  # noqa: PLC0415
+
+    globals()[name] = qat_matmul
+    return qat_matmul
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+  return sorted(set(globals()) | set(__all__))

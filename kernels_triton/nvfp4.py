@@ -2,7 +2,9 @@
 
 Framework-free: imports Triton only. The device functions quantize a 2-D FP32
 tile in blocks of 16 along its last axis and are shared by the attention
-kernels; ``fake_quantize_kernel`` applies them to a whole tensor.
+kernels; ``fake_quantize_kernel`` applies them to a whole tensor, and
+``fake_quantize_cols_kernel`` (``fq_tile_t``) quantizes along axis 0 of a
+2-D tensor in its own layout (qat_matmul's weights).
 
 No plain ``/``: Triton's FP32 division is not guaranteed correctly rounded.
 
@@ -406,6 +408,76 @@ def fake_quantize_rows3_kernel(x0_ptr, x1_ptr, x2_ptr, rows0, rows1, rows2, cols
     _fake_quantize_rows_of(x1_ptr, rows1, cols, out1_ptr, t - n0, BLOCK_R, BLOCK_C, HW_E4M3, HW_E2M1, EVEN1)
   else:
     _fake_quantize_rows_of(x2_ptr, rows2, cols, out2_ptr, t - n0 - n1, BLOCK_R, BLOCK_C, HW_E4M3, HW_E2M1, EVEN2)
+
+
+# ----------------------------------------------------------------------------- blocks along axis 0 (qat_matmul's W)
+
+
+@triton.jit
+def fq_tile_t(x, ROWS: tl.constexpr, COLS: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr):
+  """:func:`fq_tile` with the blocks along axis 0: ``x: [ROWS, COLS] fp32``, ROWS % 16 == 0, every element valid.
+
+  The same decisions element by element (amax, NaN flag, scale, code, sign, the constant NaN) on the split
+  ``[ROWS // 16, 16, COLS]``: no transpose. Tails of a tensor are whole columns or whole blocks of 16 rows (a
+  tensor of ``rows % 16 == 0``), loaded as 0 and never stored, so no mask enters the amax.
+  """
+  NB: tl.constexpr = ROWS // 16
+  x3 = tl.reshape(x, [NB, 16, COLS])
+  ax = tl.abs(x3)
+  amax = tl.reduce(ax, 1, _max_nan)  # as in fq_tile: only the NaN flag is read from a NaN amax
+  nan = amax != amax
+  s = e4m3_block_scale(tl.where(nan, 0.0, amax), HW_E4M3)
+  mag = e2m1_dequant(ax, s, 1, HW_E2M1, HW_E4M3)
+  sign = x3.to(tl.int32, bitcast=True) & -0x80000000
+  out = (mag.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+  out = tl.where(nan[:, None, :], float("nan"), out)
+  return tl.reshape(out, [ROWS, COLS])
+
+
+def fake_quantize_cols_launch(rows: int, cols: int, stride_x: int, stride_out: int) -> tuple[tuple[int, int], dict]:
+  """Grid and launch parameters of :func:`fake_quantize_cols_kernel` for ``x: [rows, cols]`` (``rows % 16 == 0``)
+  with row strides ``stride_x`` (input) and ``stride_out`` (output).
+
+  The tiles of :func:`fake_quantize_launch` (16 elements per thread, 4 warps: 2048 per program), here one block
+  of 16 rows by 128 columns where the tensor is that wide. ALIGN: the largest power of two up to 16 dividing both
+  strides and ``cols``, shown to the compiler so that it emits 16-byte loads and stores along a row.
+  """
+  block_c = min(128, max(16, triton.next_power_of_2(cols)))
+  block_r = min(max(16, 2048 // block_c), max(16, triton.next_power_of_2(rows)))
+  grid = (triton.cdiv(rows, block_r), triton.cdiv(cols, block_c))
+  even = rows % block_r == 0 and cols % block_c == 0
+  align = 16
+  while align > 1 and (stride_x % align or stride_out % align or cols % align):
+    align //= 2
+  return grid, {"BLOCK_R": block_r, "BLOCK_C": block_c, "EVEN": even, "ALIGN": align, "num_warps": 4,
+                "num_stages": 1}
+
+
+@triton.jit
+def fake_quantize_cols_kernel(x_ptr, rows, cols, stride_x, stride_out, out_ptr, BLOCK_R: tl.constexpr,
+                              BLOCK_C: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr,
+                              EVEN: tl.constexpr, ALIGN: tl.constexpr):
+  """``out = fq(x)`` in blocks of 16 along axis 0 of ``x: [rows, cols]`` (bf16, fp16 or fp32; ``rows % 16 == 0``),
+  stored in ``out``'s dtype (bf16, fp16 or fp32: fq values are exact in each), with ``x``'s layout.
+
+  Grid: (cdiv(rows, BLOCK_R), cdiv(cols, BLOCK_C)); BLOCK_R % 16 == 0. Row offsets are 64-bit. ALIGN divides
+  ``cols`` and both row strides (:func:`fake_quantize_cols_launch`); EVEN: no tile has a tail (no masks).
+  """
+  rows = rows // 16 * 16
+  cols = cols // ALIGN * ALIGN
+  stride_x = stride_x // ALIGN * ALIGN
+  stride_out = stride_out // ALIGN * ALIGN
+  r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+  c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+  r64 = r.to(tl.int64)[:, None]
+  x_at, out_at = x_ptr + r64 * stride_x + c[None, :], out_ptr + r64 * stride_out + c[None, :]
+  if EVEN:
+    y = fq_tile_t(tl.load(x_at).to(tl.float32), BLOCK_R, BLOCK_C, HW_E4M3, HW_E2M1)
+    tl.store(out_at, cast_fq(y, out_ptr.dtype.element_ty, HW_E4M3))
+  else:
+    valid = (r[:, None] < rows) & (c[None, :] < cols)
+    y = fq_tile_t(tl.load(x_at, mask=valid, other=0.0).to(tl.float32), BLOCK_R, BLOCK_C, HW_E4M3, HW_E2M1)
+    tl.store(out_at, cast_fq(y, out_ptr.dtype.element_ty, HW_E4M3), mask=valid)
 
 
 # ----------------------------------------------------------------------------- qkv_scale="tensor"

@@ -142,6 +142,9 @@ class _StandIn:
                                          cfg=o.config) + tuple(fake_quantize(x).astype(x.dtype) for x in kept)
     if plan.outputs == ("dq", "dk", "dv"):
       return attention_reference.backward(*arrays, scale=o.scale, is_causal=o.is_causal, cfg=o.config)
+    if plan.outputs in (("x_hat",), ("w_hat",)):  # a quantize pass of qat_matmul: rows of x, columns of w
+      out = plan.buffers[plan.outputs[0]]
+      return (fake_quantize(arrays[0], axis=-1 if plan.outputs == ("x_hat",) else 0).astype(out.dtype),)
     x, cache, positions = arrays
     heads = plan.launches[0].args[5]
     rows = jnp.repeat(positions, heads)
@@ -298,6 +301,46 @@ def case_triton_wrapper_rope_qdq():
     assert any(shapes == (local, (32, 64), (8,)) for _, shapes in stand_in.seen), stand_in.seen
     # The reference is bit-exact by construction (integer logic on the bits), so sharding changes nothing.
     np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+
+
+def case_triton_wrapper_qat_matmul():
+  """qat_matmul's quantize passes run on local shards (jqat.ffi.partitioning.fake_quantize_spec): x's rows over
+  data, w's columns over model (column-parallel) or x's and w's K over model in whole blocks (row-parallel); the
+  passes add no collective (the row-parallel dot's partial sums are XLA's one all-reduce), and the product and its
+  gradients are those of the unsharded call."""
+  import jax
+  import jax.numpy as jnp
+  from jax.sharding import PartitionSpec as P
+
+  from jqat._src import qat_matmul as qm
+  from jqat.ffi import jax_launch
+  from jqat.ffi.options import AttentionOptions
+
+  stand_in = _StandIn(AttentionOptions(scale=1.0))
+  jax_launch.execute = stand_in
+  ks = jax.random.split(jax.random.key(4), 3)
+  x = jax.random.normal(ks[0], (8, 16, 256), jnp.bfloat16)
+  w = jax.random.normal(ks[1], (256, 64), jnp.bfloat16)
+  dy = jax.random.normal(ks[2], (8, 16, 64), jnp.bfloat16)
+  fwd = lambda x, w: qm._qat_matmul(x, w, "triton")
+  f = lambda x, w: (fwd(x, w), *jax.vjp(fwd, x, w)[1](dy))
+  want = jax_jit(f)(x, w)
+  mesh = _mesh()
+  # (x's spec, w's spec, collectives the forward may hold, the local shapes the two passes see)
+  cases = ((P("data"), P(), {}, [(4, 16, 256), (256, 64)]),
+           (P("data"), P(None, "model"), {}, [(4, 16, 256), (256, 16)]),
+           (P("data", None, "model"), P("model"), {"all-reduce", "reduce-scatter"}, [(4, 16, 64), (64, 64)]))
+  for spec_x, spec_w, allowed, local in cases:
+    args = (*_put(mesh, spec_x, x), *_put(mesh, spec_w, w))
+    counts = _collectives(fwd, *args)
+    assert not any(n for name, n in counts.items() if name not in allowed), (spec_x, spec_w, counts)
+    # Seen in this case or an earlier one (JAX keeps a traced shard function for a sharding it has partitioned).
+    seen = {shapes[0] for _, shapes in stand_in.seen}
+    assert set(local) <= seen, (spec_x, spec_w, seen)
+    got = jax_jit(f)(*args)
+    for name, g, r in zip(("y", "dx", "dw"), got, want):
+      assert_reordered_equal(np.asarray(g, np.float32), np.asarray(r, np.float32), name=f"{name} {spec_x} {spec_w}",
+                             dtype=np.dtype("bfloat16"))
 
 
 def case_ulysses():

@@ -1,173 +1,117 @@
 """NVFP4 QAT linear layer: ``y = fq(x) @ fq(w)``, both operands fake-quantized along the contraction axis.
 
-Shape legend: M rows of ``x`` (all leading axes together), K the contraction
-axis (a multiple of 16, the NVFP4 block), N output features.
+Shape legend: x ``[..., K]`` (M rows: all leading axes together), K the contraction axis (a multiple of 16, the
+NVFP4 block), N output features, w ``[K, N]``.
 
-Two implementations of one function: the pure-JAX reference (also the
-``"xla"`` path) and a Pallas kernel that tiles over (M, N), walks K in tiles
-of ``block_k`` and quantizes each X tile along its last axis and each W tile
-along its first axis with :func:`jqat.nvfp4.fake_quantize` before a BF16
-tensor-core dot with FP32 accumulation. ``fq`` values have at most 6
-significant bits and lie in [2**-10, 2688], so they are exact in BF16 (and
-FP16): the BF16 dot multiplies exactly, and the two implementations differ
-only in FP32 summation order.
+Each operand is quantized once per call, then multiplied by one BF16 tensor-core dot with FP32 accumulation
+(``lax.dot_general``: cuBLAS or XLA's own GEMM on the GPU). ``fq`` values have at most 6 significant bits and lie
+in [2**-10, 2688] (or are 0 or NaN), so they are exact in BF16 (and FP16): the dot multiplies exactly, whatever
+x's and w's dtypes, and the implementations differ only in FP32 summation order.
+The quantizer (docs/NUMERICS.md, section 2):
+
+- ``"triton"``: two Triton passes through the launch plans (``jqat.ffi.plan.fake_quantize_rows``, the attention
+  plans' fake-quantize pass, over x's rows of K; ``fake_quantize_columns`` over w's columns, blocks along axis
+  0 read in w's own layout), each reading its operand once and writing fq as BF16;
+- ``"xla"``: :func:`jqat.nvfp4.fake_quantize` in XLA (bit for bit the same values).
+
+This module imports :mod:`jqat.nvfp4` (the quantizer); :mod:`jqat.nvfp4` exposes :func:`qat_matmul` lazily and
+does not import this module when it is imported.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.experimental import pallas as pl
 
 from jqat import nvfp4
+from jqat._src import dispatch
 
-IMPLEMENTATIONS = (None, "pallas", "xla")
 DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
+OPERAND_DTYPE = jnp.bfloat16  # of the forward's dot: exact for every fq value
 
 
-@dataclasses.dataclass(frozen=True)
-class Config:
-  """Launch configuration of the Pallas kernel (block sizes powers of two, as Triton needs;
-  ``block_k`` a multiple of 16 so a K tile holds whole NVFP4 blocks)."""
+def _quantized(x, w, impl: str):
+  """``(fq(x) along its last axis, fq(w) along axis 0)`` as BF16 (exact)."""
+  if impl == "triton":
+    from jqat.ffi import jax_launch  # noqa: PLC0415  (the GPU binding; imported when used)
 
-  block_m: int = 128
-  block_n: int = 128
-  block_k: int = 64
-  num_warps: int = 8
-  num_stages: int = 3
-
-  def __post_init__(self):
-    for name in ("block_m", "block_n", "block_k"):
-      v = getattr(self, name)
-      if v < 16 or v & (v - 1):
-        raise ValueError(f"Config.{name} must be a power of two >= 16, got {v}")
+    return jax_launch.fake_quantize(x, -1, OPERAND_DTYPE), jax_launch.fake_quantize(w, 0, OPERAND_DTYPE)
+  return (nvfp4.fake_quantize(x, axis=-1).astype(OPERAND_DTYPE),
+          nvfp4.fake_quantize(w, axis=0).astype(OPERAND_DTYPE))
 
 
-def _pow2_at_least(n: int, lo: int = 16) -> int:
-  return max(lo, 1 << (n - 1).bit_length())
+def _dot(a, b, contracting, out_dtype):
+  """``dot_general`` of ``a`` and ``b`` over ``contracting`` with FP32 accumulation, rounded once to ``out_dtype``.
+  Operands in one dtype; FP32 ones at full precision (on the GPU the default would be TF32)."""
+  precision = lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
+  y = lax.dot_general(a, b, (contracting, ((), ())), precision=precision, preferred_element_type=jnp.float32)
+  return y.astype(out_dtype)
 
 
-def _fit(config: Config, m: int, n: int, k: int) -> Config:
-  """Shrinks the blocks to the problem (a 20-row input needs no 128-row tile)."""
-  return dataclasses.replace(
-      config,
-      block_m=min(config.block_m, _pow2_at_least(m)),
-      block_n=min(config.block_n, _pow2_at_least(n)),
-      block_k=min(config.block_k, _pow2_at_least(k)),
-  )
+def _forward_dot(xq, wq, out_dtype):
+  return _dot(xq, wq, ((xq.ndim - 1,), (0,)), out_dtype)
 
 
-def qat_matmul_reference(x: jax.Array, w: jax.Array) -> jax.Array:
-  """``fq(x) @ fq(w)`` in pure JAX: x [M, K], w [K, N] -> [M, N] in x's dtype, FP32 accumulation."""
-  xq = nvfp4.fake_quantize(x, axis=-1).astype(jnp.float32)  # exact: fq values fit any of DTYPES
-  wq = nvfp4.fake_quantize(w, axis=0).astype(jnp.float32)
-  y = jnp.dot(xq, wq, precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
-  return y.astype(x.dtype)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _qat_matmul(x, w, impl):
+  return _forward_dot(*_quantized(x, w, impl), x.dtype)
 
 
-def _kernel(x_ref, w_ref, o_ref, *, block_k: int, k_steps: int):
-  """x_ref: [BM, K]; w_ref: [K, BN]; o_ref: [BM, BN]. Loads and quantizes one K tile per step."""
-
-  def step(i, acc):
-    ks = pl.ds(pl.multiple_of(i * block_k, block_k), block_k)
-    xt = nvfp4.fake_quantize(x_ref[:, ks], axis=1).astype(jnp.bfloat16)  # exact (module docstring)
-    wt = nvfp4.fake_quantize(w_ref[ks, :], axis=0).astype(jnp.bfloat16)
-    return acc + jnp.dot(xt, wt, preferred_element_type=jnp.float32)
-
-  acc = jnp.zeros(o_ref.shape, jnp.float32)
-  o_ref[...] = lax.fori_loop(0, k_steps, step, acc).astype(o_ref.dtype)
+def _qat_matmul_fwd(x, w, impl):
+  xq, wq = _quantized(x, w, impl)
+  # The residuals are the quantized operands (BF16, the size of bf16 x and w): the backward quantizes nothing.
+  # w's dtype rides along as an empty array (custom_vjp residuals are arrays).
+  return _forward_dot(xq, wq, x.dtype), (xq, wq, jnp.zeros((0,), w.dtype))
 
 
-def qat_matmul_pallas(x: jax.Array, w: jax.Array, config: Config | None = None, *, interpret: bool = False):
-  """The Pallas kernel: x [M, K], w [K, N] -> [M, N] in x's dtype. Pads M, N and K to whole tiles
-  with zeros (a zero NVFP4 block quantizes to zeros, and K % 16 == 0 keeps real blocks intact)."""
-  from jax.experimental.pallas import triton as plt
-
-  m, k = x.shape
-  n = w.shape[1]
-  cfg = _fit(config or Config(), m, n, k)
-  mp, np_, kp = (-(-d // b) * b for d, b in ((m, cfg.block_m), (n, cfg.block_n), (k, cfg.block_k)))
-  if (mp, kp) != (m, k):
-    x = jnp.pad(x, ((0, mp - m), (0, kp - k)))
-  if (kp, np_) != (k, n):
-    w = jnp.pad(w, ((0, kp - k), (0, np_ - n)))
-  params = {} if interpret else {"compiler_params": plt.CompilerParams(num_warps=cfg.num_warps,
-                                                                       num_stages=cfg.num_stages)}
-  y = pl.pallas_call(
-      functools.partial(_kernel, block_k=cfg.block_k, k_steps=kp // cfg.block_k),
-      grid=(mp // cfg.block_m, np_ // cfg.block_n),
-      in_specs=[pl.BlockSpec((cfg.block_m, kp), lambda i, j: (i, 0)),
-                pl.BlockSpec((kp, cfg.block_n), lambda i, j: (0, j))],
-      out_specs=pl.BlockSpec((cfg.block_m, cfg.block_n), lambda i, j: (i, j)),
-      out_shape=jax.ShapeDtypeStruct((mp, np_), x.dtype),
-      interpret=interpret,
-      name="jqat_qat_matmul",
-      **params,
-  )(x, w)
-  return y[:m, :n]
-
-
-def _on_nvidia_gpu() -> bool:
-  dev = jax.devices()[0]
-  return dev.platform == "gpu" and "rocm" not in dev.client.platform_version.lower()
-
-
-def _forward(x, w, implementation, config):
-  if implementation == "xla" or 0 in (x.shape[0], w.shape[1], x.shape[1]):
-    return qat_matmul_reference(x, w)
-  return qat_matmul_pallas(x, w, config, interpret=not _on_nvidia_gpu())
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def _qat_matmul(x, w, implementation, config):
-  return _forward(x, w, implementation, config)
-
-
-def _qat_matmul_fwd(x, w, implementation, config):
-  return _forward(x, w, implementation, config), (x, w)
-
-
-def _qat_matmul_bwd(implementation, config, res, dy):
-  del implementation, config
-  x, w = res
-  # The straight-through estimator through both quantizers, in XLA with FP32 accumulation;
-  # fq values are exact in dy's dtype (f32, bf16 or f16).
-  xq = nvfp4.fake_quantize(x, axis=-1).astype(dy.dtype)
-  wq = nvfp4.fake_quantize(w, axis=0).astype(dy.dtype)
-  dot = functools.partial(jnp.dot, precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
-  return dot(dy, wq.T).astype(x.dtype), dot(xq.T, dy).astype(w.dtype)
+def _qat_matmul_bwd(impl, res, dy):
+  del impl
+  xq, wq, w_like = res
+  # The straight-through estimator through both quantizers: dX = dY @ fq(W)^T, dW = fq(X)^T @ dY, with FP32
+  # accumulation, as dots in dY's dtype (x's): fq values are exact in f32, bf16 and f16.
+  xq, wq = xq.astype(dy.dtype), wq.astype(dy.dtype)
+  lead = tuple(range(dy.ndim - 1))
+  dx = _dot(dy, wq, ((dy.ndim - 1,), (1,)), dy.dtype)
+  dw = _dot(xq, dy, (lead, lead), w_like.dtype)
+  return dx, dw
 
 
 _qat_matmul.defvjp(_qat_matmul_fwd, _qat_matmul_bwd)
 
 
-def qat_matmul(x: jax.Array, w: jax.Array, *, implementation: str | None = None, config: Config | None = None):
+def qat_matmul(x: jax.Array, w: jax.Array, *, implementation: str | None = None, config=None) -> jax.Array:
   """NVFP4 QAT linear layer: ``fq(x) @ fq(w)`` with both operands quantized along the contraction axis.
 
   x: [..., K] f32, bf16 or f16; quantized in blocks of 16 along its last axis.
   w: [K, N] f32, bf16 or f16; quantized in blocks of 16 along its first axis.
-  K must be a multiple of 16. Returns [..., N] in x's dtype, accumulated in FP32
-  (docs/NUMERICS.md, section 2, for ``fq``: the same quantizer as the attention).
+  K must be a multiple of 16. Returns [..., N] in x's dtype: the product of the quantized operands (exact in BF16)
+  by a BF16 tensor-core dot accumulated in FP32, rounded once (``fq``: docs/NUMERICS.md, section 2, the same
+  quantizer as the attention's). A NaN in a block of x (of w) makes its output row (column) NaN.
 
-  implementation: None (the Pallas kernel, Triton backend, on an NVIDIA GPU; else
-    the XLA reference), ``"pallas"`` (the kernel; interpret mode where there is no
-    NVIDIA GPU) or ``"xla"`` (the pure-JAX reference).
-  config: the kernel's :class:`Config` (block sizes are shrunk to small problems).
+  implementation: None (the Triton quantize passes on a supported NVIDIA GPU, else XLA's), ``"triton"`` (raises
+    where it cannot run) or ``"xla"`` (:func:`jqat.nvfp4.fake_quantize`); both then call the same XLA dot and
+    give the same fq bits. ``"pallas"``, the former Pallas kernel, is gone: it raises, naming the replacement.
+  config: must be None (it configured that Pallas kernel; the passes take their launch parameters from the plans).
 
-  Gradient (a ``jax.custom_vjp``): the straight-through estimator applied to both
-  quantizers, ``dX = dY @ fq(W)^T`` and ``dW = fq(X)^T @ dY``, computed in XLA with
-  FP32 accumulation and returned in x's and w's dtypes.
+  Gradient (a ``jax.custom_vjp``): the straight-through estimator applied to both quantizers,
+  ``dX = dY @ fq(W)^T`` and ``dW = fq(X)^T @ dY``, from the forward's fq(x), fq(w) (the residuals: nothing is
+  quantized again), as two dots in dY's dtype with FP32 accumulation, returned in x's and w's dtypes.
+  Works under jit, vmap and grad; sharded operands keep their shardings through the quantize passes (each pass
+  has a partitioning rule, ``jqat.ffi.partitioning.fake_quantize_spec``), and XLA partitions the dots.
   """
   x = jnp.asarray(x)
   w = jnp.asarray(w)
-  if implementation not in IMPLEMENTATIONS:
-    raise ValueError(f"qat_matmul: implementation must be one of None, 'pallas', 'xla', got {implementation!r}")
-  if config is not None and not isinstance(config, Config):
-    raise TypeError(f"qat_matmul: config must be a qat_matmul Config, got {type(config).__name__}")
+  if implementation == "pallas":
+    raise ValueError("qat_matmul: implementation='pallas' was removed (that kernel quantized every tile again "
+                     "inside its matmul loop); use None or 'triton' (Triton quantize passes + a BF16 dot) or 'xla'")
+  if not (implementation is None or isinstance(implementation, str)) or implementation not in dispatch.IMPLEMENTATIONS:
+    raise ValueError(f"qat_matmul: implementation must be one of None, 'triton', 'xla', got {implementation!r}")
+  if config is not None:
+    raise TypeError(f"qat_matmul: config must be None (it configured the removed Pallas kernel), got "
+                    f"{type(config).__name__}")
   for name, a in (("x", x), ("w", w)):
     if a.dtype not in DTYPES:
       raise TypeError(f"qat_matmul: {name} must be float32, bfloat16 or float16, got {a.dtype}")
@@ -180,7 +124,7 @@ def qat_matmul(x: jax.Array, w: jax.Array, *, implementation: str | None = None,
     raise ValueError(f"qat_matmul: w.shape[0] must equal x.shape[-1] = {k} (K), got w.shape {w.shape}")
   if k % nvfp4.BLOCK:
     raise ValueError(f"qat_matmul: K = x.shape[-1] must be a multiple of {nvfp4.BLOCK}, got {k}")
-  if implementation is None:
-    implementation = "pallas" if _on_nvidia_gpu() else "xla"
-  y = _qat_matmul(x.reshape(-1, k), w, implementation, config)
-  return y.reshape(x.shape[:-1] + (w.shape[1],))
+  impl = dispatch.resolve(implementation)
+  if x.size == 0 or w.size == 0:  # no rows, no columns, or an empty sum (K = 0): zeros, and zero gradients
+    return jnp.zeros(x.shape[:-1] + (w.shape[1],), x.dtype)
+  return _qat_matmul(x, w, impl)
