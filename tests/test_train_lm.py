@@ -57,6 +57,11 @@ def test_tiny_demo_runs_every_row(tiny_run):
   assert stats["n"] == 1 and stats["std"] == 0 and stats["mean"] == seed["rows"]["attn-qat"]["val_loss"]
   if HAS_MATPLOTLIB:
     assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  # The Attn-QAT model served through the packed NVFP4 KV cache (examples/serve_lm.py).
+  serving = seed["rows"]["attn-qat"]["serving"]
+  assert serving["loss_check_passed"] and serving["val_loss_difference"] <= 1e-3
+  assert serving["tokens"] == train_lm.CONFIGS["tiny"].serve_tokens and 0 <= serving["agreement"] <= 1
+  assert serving["packed_tokens_per_s"] > 0 and serving["bf16_tokens_per_s"] > 0
 
 
 def test_merge_of_separate_seed_files(tiny_run, tmp_path):
