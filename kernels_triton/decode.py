@@ -63,7 +63,10 @@ class DecodeConfig:
 def decode_config(rows: int) -> DecodeConfig:
   """The default :class:`DecodeConfig` for ``rows`` = G * Tq query rows per KV head."""
   block_m = min(MAX_ROWS_PER_PROGRAM, max(16, triton.next_power_of_2(rows)))
-  return DecodeConfig(block_m, 4, 2)
+  # Two warps for 16 rows: of 2 and 4 warps, 2 or 3 stages, integer or E4M3-conversion codes, this was the fastest
+  # or within 2% of it at (8, 32, 8, 32768, 128) and (64, 8, 1, 4096, 128) (benchmarks/decode.py --sweep); with 4
+  # warps each warp reloads the query operand from shared memory every tile. More rows need 4 warps' registers.
+  return DecodeConfig(block_m, 2 if block_m <= 16 else 4, 2, cvt=1)
 
 
 # ----------------------------------------------------------------------------- reading the cache
