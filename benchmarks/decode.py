@@ -27,6 +27,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+import report
 
 import jqat
 from jqat.ffi import plan as plans
@@ -162,25 +163,6 @@ def sweep(rows):
   return out
 
 
-def table(rows):
-  """The markdown table of ``rows`` (one line per shape, Tq and layout; the BF16 columns from the contiguous row)."""
-  lines = ["| B, N, K, T, D | Tq | layout | splits | jqat decode ms | TB/s (HBM share) | cuDNN BF16 ms | vs cuDNN | "
-           "jqat.attention ms | write ms | split vs 1 |", "|" + "---|" * 11]
-  bf16 = {(r["B"], r["N"], r["K"], r["T"], r["D"], r["Tq"]): r for r in rows if not r["paged"]}
-  fmt = lambda x, spec: "-" if x is None else format(x, spec)
-  for r in rows:
-    key = (r["B"], r["N"], r["K"], r["T"], r["D"], r["Tq"])
-    c = bf16.get(key, {})
-    cms, ms = c.get("cudnn_ms"), r["jqat_decode_ms"]
-    layout = f"paged {r['page_size']}" if r["paged"] else "contiguous"
-    cells = [", ".join(map(str, key[:5])), str(r["Tq"]), layout, str(r["num_splits"]), f"{ms:.4f}",
-             f"{r['jqat_decode_tbps']:.2f} ({100 * r['hbm_share']:.0f}%)", fmt(cms, ".4f"),
-             "-" if cms is None else f"{cms / ms:.2f}x", fmt(c.get("jqat_attention_ms"), ".3f"),
-             f"{r['jqat_write_ms']:.4f}", f"{r['split_vs_one']:.1e}"]
-    lines.append("| " + " | ".join(cells) + " |")
-  return "\n".join(lines)
-
-
 def main():
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--out", default="decode.json")
@@ -202,7 +184,7 @@ def main():
         print(json.dumps(row), flush=True)
         with open(args.out, "w") as f:
           json.dump(result, f, indent=1)
-  print(table(result["rows"]))
+  print("\n".join(report.decode(result)))
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@
       [--w-pass-configs 16x128x4,16x128x2,16x256x2,16x512x4]
 
 Per shape M x K x N (x: [M, K], w: [K, N], bf16), milliseconds of
-  dot          the BF16 dot ``lax.dot_general(x, w, preferred_element_type=f32).astype(bf16)``, the op qat_matmul
-               calls on fq(x), fq(w) (cuBLAS or XLA's GEMM)
+  dot          the BF16 dot ``lax.dot_general(x, w)`` (BF16 out, FP32 accumulation in the GEMM), what a BF16 linear
+               layer runs, forward and backward (its transpose is two more BF16 dots); qat_matmul calls the same
+               GEMM on fq(x), fq(w) (cuBLAS or XLA's GEMM)
   qat          ``qat_matmul(x, w)`` (implementation None: the Triton quantize passes, then that dot)
   xla          ``qat_matmul(x, w, implementation="xla")`` (XLA's quantizer, then that dot)
   *_fwdbwd     forward and backward: ``jax.vjp`` of the op, applied to a random dY, returning y, dX and dW (the
@@ -66,7 +67,8 @@ def slope_ms(fn, args, iters: int, repeats: int) -> float:
 
 
 def bf16_dot(x, w):
-  return lax.dot_general(x, w, (((x.ndim - 1,), (0,)), ((), ())), preferred_element_type=jnp.float32).astype(x.dtype)
+  # Not preferred_element_type=f32 then a cast: its transpose would run the backward's dots on FP32 cotangents.
+  return lax.dot_general(x, w, (((x.ndim - 1,), (0,)), ((), ())))
 
 
 def fwdbwd(fn):

@@ -4,7 +4,7 @@
       [--rows 0,3]
 
 Knows the JSON of attention.py (its rows, or ``--memory-only``), masks.py, kernel_times.py, sharding.py,
-rope_qdq.py, torch_rope_qdq.py, qat_matmul.py, compile_time.py and numerics_modes.py, by their keys. Prints a
+rope_qdq.py, torch_rope_qdq.py, qat_matmul.py, compile_time.py, numerics_modes.py and decode.py, by their keys. Prints a
 provenance line (the command, date, machine and software given, plus the device the JSON names) and the
 table; times in ms unless a header says otherwise. ``--rows`` keeps the rows of attention.py's JSON with those
 ``row`` indices. Nothing is computed that the JSON does not hold, except
@@ -125,13 +125,32 @@ def torch_rope_qdq(d):
 
 
 def qat_matmul(d):
-  """benchmarks/qat_matmul.py: the Pallas kernel against jnp.dot of pre-quantized operands and the XLA path."""
-  header = ["M, K, N", "jnp.dot of fq operands", "XLA (fq + dot)", "Pallas (best config)", "Pallas / dot",
-            "jax.grad: Pallas / XLA"]
-  rows = [[f"{r['M']}, {r['K']}, {r['N']}", f"{_num(r['dot_prequant_ms'])} ({r['dot_prequant_tflops']:.0f} TF/s)",
-           _num(r["xla_ms"]), f"{_num(r['pallas_best_ms'])} ({r['pallas_best']}, {r['pallas_best_tflops']:.0f} TF/s)",
-           f"{r['ratio_pallas_vs_dot']:.1f}x", f"{_num(r.get('pallas_fwdbwd_ms'))} / {_num(r.get('xla_fwdbwd_ms'))}"]
+  """benchmarks/qat_matmul.py: the BF16 dot against qat_matmul (two quantize passes + the same dot), forward and
+  forward + backward, and the passes' bandwidth against a copy's."""
+  header = ["M, K, N", "BF16 dot", "qat_matmul", "ratio", "XLA path", "dot fwd+bwd", "qat fwd+bwd", "ratio",
+            "fq(x) GB/s (copy)", "fq(w) GB/s (copy)"]
+  rows = [[f"{r['M']}, {r['K']}, {r['N']}", _num(r["dot_ms"]), _num(r["qat_ms"]), _ratio(r["ratio_fwd"]),
+           _num(r.get("xla_ms")), _num(r["dot_fwdbwd_ms"]), _num(r["qat_fwdbwd_ms"]), _ratio(r["ratio_fwdbwd"]),
+           f"{r['fq_x_gbs']:.0f} ({r['copy_x_gbs']:.0f})", f"{r['fq_w_gbs']:.0f} ({r['copy_w_gbs']:.0f})"]
           for r in d["rows"]]
+  return _table(header, rows)
+
+
+def decode(d):
+  """benchmarks/decode.py: decode over the packed cache against cuDNN BF16 decode and jqat.attention on a BF16 cache
+  (their columns from the contiguous row of the same shape and Tq), the cache write, the split numerics."""
+  header = ["B, N, K, T, D", "Tq", "layout", "splits", "jqat decode", "TB/s (of 4.8)", "cuDNN BF16", "cuDNN / jqat",
+            "jqat.attention", "write", "split vs 1"]
+  bf16 = {(r["B"], r["N"], r["K"], r["T"], r["D"], r["Tq"]): r for r in d["rows"] if not r["paged"]}
+  rows = []
+  for r in d["rows"]:
+    key = (r["B"], r["N"], r["K"], r["T"], r["D"], r["Tq"])
+    c = bf16.get(key, {})
+    cudnn, ms = c.get("cudnn_ms"), r["jqat_decode_ms"]
+    rows.append([", ".join(map(str, key[:5])), r["Tq"], f"paged {r['page_size']}" if r["paged"] else "contiguous",
+                 r["num_splits"], _num(ms), f"{r['jqat_decode_tbps']:.2f} ({100 * r['hbm_share']:.0f}%)", _num(cudnn),
+                 "-" if cudnn is None else f"{cudnn / ms:.2f}x", _num(c.get("jqat_attention_ms")),
+                 _num(r["jqat_write_ms"]), f"{r['split_vs_one']:.1e}"])
   return _table(header, rows)
 
 
@@ -165,7 +184,8 @@ def kind(d):
   for name, test in [("memory", "memory_check" in d and "rows" not in d), ("attention", "jqat_fwd_ms" in rows[0]),
                      ("masks", "baseline_ms" in rows[0]), ("kernel_times", "cases" in d),
                      ("sharding", "speedup_vs_1" in rows[0] or "config" in rows[0]),
-                     ("qat_matmul", "dot_prequant_ms" in rows[0]), ("numerics_modes", "err_dv" in rows[0]),
+                     ("qat_matmul", "qat_fwdbwd_ms" in rows[0]), ("numerics_modes", "err_dv" in rows[0]),
+                     ("decode", "jqat_decode_ms" in rows[0]),
                      ("torch_rope_qdq", "copy_fraction" in results[0]),
                      ("rope_qdq", "speedup_vs_reference" in results[0]), ("compile_time", "warm" in d)]:
     if test:
@@ -175,7 +195,7 @@ def kind(d):
 
 RENDER = dict(attention=attention, memory=memory, masks=masks, kernel_times=kernel_times, sharding=sharding,
               rope_qdq=rope_qdq, torch_rope_qdq=torch_rope_qdq, qat_matmul=qat_matmul, compile_time=compile_time,
-              numerics_modes=numerics_modes)
+              numerics_modes=numerics_modes, decode=decode)
 
 
 def report(d, command=None, date=None, machine=None, software=None, rows=None):

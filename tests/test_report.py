@@ -59,10 +59,16 @@ CASES = {
     ["fp4/16/e4m3", "90.4%", "0.5596"],
   ),
   "qat_matmul": (
-    {"rows": [dict(M=4096, K=4096, N=4096, dot_prequant_ms=0.1893, dot_prequant_tflops=725.9, xla_ms=2.911,
-                   pallas_best="128x128x64x8x3", pallas_best_ms=7.049, pallas_best_tflops=19.5,
-                   ratio_pallas_vs_dot=37.23, pallas_fwdbwd_ms=0.493, xla_fwdbwd_ms=0.4927)]},
-    ["37.2x", "7.049", "726 TF/s"],
+    {"rows": [dict(M=8192, K=4096, N=4096, dot_ms=0.3837, qat_ms=0.4129, xla_ms=0.4774, dot_fwdbwd_ms=1.161,
+                   qat_fwdbwd_ms=1.240, ratio_fwd=1.076, ratio_fwdbwd=1.068, fq_x_gbs=3381.0, copy_x_gbs=3067.0,
+                   fq_w_gbs=1607.0, copy_w_gbs=2294.0)]},
+    ["0.4129", "1.08", "1.07", "3381 (3067)"],
+  ),
+  "decode": (
+    {"rows": [dict(B=8, N=32, K=8, T=32768, D=128, Tq=1, paged=False, page_size=None, num_splits=16,
+                   jqat_decode_ms=0.2769, jqat_decode_tbps=1.091, hbm_share=0.2273, cudnn_ms=0.2621,
+                   jqat_attention_ms=1.294, jqat_write_ms=0.1099, split_vs_one=0.048)]},
+    ["0.2769", "1.09 (23%)", "0.95x", "4.8e-02"],
   ),
   "compile_time": ({"cold": dict(_START, first_result_s=11.28), "warm": _START}, ["11.28", "4.36", "2.64", "5 / 0"]),
   "numerics_modes": (
