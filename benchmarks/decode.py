@@ -80,6 +80,26 @@ def packed_cache(b, t, kh, d, seed, paged):
   return kc, vc, table
 
 
+@jax.jit
+def _exact(q, k, v, tq):
+  b, _, n, d = q.shape
+  kh = k.shape[2]
+  s = jnp.einsum("bqkgd,btkd->bkgqt", q.astype(jnp.float32).reshape(b, -1, kh, n // kh, d), k,
+                 precision=jax.lax.Precision.HIGHEST) * d ** -0.5
+  t = k.shape[1]
+  s = jnp.where(jnp.arange(t)[None, :] <= t - tq + jnp.arange(q.shape[1])[:, None], s, -jnp.inf)
+  o = jnp.einsum("bkgqt,btkd->bqkgd", jax.nn.softmax(s, axis=-1), v, precision=jax.lax.Precision.HIGHEST)
+  return o.reshape(q.shape)
+
+
+def exact_attention(q, kc, vc, table, tq):
+  """Softmax attention in FP32 without any rounding of P or Q, on the cache's own (dequantized) values: what O
+  approximates, for scale against ``split_vs_one``."""
+  from jqat._src.decode_reference import gather  # noqa: PLC0415
+
+  return _exact(q, gather(*kc, table), gather(*vc, table), tq)
+
+
 def bench_row(b, n, kh, t, d, tq, paged, copies_bytes=512 << 20):
   row = dict(B=b, N=n, K=kh, T=t, D=d, Tq=tq, paged=paged, page_size=PAGE_SIZE if paged else None)
   packed_bytes = b * t * kh * (d // 2 + d // 16) * 2
@@ -102,6 +122,9 @@ def bench_row(b, n, kh, t, d, tq, paged, copies_bytes=512 << 20):
   many = dec(q, *caches[0])
   o1, o2 = (np.asarray(x, np.float64) for x in (one, many))
   row["split_vs_one"] = float(np.linalg.norm(o2 - o1) / np.linalg.norm(o1))
+  exact = np.asarray(exact_attention(q, *caches[0], tq), np.float64)  # FP32 softmax on the cache's values
+  row["one_vs_exact"] = float(np.linalg.norm(o1 - exact) / np.linalg.norm(exact))
+  row["split_vs_exact"] = float(np.linalg.norm(o2 - exact) / np.linalg.norm(exact))
   xla = jqat.decode_attention(q, *caches[0][:2], lengths, page_table=caches[0][2], num_splits=splits,
                               implementation="xla") if b * t <= 8 * 32768 else None
   if xla is not None:

@@ -140,7 +140,7 @@ def decode(d):
   """benchmarks/decode.py: decode over the packed cache against cuDNN BF16 decode and jqat.attention on a BF16 cache
   (their columns from the contiguous row of the same shape and Tq), the cache write, the split numerics."""
   header = ["B, N, K, T, D", "Tq", "layout", "splits", "jqat decode", "TB/s (of 4.8)", "cuDNN BF16", "cuDNN / jqat",
-            "jqat.attention", "write", "split vs 1"]
+            "jqat.attention", "write", "split vs 1", "1 vs exact"]
   bf16 = {(r["B"], r["N"], r["K"], r["T"], r["D"], r["Tq"]): r for r in d["rows"] if not r["paged"]}
   rows = []
   for r in d["rows"]:
@@ -150,7 +150,8 @@ def decode(d):
     rows.append([", ".join(map(str, key[:5])), r["Tq"], f"paged {r['page_size']}" if r["paged"] else "contiguous",
                  r["num_splits"], _num(ms), f"{r['jqat_decode_tbps']:.2f} ({100 * r['hbm_share']:.0f}%)", _num(cudnn),
                  "-" if cudnn is None else f"{cudnn / ms:.2f}x", _num(c.get("jqat_attention_ms")),
-                 _num(r["jqat_write_ms"]), f"{r['split_vs_one']:.1e}"])
+                 _num(r["jqat_write_ms"]), f"{r['split_vs_one']:.1e}",
+                 "-" if "one_vs_exact" not in r else f"{r['one_vs_exact']:.1e}"])
   return _table(header, rows)
 
 

@@ -131,7 +131,8 @@ def main(argv=None):
   ap.add_argument("--bwd-config", default="", help='"field=int,...", as JQAT_ATTN_BWD_CONFIG')
   ap.add_argument("--arch", type=int, default=90, help="compute capability as an integer (90 = H100/H200)")
   ap.add_argument("--kernels", default="fwd,bwd",
-                  help="which plans: fwd, fwd_out (O alone, the primal of jqat.attention), bwd, rope (comma-separated)")
+                  help="which plans: fwd, fwd_out (O alone, the primal of jqat.attention), bwd, rope, decode "
+                       "(comma-separated; decode: one new token per sequence over a --seq cache of --batch sequences)")
   ap.add_argument("--int-divisibility", action="store_true",
                   help="mark integer arguments divisible by 16 as Triton's launcher (torch) does; jax-triton does not")
   ap.add_argument("--sass-dir", default=None, help="also write each kernel's SASS there")
@@ -161,10 +162,19 @@ def main(argv=None):
     plans.append(P.attention_backward(q, q, k, k, q, stats, opts, target, config=bwd_cfg, masks=masks,
                                       row_max=stats if args.p_scale == "row" else None,
                                       q_hat_over_out=True))  # as the JAX binding plans it
+  if "decode" in kinds:
+    from jqat.ffi.options import DecodeOptions, default_num_splits  # noqa: PLC0415
+
+    d = args.head_dim
+    cache = lambda w: P.Tensor.dense((args.batch, args.seq, kh, w), "uint8")
+    plans.append(P.decode_attention(
+        P.Tensor.dense((args.batch, 1, args.heads, d), "bfloat16"), cache(d // 2), cache(d // 16), cache(d // 2),
+        cache(d // 16), P.Tensor.dense((args.batch,), "int32"),
+        DecodeOptions(scale=d ** -0.5, num_splits=default_num_splits(args.batch, kh, args.seq, 64)), target))
   report = {"args": vars(args), "kernels": {}}
   for plan in plans:
     for launch in plan.launches:
-      if "attention" not in launch.name:
+      if "attention" not in launch.name and "decode_split" not in launch.name:
         continue
       kernel = compile_launch(plan, launch, args.arch, args.int_divisibility)
       s = sass_stats(kernel)
