@@ -28,7 +28,8 @@ ROOT = os.path.dirname(TESTS)
 # and are not counted. Re-measure when a file's cost moves by more than ~30 s.
 SECONDS = {
     "test_attention_reference.py": 281, "test_masks.py": 183, "test_callback_launch.py": 123,
-    "test_numerics_modes.py": 98, "test_attention_triton.py": 93, "test_qat_matmul.py": 40, "test_decode.py": 110, "test_torch.py": 66,
+    "test_numerics_modes.py": 98, "test_attention_triton.py": 93, "test_qat_matmul.py": 40, "test_decode.py": 110,
+    "test_torch.py": 66,
     "test_rope_qdq.py": 60, "test_tile_ranges.py": 58, "test_flax.py": 55, "test_nvfp4_pallas.py": 49,
     "test_grad_fidelity.py": 48, "test_nvfp4.py": 48, "test_numerics_modes_triton.py": 47, "test_ffi.py": 38,
     "test_properties.py": 36, "test_parallel.py": 34, "test_train_lm.py": 31, "test_nan.py": 29,
