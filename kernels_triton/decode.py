@@ -38,6 +38,7 @@ from jqat.kernels_triton.attention_common import LOG2_P_ROW_RANGE, LOG2E, aligne
 from jqat.kernels_triton.nvfp4 import (
   _max_nan,
   corrected_quotient,
+  e2m1_tree,
   e4m3_block_scale,
   fq_probs,
   fq_tile,
@@ -401,16 +402,7 @@ def e2m1_codes(ax, s, AXIS: tl.constexpr, QUOTIENT: tl.constexpr):
     # 1, 1.5, 2, 3, 4, 6 are codes 2..7: the exponent and the first mantissa bit; 0.5 is code 1.
     code = tl.where(y >= 1.0, (bits >> 22) - 252, tl.where(y > 0.0, 1, 0))
   else:
-    t025 = tl.expand_dims(s * 0.25, AXIS)
-    t075 = tl.expand_dims(s * 0.75, AXIS)
-    t125 = tl.expand_dims(s * 1.25, AXIS)
-    t175 = tl.expand_dims(s * 1.75, AXIS)
-    t250 = tl.expand_dims(s * 2.5, AXIS)
-    t350 = tl.expand_dims(s * 3.5, AXIS)
-    t500 = tl.expand_dims(s * 5.0, AXIS)
-    upper = ax >= t175
-    mid = ax >= tl.where(upper, t350, t075)
-    odd = ax > tl.where(upper, tl.where(mid, t500, t250), tl.where(mid, t125, t025))
+    upper, mid, odd = e2m1_tree(ax, s, AXIS)
     code = upper.to(tl.int32) * 4 + mid.to(tl.int32) * 2 + odd.to(tl.int32)
   return tl.where(ax != ax, 0, code)
 

@@ -127,6 +127,28 @@ def round_e2m1(y):
 
 
 @triton.jit
+def e2m1_tree(ax, s, AXIS: tl.constexpr):
+  """The software E2M1 decision of ``ax / s`` (``ax >= 0`` 3-D, ``s`` its E4M3 block scales with the block axis
+  ``AXIS`` reduced away) as three predicates: the code index is ``4 * upper + 2 * mid + odd``.
+
+  Level 1 splits the codes {0..3} | {4..7} at 1.75 (>=), level 2 at 0.75 or 3.5 (>=), level 3 at 0.25, 1.25, 2.5
+  or 5 (strict): the same predicates as counting the boundaries crossed, since the boundaries increase. The seven
+  products ``s * b`` are exact (``b`` has at most 3 significant bits, ``s`` 4) and formed once per block.
+  """
+  t025 = tl.expand_dims(s * 0.25, AXIS)
+  t075 = tl.expand_dims(s * 0.75, AXIS)
+  t125 = tl.expand_dims(s * 1.25, AXIS)
+  t175 = tl.expand_dims(s * 1.75, AXIS)
+  t250 = tl.expand_dims(s * 2.5, AXIS)
+  t350 = tl.expand_dims(s * 3.5, AXIS)
+  t500 = tl.expand_dims(s * 5.0, AXIS)
+  upper = ax >= t175
+  mid = ax >= tl.where(upper, t350, t075)
+  odd = ax > tl.where(upper, tl.where(mid, t500, t250), tl.where(mid, t125, t025))
+  return upper, mid, odd
+
+
+@triton.jit
 def e2m1_dequant(ax, s, AXIS: tl.constexpr, HW_E2M1: tl.constexpr, QUOTIENT: tl.constexpr = False):
   """``|e2m1(ax / s)| * s`` in FP32, RNE, saturating at 6; ``ax >= 0`` 3-D, ``s`` its E4M3 block
   scales with the block axis ``AXIS`` reduced away (``s`` expands along ``AXIS`` to broadcast).
@@ -182,19 +204,7 @@ def e2m1_dequant(ax, s, AXIS: tl.constexpr, HW_E2M1: tl.constexpr, QUOTIENT: tl.
     y = corrected_quotient(ax, s3, r3)  # RN(ax / s)
     out = round_e2m1(tl.minimum(y, 6.0)) * s3  # min also takes a NaN (from +Inf) to 6
   else:
-    # Level 1 splits the codes {0..3} | {4..7} at 1.75 (>=), level 2 at 0.75 or 3.5 (>=),
-    # level 3 at 0.25, 1.25, 2.5 or 5 (strict): the same predicates as counting the
-    # boundaries crossed, since the boundaries increase.
-    t025 = tl.expand_dims(s * 0.25, AXIS)
-    t075 = tl.expand_dims(s * 0.75, AXIS)
-    t125 = tl.expand_dims(s * 1.25, AXIS)
-    t175 = tl.expand_dims(s * 1.75, AXIS)
-    t250 = tl.expand_dims(s * 2.5, AXIS)
-    t350 = tl.expand_dims(s * 3.5, AXIS)
-    t500 = tl.expand_dims(s * 5.0, AXIS)
-    upper = ax >= t175
-    mid = ax >= tl.where(upper, t350, t075)
-    odd = ax > tl.where(upper, tl.where(mid, t500, t250), tl.where(mid, t125, t025))
+    upper, mid, odd = e2m1_tree(ax, s, AXIS)
     even = tl.where(upper, tl.where(mid, 4.0, 2.0), tl.where(mid, 1.0, 0.0))  # codes 0, 2, 4, 6
     mag = tl.where(odd, tl.maximum(even * 1.5, 0.5), even)  # the next code: 0.5, 1.5, 3, 6
     out = mag * tl.expand_dims(s, AXIS)
