@@ -235,8 +235,11 @@ def forward(q, k, v, *, scale, is_causal, block_n, cfg: QATConfig, masks=NO_MASK
   present = [x for x in masks if x is not None]
   b, tq, n, d = q.shape
   tk = k.shape[1]
-  qh, kt, vt = _inputs(q, k, v, cfg, qkv_scale, masks)
   row = p_scale == "row"
+  if n == 0:  # no heads (N = K = 0): empty results; there is no group size N // K to form
+    out = (jnp.zeros(q.shape, q.dtype), jnp.zeros(q.shape, q.dtype), jnp.zeros((b, 0, tq), jnp.float32))
+    return out + (jnp.zeros((b, 0, tq), jnp.float32),) if row else out
+  qh, kt, vt = _inputs(q, k, v, cfg, qkv_scale, masks)
 
   def step(carry, tile):
     m, l, acc, acc_hp = carry
@@ -305,6 +308,8 @@ def backward(do, q, k, v, o_for_delta, lse, *, scale, is_causal, cfg: QATConfig,
   present = [x for x in masks if x is not None]
   b, tq, n, d = q.shape
   tk, kh = k.shape[1], k.shape[2]
+  if n == 0:  # no heads (N = K = 0): empty gradients
+    return jnp.zeros(q.shape, q.dtype), jnp.zeros(k.shape, k.dtype), jnp.zeros(v.shape, v.dtype)
   g = n // kh
   qh, kt, vt = _inputs(q, k, v, cfg, qkv_scale, masks)
   grp = lambda x: x.astype(jnp.float32).reshape(b, tq, kh, g, d).transpose(0, 2, 3, 1, 4)
