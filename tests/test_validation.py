@@ -158,3 +158,20 @@ def test_flax_factory_checks_its_arguments_when_called(kwargs, exc, match):
 
   with pytest.raises(exc, match=match):
     jqat.flax.make_attention_fn(**kwargs)
+
+
+def test_explicit_forward_and_backward_are_not_differentiable():
+  """jax.grad through attention_forward / attention_backward gave a derivative on XLA (of the reference's
+  arithmetic) and none on Triton: a result that depends on the backend. Both raise, as second order does."""
+  q = jax.random.normal(jax.random.key(0), (1, 8, 2, 32), jnp.float32).astype(jnp.bfloat16)
+  o, o_hp, lse = jqat.attention_forward(q, q, q, implementation="xla")
+  with pytest.raises(NotImplementedError, match="jqat.attention_forward is not differentiable"):
+    jax.grad(lambda q: jnp.sum(jqat.attention_forward(q, q, q, implementation="xla")[1].astype(jnp.float32)))(q)
+  with pytest.raises(NotImplementedError, match="jqat.attention_backward is not differentiable"):
+    jax.grad(lambda o: jnp.sum(jqat.attention_backward(q, q, q, q, o, lse, implementation="xla")[0].astype(
+        jnp.float32)))(o_hp)
+  with pytest.raises(NotImplementedError, match="jqat.attention_backward is not differentiable"):
+    jax.jvp(lambda lse: jqat.attention_backward(q, q, q, q, o_hp, lse, implementation="xla"), (lse,), (lse,))
+  # Undifferentiated calls (also under jit and vmap) are unchanged.
+  assert jax.jit(lambda q: jqat.attention_forward(q, q, q, implementation="xla"))(q)[0].shape == q.shape
+  assert jax.vmap(lambda q: jqat.attention_forward(q, q, q, implementation="xla")[0])(q[None]).shape == (1,) + q.shape

@@ -165,6 +165,20 @@ def _backward(d_out, query, key, value, out_for_delta, lse, row_max, masks, opts
                             qkv_scale=opts.qkv_scale)
 
 
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _not_differentiable(name, arrays):
+  return arrays
+
+
+@_not_differentiable.defjvp
+def _not_differentiable_jvp(name, primals, tangents):
+  raise NotImplementedError(
+      f"jqat.{name} is not differentiable: the explicit forward and backward are the two halves of jqat.attention's "
+      "first-order rule (its backward is the Attn-QAT straight-through rule, which has no derivative of its own), "
+      "and a derivative through them would depend on the implementation. Differentiate jqat.attention (jax.grad, "
+      "jax.vjp) instead.")
+
+
 def attention_forward(query, key, value, *, scale=None, is_causal=False, implementation=None,
                       block_n=DEFAULT_BLOCK_N, config: QATConfig = _ALL_ON, query_seq_lengths=None,
                       key_value_seq_lengths=None, q_segment_ids=None, kv_segment_ids=None, local_window_size=None,
@@ -189,6 +203,7 @@ def attention_forward(query, key, value, *, scale=None, is_causal=False, impleme
                                     causal_alignment_value=causal_alignment, p_scale_value=p_scale,
                                     qkv_scale_value=qkv_scale)
   masks = _masks(query, key, query_seq_lengths, key_value_seq_lengths, q_segment_ids, kv_segment_ids)
+  query, key, value = _not_differentiable("attention_forward", (query, key, value))
   if validate.flag("smooth_k", smooth_k):
     key = smooth_keys(key, masks[1])
   out = _forward(query, key, value, masks, opts, _resolve(implementation, d))
@@ -229,6 +244,8 @@ def attention_backward(d_out, query, key, value, out_for_delta, lse, *, scale=No
   row_max = validate.row_max(row_max, query, opts.p_scale)
   masks = _masks(query, key, query_seq_lengths, key_value_seq_lengths, q_segment_ids, kv_segment_ids)
   impl = _resolve(implementation, d)
+  d_out, query, key, value, out_for_delta, lse, row_max = _not_differentiable(
+      "attention_backward", (d_out, query, key, value, out_for_delta, lse, row_max))
   if not validate.flag("smooth_k", smooth_k):
     return _backward(d_out, query, key, value, out_for_delta, lse, row_max, masks, opts, impl)
   smoothed, smooth_vjp = jax.vjp(lambda k: smooth_keys(k, masks[1]), key)
