@@ -24,10 +24,29 @@ from jqat.ffi.options import DEFAULT_BLOCK_N, AttentionOptions, QATConfig
 from jqat.torch import _tensors as tt
 
 
+def refuse_forward_ad(what: str, names, tensors) -> None:
+  """Raises when a tensor carries a forward-mode tangent (``torch.func.jvp``, ``jacfwd``, ``forward_ad.make_dual``).
+
+  The ops have reverse-mode derivatives only; under forward mode their outputs would carry no tangent, which functorch
+  reads as a zero derivative (a silent all-zero jvp). Checked only inside a forward-AD level (no cost otherwise)."""
+  import torch.autograd.forward_ad as fwAD  # noqa: PLC0415
+
+  if fwAD._current_level < 0:
+    return
+  for name, t in zip(names, tensors):
+    if isinstance(t, torch.Tensor) and fwAD.unpack_dual(t).tangent is not None:
+      raise NotImplementedError(
+          f"{what} has no forward-mode derivative ({name} carries a tangent: torch.func.jvp, jacfwd or forward_ad): "
+          "its backward is the Attn-QAT straight-through rule, a reverse-mode formula with no forward-mode "
+          "counterpart; a jvp would silently be zero. Differentiate in reverse mode (loss.backward(), "
+          "torch.autograd.grad) instead.")
+
+
 def check_inputs(q, k, v, *, enable_gqa: bool = True, names=("q", "k", "v")):
   """SPEC section 6 checks of BHSD q, k, v (the shared validator, plus device and backend)."""
   for name, t in zip(names, (q, k, v)):
     tt.check_tensor(name, t)
+  refuse_forward_ad("jqat.torch attention", names, (q, k, v))
   validate.attention_inputs(q, k, v, layout="BHSD", names=names, gqa=enable_gqa)
   tt.check_device(names[1], k, q.device)
   tt.check_device(names[2], v, q.device)
