@@ -345,7 +345,8 @@ def backward(do, q, k, v, o_for_delta, lse, *, scale, is_causal, cfg: QATConfig,
     dk = scale * _dot("bkgqn,bkgqd->bknd", ds, qh, guard)
     if row:
       p_tilde = jnp.where(valid & sees, jnp.where(s >= m_safe, 1.0, jnp.exp(s - m_safe)), 0.0)
-      p_dv = _bf16(_fq(P_ROW_RANGE * p_tilde, mask=valid) * inv_rl)
+      # Masked pairs exactly 0 after the row factor too: a row with a NaN lse has a NaN 1 / (R l).
+      p_dv = _bf16(jnp.where(valid, _fq(P_ROW_RANGE * p_tilde, mask=valid) * inv_rl, 0.0))
     else:
       p_dv = _fq(p, mask=valid) if cfg.quantize_p_backward else _bf16(p)
     dv = _dot("bkgqn,bkgqd->bknd", p_dv, do_g, guard)
