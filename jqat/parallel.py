@@ -115,6 +115,9 @@ def attention(query, key, value, *, mesh, batch_axis=None, head_axis=None, seq_a
                 "q_segment_ids": P(batch_axis, seq_axis), "kv_segment_ids": P(batch_axis, seq_axis)}
   arrays = {name: kwargs.pop(name) for name in mask_specs if kwargs.get(name) is not None}
   validate.mask_operands(query, key, **arrays)  # global shapes, before anything is sharded
+  for name, x in arrays.items():  # host values, before shard_map turns them into (wrapped) int32 operands
+    if not isinstance(x, jax.core.Tracer) and validate.dtype_name(x) != "int32":
+      validate.fits_int32(name, x)
 
   def local(q, k, v, masks):
     if seq_axis is None:

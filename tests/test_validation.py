@@ -147,6 +147,9 @@ def test_parallel_attention_needs_a_mesh():
 
   with pytest.raises(TypeError, match="mesh must be a jax.sharding.Mesh"):
     jqat.parallel.attention(Q, Q, Q, mesh=None)
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("x",))
+  with pytest.raises(ValueError, match="key_value_seq_lengths must hold values in int32's range"):
+    jqat.parallel.attention(Q, Q, Q, mesh=mesh, key_value_seq_lengths=np.array([2**32 + 5]), implementation="xla")
 
 
 @pytest.mark.parametrize("kwargs, exc, match", [(dict(block_n=48), ValueError, "block_n must be one of"),
