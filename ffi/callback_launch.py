@@ -200,13 +200,15 @@ def _compile(fn, arg_types: tuple[str, ...], ones: tuple[int, ...], constexprs: 
 
 
 def build(fn, arg_types: tuple[str, ...], ones: tuple[int, ...], constexprs: tuple, num_warps: int,
-          num_stages: int, compute_capability: tuple[int, int], maxnreg: int = 0):
+          num_stages: int, compute_capability: tuple[int, int], maxnreg: int = 0, aligned: bool = True):
   """``triton.compile`` of kernel ``fn`` with jax-triton's specialization: Triton's ``CompiledKernel``.
 
   arg_types: Triton types of the runtime arguments, outputs last (``"*bf16"``, ``"i32"``, ``"fp32"``).
   ones: positions of the scalar arguments equal to 1 (compiled in as constexprs, as jax-triton does).
   constexprs: ``(name, value)`` pairs of the kernel's remaining parameters.
   maxnreg: a cap on registers per thread (Triton's option), 0 for none.
+  aligned: every pointer 16-byte aligned (jax-triton's specialization); False: no pointer assumed aligned (the torch
+  binding's prepared ops, which take any pointer offset without compiling again).
   Needs no GPU: the cubin is built for ``compute_capability`` (or read from Triton's disk cache).
   """
   import triton  # noqa: PLC0415
@@ -222,7 +224,7 @@ def build(fn, arg_types: tuple[str, ...], ones: tuple[int, ...], constexprs: tup
                      f"and the constexprs {sorted(given)}")
   # jax-triton's specialization: every buffer 16-byte aligned ("D", what Triton's specializer says of a pointer
   # divisible by 16), no scalar specialized beyond == 1 (""). Written out: the specializer imports torch.
-  attrs = {(i,): backend.parse_attr("D" if t.startswith("*") else "") for i, t in enumerate(arg_types)}
+  attrs = {(i,): backend.parse_attr("D" if t.startswith("*") and aligned else "") for i, t in enumerate(arg_types)}
   constants = {params[i]: 1 for i in ones}
   constants.update({p: given[p] for p in params[n_args:]})
   signature = dict(zip(params, arg_types))  # parameter order, the order of the launcher's arguments

@@ -73,7 +73,7 @@ MASK_OPERANDS = ("q_len", "kv_len", "q_seg", "kv_seg")
 
 @dataclasses.dataclass(frozen=True)
 class DecodeOptions:
-  """Everything static about one decode-attention call over a packed NVFP4 KV cache (docs/NUMERICS.md, "Decode").
+  """Everything static about one decode-attention call over a packed NVFP4 KV cache (docs/NUMERICS.md, section 10).
 
   scale: the softmax scale (resolved). is_causal: the Tq new tokens see each other causally (query i of a
   sequence of length L sees keys j <= L - Tq + i); else every query sees all L keys.

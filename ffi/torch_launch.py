@@ -66,16 +66,24 @@ def _aligned_bytes(t: plans.Tensor) -> int:
   return -(-nbytes // _WS_ALIGN) * _WS_ALIGN
 
 
+def workspace_offsets(plan: plans.Plan) -> dict:
+  """Byte offset in the workspace of each of the plan's scratch buffers (256-byte aligned, in plan order)."""
+  offsets, off = {}, 0
+  for name in plan.scratch:
+    offsets[name] = off
+    off += _aligned_bytes(plan.buffers[name])
+  return offsets
+
+
 def carve(plan: plans.Plan, workspace) -> dict:
   """The plan's scratch buffers as views into ``workspace`` (1-D uint8, at least :func:`workspace_bytes`)."""
-  views, off = {}, 0
-  for name in plan.scratch:
+  views = {}
+  for name, off in workspace_offsets(plan).items():
     t = plan.buffers[name]
     dtype = _dtype(t.dtype)
     n = _storage_elements(t)
     flat = workspace[off:off + n * dtype.itemsize].view(dtype)
     views[name] = flat.as_strided(t.shape, t.strides)
-    off += _aligned_bytes(t)
   return views
 
 
@@ -116,3 +124,70 @@ def _launch_all(plan: plans.Plan, tensors: dict, warmup: bool) -> None:
         launch.kernel.warmup(*args, grid=launch.grid, **kwargs)
     else:
       launch.kernel[launch.grid](*args, **kwargs)
+
+
+class Address:
+  """A device address as Triton's launcher takes a buffer (an object with ``data_ptr()``): a buffer at an offset of a
+  workspace, without the tensor view that would be an operation on the stream's tensors."""
+
+  __slots__ = ("ptr",)
+
+  def __init__(self, ptr: int):
+    self.ptr = ptr
+
+  def data_ptr(self) -> int:
+    return self.ptr
+
+
+class Prepared:
+  """The launches of a plan compiled ahead of execution, launched without Triton's JIT dispatch: no specialization
+  lookup, no compilation, no tensor operation; each launch is one kernel launch on torch's current stream (so it can
+  be captured in a CUDA graph as that kernel alone).
+
+  Each launch is compiled once per ``variants`` entry: "aligned" (every pointer 16-byte aligned, the specialization of
+  the JAX binding) and "any" (no pointer assumed aligned). Integer arguments are never specialized (not on their
+  divisibility, nor on a value of 1), so the same kernels take any token count; they are typed int32, and
+  :meth:`launch` refuses values outside it. Compiled for the plan's device (the current CUDA device), modules loaded.
+  """
+
+  def __init__(self, plan: plans.Plan, target: plans.Target, variants=("aligned",)):
+    from jqat.ffi import callback_launch  # noqa: PLC0415  (triton.compile with an explicit specialization)
+
+    self.plan = plan
+    self.kernels = []  # per launch: {variant: CompiledKernel}, and the constexpr values after its arguments
+    for launch in plan.launches:
+      types = tuple(_arg_type(plan, a) for a in launch.args) + tuple(
+          "*" + callback_launch._POINTER_TYPES[plan.buffers[o].dtype] for o in launch.outputs)
+      compiled = {}
+      for variant in variants:
+        kernel = callback_launch.build(launch.kernel, types, (), tuple(launch.constexprs.items()), launch.num_warps,
+                                       launch.num_stages, target.compute_capability, launch.maxnreg,
+                                       aligned=variant == "aligned")
+        if kernel.metadata.global_scratch_size:  # Triton would allocate it at each launch
+          raise NotImplementedError(f"{launch.name}: a prepared launch cannot take Triton's global scratch")
+        kernel._init_handles()  # the module is loaded now, not at the first launch (nor under graph capture)
+        compiled[variant] = kernel
+      n = len(launch.args) + len(launch.outputs)
+      self.kernels.append((compiled, tuple(launch.constexprs[p] for p in launch.kernel.arg_names[n:])))
+
+  def launch(self, index: int, grid: tuple, args: tuple, variant: str = "aligned") -> None:
+    """Launch ``index`` of the plan with ``args`` (its arguments and outputs in kernel order: tensors or
+    :class:`Address` for buffers, ints and floats for scalars) over ``grid``."""
+    compiled, constexprs = self.kernels[index]
+    for a in args:
+      if isinstance(a, int) and not -2**31 <= a < 2**31:
+        raise ValueError(f"{self.plan.launches[index].name}: an integer argument of {a} does not fit the prepared "
+                         "kernel's int32")
+    compiled[variant][tuple(grid) + (1,) * (3 - len(grid))](*args, *constexprs)
+
+
+def _arg_type(plan: plans.Plan, a) -> str:
+  from jqat.ffi import callback_launch  # noqa: PLC0415
+
+  if isinstance(a, plans.Ref):
+    return "*" + callback_launch._POINTER_TYPES[plan.buffers[a.name].dtype]
+  if isinstance(a, float):
+    return "fp32"
+  if isinstance(a, int) and not isinstance(a, bool):
+    return "i32"
+  raise TypeError(f"kernel scalars must be int or float, got {type(a).__name__} {a!r}")

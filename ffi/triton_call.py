@@ -97,12 +97,12 @@ def set_triton_cache_dir(before: str | None) -> str:
   """Sets ``TRITON_CACHE_DIR`` to ``before`` (created if missing) or, when that is unset or empty, to
   ``$JQAT_CACHE_DIR/triton``; returns the directory.
 
-  Triton's cache holds the launcher it compiles and loads as a shared library: when
-  the default directory is unsafe, a fresh private one is the fallback.
+  Triton's cache holds the launcher it compiles and loads as a shared library: a directory, the user's included,
+  that fails :func:`private_dir`'s check (another user could write to it) is not used; a fresh private one is the
+  fallback, with the warning that names the refused directory.
   """
   if before:
-    os.makedirs(before, exist_ok=True)
-    cache = before
+    cache = private_dir(before) or tempfile.mkdtemp(prefix="jqat-triton-")
   else:
     cache = private_dir(os.path.join(cache_root(), "triton")) or tempfile.mkdtemp(prefix="jqat-triton-")
   os.environ["TRITON_CACHE_DIR"] = cache
@@ -377,12 +377,25 @@ def _decode_entry(text: str, material: str, key: str, n_args: int, cc: int):
 
 
 def _read_entry(path: str, material: str, key: str, n_args: int, cc: int):
-  """The decoded entry at ``path``, or None for a missing, unreadable, oversized or invalid one."""
+  """The decoded entry at ``path``, or None for a missing, unreadable, oversized or invalid one, and for anything
+  that is not a regular file (a FIFO, a device, a socket, a symbolic link): those are never read. A FIFO would block
+  a plain ``open``; opened non-blocking and without following links, the file is checked before the first read."""
+  flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
   try:
-    with open(path, "rb") as f:
+    fd = os.open(path, flags)
+  except OSError:
+    return None
+  try:
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+      return None
+    with os.fdopen(fd, "rb") as f:
+      fd = None  # closed by the file object
       data = f.read(_MAX_ENTRY_BYTES + 1)
   except OSError:
     return None
+  finally:
+    if fd is not None:
+      os.close(fd)
   if len(data) > _MAX_ENTRY_BYTES:
     return None
   try:

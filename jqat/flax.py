@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jqat._src import validate
+from jqat._src import dispatch, validate
 from jqat._src.attention import attention
 from jqat.ffi.options import DEFAULT_BLOCK_N
 
@@ -121,6 +121,8 @@ def make_attention_fn(*, is_causal: bool = False, implementation: str | None = N
       raise TypeError(f"{name} must be a bool, got {value!r}")
   validate.p_scale(p_scale)
   validate.qkv_scale(qkv_scale)
+  validate.block_n(block_n)
+  dispatch.check_implementation(implementation)
   always_causal = bool(is_causal)
   switches = dict(implementation=implementation, block_n=block_n, quantize_qkv=quantize_qkv,
                   quantize_p=quantize_p, high_precision_delta=high_precision_delta,

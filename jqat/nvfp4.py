@@ -23,10 +23,12 @@ over one axis of a register array and its resource estimation of a
 from __future__ import annotations
 
 import functools
+import numbers
 from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 if TYPE_CHECKING:  # for type checkers only: at run time qat_matmul loads on first use (__getattr__ below)
@@ -275,6 +277,10 @@ def dequantize(codes: jax.Array, scales: jax.Array, axis: int = -1, dtype=jnp.bf
 
 
 def _normalize_axis(axis: int, ndim: int, fn: str) -> int:
+  # A bool is an int subclass (True would read as axis 1); None, "0" or 0.0 fail a comparison below with a raw error.
+  if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, numbers.Integral):
+    raise TypeError(f"{fn}: axis must be an int, got {axis!r} ({type(axis).__name__})")
+  axis = int(axis)
   if not -ndim <= axis < ndim:
     raise ValueError(f"{fn}: axis must be in [-{ndim}, {ndim}), got {axis}")
   return axis % ndim

@@ -29,6 +29,9 @@ except AttributeError:  # jax < 0.7
   _NO_CHECK = {"check_rep": False}
 
 
+_MESH_TYPES = tuple(t for t in (getattr(jax.sharding, "Mesh", None), getattr(jax.sharding, "AbstractMesh", None)) if t)
+
+
 def ulysses_attention(query, key, value, *, axis_name, **kwargs):
   """``jqat.attention`` on a sequence sharded over ``axis_name``, inside ``jax.shard_map``.
 
@@ -84,6 +87,9 @@ def attention(query, key, value, *, mesh, batch_axis=None, head_axis=None, seq_a
   not named hold replicas of the computation (and their gradients are all-reduced).
   """
   validate.attention_inputs(query, key, value)
+  if not isinstance(mesh, _MESH_TYPES):
+    raise TypeError(f"mesh must be a jax.sharding.Mesh (the devices and the axis names to shard over), got "
+                    f"{type(mesh).__name__}")
   named = {"batch_axis": _names(batch_axis), "head_axis": _names(head_axis), "seq_axis": _names(seq_axis)}
   used = [a for axes in named.values() for a in axes]
   for arg, axes in named.items():
@@ -109,6 +115,9 @@ def attention(query, key, value, *, mesh, batch_axis=None, head_axis=None, seq_a
                 "q_segment_ids": P(batch_axis, seq_axis), "kv_segment_ids": P(batch_axis, seq_axis)}
   arrays = {name: kwargs.pop(name) for name in mask_specs if kwargs.get(name) is not None}
   validate.mask_operands(query, key, **arrays)  # global shapes, before anything is sharded
+  for name, x in arrays.items():  # host values, before shard_map turns them into (wrapped) int32 operands
+    if not isinstance(x, jax.core.Tracer) and validate.dtype_name(x) != "int32":
+      validate.fits_int32(name, x)
 
   def local(q, k, v, masks):
     if seq_axis is None:

@@ -34,12 +34,16 @@ from jqat.kernels_triton.attention_common import (
   LOG2E,
   aligned3,
   aligned_lengths,
+  any_nan,
   bf16_dot,
   cast_out,
   kv_tile_range,
   load_kv_tile,
   mask_limits,
+  nan_hits,
+  nan_of,
   narrow_to_segments,
+  opaque,
   program_tile,
   q_tile_range,
   qk_dot,
@@ -87,6 +91,9 @@ def backward_config(head_dim: int, windowed: bool = False) -> BackwardConfig:
 
 # Launch parameters of the delta kernel (grid: (cdiv(Tq, BLOCK_M), B * N)).
 DELTA_LAUNCH = {"BLOCK_M": 64, "num_warps": 4, "num_stages": 1}
+
+
+NAN_CHANNELS = tl.constexpr(16)  # channels per step of the exact walks' NaN passes (attention_fwd.NAN_CHANNELS)
 
 
 @triton.jit
@@ -158,7 +165,9 @@ def _dq_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, of
              kv_lim, off, stride_kt, stride_vt, qk_scale, v_dec, MASKED: tl.constexpr, HEAD_DIM: tl.constexpr,
              IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, HAS_SEG: tl.constexpr,
              QK_F32: tl.constexpr, DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr,
-             QKV_TENSOR: tl.constexpr, RUNTIME_MASK: tl.constexpr = False, edge=False):
+             QKV_TENSOR: tl.constexpr, RUNTIME_MASK: tl.constexpr = False, edge=False, EXACT: tl.constexpr = False):
+  """One KV tile's contribution to dQ. EXACT (with MASKED): the exact walk's tile: dS is 0 at masked pairs (not
+  0 * NaN of dO . V^T or delta) and K's NaN is read as 0 in dS K (the walk's caller sets the NaN of visible pairs)."""
   kn = start_n + offs_n
   k, v = load_kv_tile(k_base, v_base, start_n, offs_n, offs_d, kv_lim, stride_kt, stride_vt, HEAD_DIM,
                       MASKED or RUNTIME_MASK)
@@ -176,11 +185,15 @@ def _dq_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, of
   if QKV_TENSOR:  # v holds fq(enc_v V): dO . V_hat^T is v_dec times the product
     dp = dp * v_dec
   ds = p * (dp - delta[:, None])
+  if EXACT:
+    tl.static_assert(MASKED, "the exact tile applies the elementwise mask")
+    ds = tl.where(valid, ds, 0.0)
+    k = tl.where(nan_of(k), tl.zeros_like(k), k)
   return dq + bf16_dot(ds, k, DOT_BF16, DOT_PREC, SOFT_BF16)
 
 
 @triton.jit
-def _attention_bwd_dq(
+def _dq_program(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, scale, tq, tk, n_heads, group,
     q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr,
     stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
@@ -190,17 +203,28 @@ def _attention_bwd_dq(
     IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
     HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
     QK_F32: tl.constexpr, DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr,
-    QKV_TENSOR: tl.constexpr, SEQ_ALIGN: tl.constexpr):
-  """dQ for query rows [i * BLOCK_M, +BLOCK_M) of head j % N, batch j // N, ``(i, j) = program_tile(...)``.
-
-  q: fq(Q) [B, Tq, N, D] (strides stride_q*, shared by dq); k, v: fq(K), fq(V)
-  [B, Tk, K, D]; do: [B, Tq, N, D] (strides stride_d*); lse, delta: [B, N, Tq]
-  fp32 contiguous. D and the masks (seg_sorted included) as in ``attention_fwd_kernel``.
-  QKV_TENSOR: q, k, v hold fq(enc * X) and q_enc [B, N], k_enc, v_enc [B, K] fp32 their encode scales (read
-  only then); the decode scales 1 / enc join the softmax scale (Q, K), dO . V^T (V) and dQ's scale (K).
-  Grid: (cdiv(Tq, BLOCK_M), B * N), longest walk first when causal (``program_tile``). SEQ_ALIGN as in
-  ``attention_common.aligned_lengths``.
-  """
+    QKV_TENSOR: tl.constexpr, SEQ_ALIGN: tl.constexpr, EXACT: tl.constexpr = False):
+  """One program of ``_attention_bwd_dq``; EXACT: its exact walk (every tile masked, dS = 0 at masked pairs, K's NaN
+  read as 0; stores, then NaN where a visible pair meets a NaN of K). Otherwise the fast walks; returns whether a NaN
+  reached dQ (with a mask that hides pairs: else False). As in the forward (``_fwd_program``) the exact walk
+  recomputes everything from the arguments."""
+  if EXACT:  # recomputed from the arguments, not shared with the fast walks (``opaque``)
+    stride_qb = opaque(stride_qb, SOFT_BF16)
+    stride_qt = opaque(stride_qt, SOFT_BF16)
+    stride_qn = opaque(stride_qn, SOFT_BF16)
+    stride_kb = opaque(stride_kb, SOFT_BF16)
+    stride_kt = opaque(stride_kt, SOFT_BF16)
+    stride_kn = opaque(stride_kn, SOFT_BF16)
+    stride_vb = opaque(stride_vb, SOFT_BF16)
+    stride_vt = opaque(stride_vt, SOFT_BF16)
+    stride_vn = opaque(stride_vn, SOFT_BF16)
+    stride_db = opaque(stride_db, SOFT_BF16)
+    stride_dt = opaque(stride_dt, SOFT_BF16)
+    stride_dn = opaque(stride_dn, SOFT_BF16)
+    tq = opaque(tq, SOFT_BF16)
+    tk = opaque(tk, SOFT_BF16)
+    n_heads = opaque(n_heads, SOFT_BF16)
+    group = opaque(group, SOFT_BF16)
   # Strides are multiples of 16: visible to the compiler for 16-byte, cp.async-pipelined loads.
   stride_qb, stride_qt, stride_qn = aligned3(stride_qb, stride_qt, stride_qn)
   tq, tk = aligned_lengths(tq, tk, SEQ_ALIGN)
@@ -208,6 +232,8 @@ def _attention_bwd_dq(
   stride_vb, stride_vt, stride_vn = aligned3(stride_vb, stride_vt, stride_vn)
   stride_db, stride_dt, stride_dn = aligned3(stride_db, stride_dt, stride_dn)
   pid_m, pid_bh = program_tile(IS_CAUSAL, True)  # causal: the longest walks (last query tiles) first
+  if EXACT:
+    pid_m, pid_bh = opaque(pid_m, SOFT_BF16), opaque(pid_bh, SOFT_BF16)
   b = pid_bh // n_heads
   h = pid_bh % n_heads
   kvh = h // group
@@ -251,29 +277,99 @@ def _attention_bwd_dq(
   if HAS_SEG:  # packed documents: only the keys of this block's segments; unmasked inside a lone segment
     lo, a, c, hi = narrow_to_segments(lo, a, c, hi, seg_q, offs_m < q_lim, kv_seg_base, kv_lim,
                                       tl.load(seg_sorted_ptr + b), BLOCK_N)
-  # A window: one pipelined walk, the mask under a runtime branch, as in the forward; above D_PAD = 128 that walk
-  # made ptxas serialize every wgmma of the kernel, so wide heads take the three walks (that kernel measured 12%
-  # faster at D = 192 and 256 on the H200, the same bits).
-  if WINDOW_LEFT >= 0 and D_PAD <= 128:
+  # NaN at a masked pair (see the forward's exact walk): dS = 0 * NaN where dO . V^T or delta is NaN, a K row's NaN
+  # times a masked pair's dS = 0, and padded query rows (lse = -inf), which the unmasked tiles do not hide, are all
+  # leaks that can only add a NaN. A program whose rows end without one is exact; otherwise the exact walk follows
+  # (padded rows get exact zeros). Once per program when there is no NaN: one compare per element of dQ and a
+  # reduction.
+  HIDES: tl.constexpr = IS_CAUSAL or WINDOW_LEFT >= 0 or WINDOW_RIGHT >= 0 or HAS_SEG or HAS_Q_LEN or HAS_KV_LEN
+  leaked = False
+  if EXACT:
     for i in range(0, hi - lo, BLOCK_N):
-      dq = _dq_tile(dq, q, do, lse2, delta, k_base, v_base, lo + i, offs_m, offs_n, offs_d, seg_q, kv_seg_base,
-                    q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, v_dec, False, HEAD_DIM, IS_CAUSAL,
-                    WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, QKV_TENSOR, True,
-                    (lo + i < a) | (lo + i >= c))
-  else:
-    for i in range(0, a - lo, BLOCK_N):  # from 0, as the forward's first walk (ptxas serialized range(lo, a))
       dq = _dq_tile(dq, q, do, lse2, delta, k_base, v_base, lo + i, offs_m, offs_n, offs_d, seg_q, kv_seg_base, q_lim,
                     kv_lim, off, stride_kt, stride_vt, qk_scale, v_dec, True, HEAD_DIM, IS_CAUSAL, WINDOW_LEFT,
-                    WINDOW_RIGHT, HAS_SEG, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, QKV_TENSOR)
-    for start_n in range(a, c, BLOCK_N):
-      dq = _dq_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, offs_d, seg_q, kv_seg_base, q_lim,
-                    kv_lim, off, stride_kt, stride_vt, qk_scale, v_dec, False, HEAD_DIM, IS_CAUSAL, WINDOW_LEFT,
-                    WINDOW_RIGHT, HAS_SEG, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, QKV_TENSOR)
-    for start_n in range(c, hi, BLOCK_N):
-      dq = _dq_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, offs_d, seg_q, kv_seg_base, q_lim,
-                    kv_lim, off, stride_kt, stride_vt, qk_scale, v_dec, True, HEAD_DIM, IS_CAUSAL, WINDOW_LEFT,
-                    WINDOW_RIGHT, HAS_SEG, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, QKV_TENSOR)
-  tl.store(dq_ptr + q_off, cast_out(dq * dq_scale, dq_ptr, SOFT_BF16), mask=ok)
+                    WINDOW_RIGHT, HAS_SEG, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, QKV_TENSOR, EXACT=True)
+    tl.store(dq_ptr + q_off, cast_out(dq * dq_scale, dq_ptr, SOFT_BF16), mask=ok)
+    for c0 in range(0, D_PAD, NAN_CHANNELS):  # NaN where a visible pair meets a NaN of K, 16 channels at a time
+      offs_c = c0 + tl.arange(0, NAN_CHANNELS)
+      hits = tl.zeros([BLOCK_M, NAN_CHANNELS], tl.float32)
+      for i in range(0, hi - lo, BLOCK_N):
+        kn = lo + i + offs_n
+        k = tl.load(k_base + kn.to(tl.int64)[:, None] * stride_kt + offs_c[None, :],
+                    mask=(kn[:, None] < kv_lim) & (offs_c[None, :] < HEAD_DIM), other=0.0)
+        valid = row_tile_visible(offs_m, kn, seg_q, kv_seg_base, q_lim, kv_lim, off, IS_CAUSAL, WINDOW_LEFT,
+                                 WINDOW_RIGHT, HAS_SEG)
+        hits += nan_hits(valid, nan_of(k), DOT_BF16, DOT_PREC).to(tl.float32)
+      c_off = b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qn + rows * stride_qt + offs_c[None, :]
+      tl.store(dq_ptr + c_off, cast_out(tl.full([BLOCK_M, NAN_CHANNELS], float("nan"), tl.float32), dq_ptr,
+                                        SOFT_BF16), mask=row_ok[:, None] & (offs_c[None, :] < HEAD_DIM) & (hits > 0.0))
+  else:
+    # A window: one pipelined walk, the mask under a runtime branch, as in the forward; above D_PAD = 128 that walk
+    # made ptxas serialize every wgmma of the kernel, so wide heads take the three walks (that kernel measured 12%
+    # faster at D = 192 and 256 on the H200, the same bits).
+    if WINDOW_LEFT >= 0 and D_PAD <= 128:
+      for i in range(0, hi - lo, BLOCK_N):
+        dq = _dq_tile(dq, q, do, lse2, delta, k_base, v_base, lo + i, offs_m, offs_n, offs_d, seg_q, kv_seg_base,
+                      q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, v_dec, False, HEAD_DIM, IS_CAUSAL,
+                      WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, QKV_TENSOR, True,
+                      (lo + i < a) | (lo + i >= c))
+    else:
+      for i in range(0, a - lo, BLOCK_N):  # from 0, as the forward's first walk (ptxas serialized range(lo, a))
+        dq = _dq_tile(dq, q, do, lse2, delta, k_base, v_base, lo + i, offs_m, offs_n, offs_d, seg_q, kv_seg_base,
+                      q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, v_dec, True, HEAD_DIM, IS_CAUSAL,
+                      WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, QKV_TENSOR)
+      for start_n in range(a, c, BLOCK_N):
+        dq = _dq_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, offs_d, seg_q, kv_seg_base,
+                      q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, v_dec, False, HEAD_DIM, IS_CAUSAL,
+                      WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, QKV_TENSOR)
+      for start_n in range(c, hi, BLOCK_N):
+        dq = _dq_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, offs_d, seg_q, kv_seg_base,
+                      q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, v_dec, True, HEAD_DIM, IS_CAUSAL,
+                      WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, QKV_TENSOR)
+    if HIDES:
+      leaked = any_nan(dq, row_ok)
+    if leaked == 0:  # else the exact walk stores
+      tl.store(dq_ptr + q_off, cast_out(dq * dq_scale, dq_ptr, SOFT_BF16), mask=ok)
+  return leaked
+
+
+@triton.jit
+def _attention_bwd_dq(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, scale, tq, tk, n_heads, group,
+    q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr,
+    stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
+    stride_db, stride_dt, stride_dn,
+    dq_ptr,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
+    HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
+    QK_F32: tl.constexpr, DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr,
+    QKV_TENSOR: tl.constexpr, SEQ_ALIGN: tl.constexpr):
+  """dQ for query rows [i * BLOCK_M, +BLOCK_M) of head j % N, batch j // N, ``(i, j) = program_tile(...)``.
+
+  q: fq(Q) [B, Tq, N, D] (strides stride_q*, shared by dq); k, v: fq(K), fq(V)
+  [B, Tk, K, D]; do: [B, Tq, N, D] (strides stride_d*); lse, delta: [B, N, Tq]
+  fp32 contiguous. D and the masks (seg_sorted included) as in ``attention_fwd_kernel``.
+  QKV_TENSOR: q, k, v hold fq(enc * X) and q_enc [B, N], k_enc, v_enc [B, K] fp32 their encode scales (read
+  only then); the decode scales 1 / enc join the softmax scale (Q, K), dO . V^T (V) and dQ's scale (K).
+  Grid: (cdiv(Tq, BLOCK_M), B * N), longest walk first when causal (``program_tile``). SEQ_ALIGN as in
+  ``attention_common.aligned_lengths``.
+  """
+  leaked = _dq_program(
+      q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, scale, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr,
+      q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr, stride_qb, stride_qt, stride_qn,
+      stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn, stride_db, stride_dt, stride_dn, dq_ptr,
+      HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN,
+      HAS_SEG, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, QKV_TENSOR, SEQ_ALIGN, EXACT=False)
+  HIDES: tl.constexpr = IS_CAUSAL or WINDOW_LEFT >= 0 or WINDOW_RIGHT >= 0 or HAS_SEG or HAS_Q_LEN or HAS_KV_LEN
+  if HIDES:
+    if leaked:  # a NaN reached dQ: the exact walk (_dq_program)
+      _dq_program(
+          q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, scale, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr,
+          q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr, stride_qb, stride_qt, stride_qn,
+          stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn, stride_db, stride_dt, stride_dn, dq_ptr,
+          HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN,
+          HAS_SEG, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, QKV_TENSOR, SEQ_ALIGN, EXACT=True)
 
 
 @triton.jit
@@ -324,10 +420,14 @@ def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, m_base, star
                HEAD_DIM: tl.constexpr, IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
                HAS_SEG: tl.constexpr, QUANTIZE_P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                QK_F32: tl.constexpr, DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr,
-               HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr, P_ROW_RANGE: tl.constexpr, QKV_TENSOR: tl.constexpr):
+               HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr, P_ROW_RANGE: tl.constexpr, QKV_TENSOR: tl.constexpr,
+               EXACT: tl.constexpr = False):
   """One query tile's contribution to dK, dV of the key tile ``kn``; P held as [keys, queries].
 
-  q_dec, v_dec: the decode scales of this query head's Q and of V (QKV_TENSOR only)."""
+  q_dec, v_dec: the decode scales of this query head's Q and of V (QKV_TENSOR only).
+  EXACT (with MASKED): the exact walk's tile: dS and fq(P) are 0 at masked pairs (not 0 * NaN, and not NaN from a
+  NaN block of fq(P): masked keys are outside the NaN check, as in docs/NUMERICS.md, section 2.1), and the NaN of Q
+  and dO are read as 0 in dS^T Q and fq(P)^T dO (the walk's caller sets the NaN of visible pairs)."""
   qm = start_m + offs_m
   rows = qm.to(tl.int64)[:, None]
   # Rows are masked in masked tiles only: every row of an unmasked tile is live (q_tile_range).
@@ -367,6 +467,11 @@ def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, m_base, star
   if QKV_TENSOR:
     dp_t = dp_t * v_dec
   ds_t = p_t * (dp_t - delta[None, :])
+  if EXACT:
+    tl.static_assert(MASKED, "the exact tile applies the elementwise mask")
+    ds_t = tl.where(valid, ds_t, 0.0)
+    q = tl.where(nan_of(q), tl.zeros_like(q), q)
+    do = tl.where(nan_of(do), tl.zeros_like(do), do)
   if QKV_TENSOR:  # dK sums over the query heads of a KV head, each with its own Q decode scale
     dk += bf16_dot(ds_t, q, DOT_BF16, DOT_PREC, SOFT_BF16) * q_dec
   else:
@@ -375,12 +480,14 @@ def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, m_base, star
     p_t = fq_probs_t(p_t * rl[None, :], BLOCK_N, BLOCK_M, HW_E4M3, HW_E2M1) * inv_rl[None, :]
   elif QUANTIZE_P:
     p_t = fq_probs_t(p_t, BLOCK_N, BLOCK_M, HW_E4M3, HW_E2M1)  # blocks of 16 along keys (axis 0)
+  if EXACT:
+    p_t = tl.where(valid, p_t, 0.0)
   dv += bf16_dot(p_t, do, DOT_BF16, DOT_PREC, SOFT_BF16)
   return dk, dv
 
 
 @triton.jit
-def _attention_bwd_dkdv(
+def _dkdv_program(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, m_ptr, scale, tq, tk, n_heads, group,
     q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr,
     stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
@@ -391,16 +498,28 @@ def _attention_bwd_dkdv(
     HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
     QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr,
     DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr, P_ROW_RANGE: tl.constexpr,
-    QKV_TENSOR: tl.constexpr):
-  """dK, dV for keys [i * BLOCK_N, +BLOCK_N) of KV head j % K, batch j // K, ``(i, j) = program_tile(...)``.
-
-  Arrays and masks as in ``attention_bwd_dq_kernel``; dk, dv: [B, Tk, K, D] with the
-  strides of k and v. Grid: (cdiv(Tk, BLOCK_N), B * K), longest walk first when causal (``program_tile``).
-  BLOCK_N % 16 == 0.
-  P_ROW_RANGE: 0 (p_scale="block"; ``m_ptr`` is not read) or R = 6 * 448 ("row": m [B, N, Tq] fp32, the
-  forward's row max in natural units, contiguous like lse).
-  QKV_TENSOR: as in ``_attention_bwd_dq`` (the enc pointers are read only then).
-  """
+    QKV_TENSOR: tl.constexpr, EXACT: tl.constexpr = False):
+  """One program of ``_attention_bwd_dkdv``; EXACT: its exact walk (every query tile masked, dS and fq(P) 0 at masked
+  pairs, Q's and dO's NaN read as 0; stores, then NaN where a visible pair meets a NaN of Q (dK) or dO (dV)).
+  Otherwise the fast walks; returns whether a NaN reached dK or dV (with a mask that hides pairs: else False). As in
+  the forward (``_fwd_program``) the exact walk recomputes everything from the arguments."""
+  if EXACT:  # recomputed from the arguments, not shared with the fast walks (``opaque``)
+    stride_qb = opaque(stride_qb, SOFT_BF16)
+    stride_qt = opaque(stride_qt, SOFT_BF16)
+    stride_qn = opaque(stride_qn, SOFT_BF16)
+    stride_kb = opaque(stride_kb, SOFT_BF16)
+    stride_kt = opaque(stride_kt, SOFT_BF16)
+    stride_kn = opaque(stride_kn, SOFT_BF16)
+    stride_vb = opaque(stride_vb, SOFT_BF16)
+    stride_vt = opaque(stride_vt, SOFT_BF16)
+    stride_vn = opaque(stride_vn, SOFT_BF16)
+    stride_db = opaque(stride_db, SOFT_BF16)
+    stride_dt = opaque(stride_dt, SOFT_BF16)
+    stride_dn = opaque(stride_dn, SOFT_BF16)
+    tq = opaque(tq, SOFT_BF16)
+    tk = opaque(tk, SOFT_BF16)
+    n_heads = opaque(n_heads, SOFT_BF16)
+    group = opaque(group, SOFT_BF16)
   # Strides are multiples of 16: visible to the compiler for 16-byte, cp.async-pipelined loads.
   stride_qb, stride_qt, stride_qn = aligned3(stride_qb, stride_qt, stride_qn)
   stride_kb, stride_kt, stride_kn = aligned3(stride_kb, stride_kt, stride_kn)
@@ -408,6 +527,8 @@ def _attention_bwd_dkdv(
   stride_db, stride_dt, stride_dn = aligned3(stride_db, stride_dt, stride_dn)
   n_kv = n_heads // group
   pid_n, pid_bk = program_tile(IS_CAUSAL, False)  # causal: the longest walks (first key tiles) first
+  if EXACT:
+    pid_n, pid_bk = opaque(pid_n, SOFT_BF16), opaque(pid_bk, SOFT_BF16)
   b = pid_bk // n_kv
   kvh = pid_bk % n_kv
   start_n = pid_n * BLOCK_N
@@ -443,35 +564,136 @@ def _attention_bwd_dkdv(
 
   dk = tl.zeros([BLOCK_N, D_PAD], tl.float32)
   dv = tl.zeros([BLOCK_N, D_PAD], tl.float32)
-  for g in range(group):  # the query heads of this KV head, in a fixed order: deterministic
-    h = kvh * group + g
-    bh = b * n_heads + h
-    q_base = q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qn
-    do_base = do_ptr + b.to(tl.int64) * stride_db + h.to(tl.int64) * stride_dn
-    lse_base = lse_ptr + bh.to(tl.int64) * tq
-    delta_base = delta_ptr + bh.to(tl.int64) * tq
-    m_base = m_ptr + bh.to(tl.int64) * tq
-    q_dec = 1.0
-    if QKV_TENSOR:
-      q_dec = tl.div_rn(1.0, tl.load(q_enc_ptr + bh))
-      qk_scale = scale * q_dec * k_dec * LOG2E
-    for start_m in range(lo, a, BLOCK_M):
-      dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, m_base, start_m, kn, offs_m, offs_d,
-                          seg_k, q_seg_base, q_lim, kv_lim, off, tq, stride_qt, stride_dt, qk_scale, q_dec, v_dec,
-                          True, HEAD_DIM, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N,
-                          QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, QKV_TENSOR)
-    for start_m in range(a, c, BLOCK_M):
-      dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, m_base, start_m, kn, offs_m, offs_d,
-                          seg_k, q_seg_base, q_lim, kv_lim, off, tq, stride_qt, stride_dt, qk_scale, q_dec, v_dec,
-                          False, HEAD_DIM, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N,
-                          QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, QKV_TENSOR)
-    for start_m in range(c, hi, BLOCK_M):
-      dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, m_base, start_m, kn, offs_m, offs_d,
-                          seg_k, q_seg_base, q_lim, kv_lim, off, tq, stride_qt, stride_dt, qk_scale, q_dec, v_dec,
-                          True, HEAD_DIM, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N,
-                          QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, QKV_TENSOR)
-  tl.store(dk_ptr + k_off, cast_out(dk * scale, dk_ptr, SOFT_BF16), mask=ok)
-  tl.store(dv_ptr + v_off, cast_out(dv, dv_ptr, SOFT_BF16), mask=ok)
+  # NaN at a masked pair (see the dQ kernel): dS = 0 * NaN where V . dO^T or delta is NaN (a NaN cotangent of a padded
+  # row), Q's or dO's NaN times a masked pair's 0, and a NaN block of fq(P) that covers masked keys can only add a
+  # NaN. A program whose keys end without one is exact; otherwise the exact walk follows. Once per program when there
+  # is no NaN: one compare per element of dK and dV and a reduction.
+  HIDES: tl.constexpr = IS_CAUSAL or WINDOW_LEFT >= 0 or WINDOW_RIGHT >= 0 or HAS_SEG or HAS_Q_LEN or HAS_KV_LEN
+  leaked = False
+  if EXACT:
+    for g in range(group):
+      h = kvh * group + g
+      bh = b * n_heads + h
+      q_base = q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qn
+      do_base = do_ptr + b.to(tl.int64) * stride_db + h.to(tl.int64) * stride_dn
+      q_dec = 1.0
+      if QKV_TENSOR:
+        q_dec = tl.div_rn(1.0, tl.load(q_enc_ptr + bh))
+        qk_scale = scale * q_dec * k_dec * LOG2E
+      for start_m in range(lo, hi, BLOCK_M):
+        dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_ptr + bh.to(tl.int64) * tq,
+                            delta_ptr + bh.to(tl.int64) * tq, m_ptr + bh.to(tl.int64) * tq, start_m, kn, offs_m, offs_d,
+                            seg_k, q_seg_base, q_lim, kv_lim, off, tq, stride_qt, stride_dt, qk_scale, q_dec, v_dec,
+                            True, HEAD_DIM, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M,
+                            BLOCK_N, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, QKV_TENSOR,
+                            EXACT=True)
+    tl.store(dk_ptr + k_off, cast_out(dk * scale, dk_ptr, SOFT_BF16), mask=ok)
+    tl.store(dv_ptr + v_off, cast_out(dv, dv_ptr, SOFT_BF16), mask=ok)
+    # NaN where a visible pair meets a NaN of Q (dK) or dO (dV), 16 channels at a time.
+    for c0 in range(0, D_PAD, NAN_CHANNELS):
+      offs_c = c0 + tl.arange(0, NAN_CHANNELS)
+      c_ok = offs_c[None, :] < HEAD_DIM
+      hits_q = tl.zeros([BLOCK_N, NAN_CHANNELS], tl.float32)
+      hits_do = tl.zeros([BLOCK_N, NAN_CHANNELS], tl.float32)
+      for g in range(group):
+        h = kvh * group + g
+        q_base = q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qn
+        do_base = do_ptr + b.to(tl.int64) * stride_db + h.to(tl.int64) * stride_dn
+        for start_m in range(lo, hi, BLOCK_M):
+          qm = start_m + offs_m
+          rows = qm.to(tl.int64)[:, None]
+          live = (qm < tq)[:, None] & c_ok
+          seg_q = qm
+          if HAS_SEG:
+            seg_q = tl.load(q_seg_base + qm, mask=qm < tq, other=0)
+          valid = visible(qm[None, :], kn[:, None], seg_q[None, :], seg_k[:, None], q_lim, kv_lim, off, IS_CAUSAL,
+                          WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG)
+          q_t = tl.load(q_base + rows * stride_qt + offs_c[None, :], mask=live, other=0.0)
+          do_t = tl.load(do_base + rows * stride_dt + offs_c[None, :], mask=live, other=0.0)
+          hits_q += nan_hits(valid, nan_of(q_t), DOT_BF16, DOT_PREC).to(tl.float32)
+          hits_do += nan_hits(valid, nan_of(do_t), DOT_BF16, DOT_PREC).to(tl.float32)
+      nan_out = tl.full([BLOCK_N, NAN_CHANNELS], float("nan"), tl.float32)
+      ck_off = b.to(tl.int64) * stride_kb + kvh.to(tl.int64) * stride_kn + keys * stride_kt + offs_c[None, :]
+      cv_off = b.to(tl.int64) * stride_vb + kvh.to(tl.int64) * stride_vn + keys * stride_vt + offs_c[None, :]
+      tl.store(dk_ptr + ck_off, cast_out(nan_out, dk_ptr, SOFT_BF16), mask=key_ok[:, None] & c_ok & (hits_q > 0.0))
+      tl.store(dv_ptr + cv_off, cast_out(nan_out, dv_ptr, SOFT_BF16), mask=key_ok[:, None] & c_ok & (hits_do > 0.0))
+  else:
+    for g in range(group):  # the query heads of this KV head, in a fixed order: deterministic
+      h = kvh * group + g
+      bh = b * n_heads + h
+      q_base = q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qn
+      do_base = do_ptr + b.to(tl.int64) * stride_db + h.to(tl.int64) * stride_dn
+      lse_base = lse_ptr + bh.to(tl.int64) * tq
+      delta_base = delta_ptr + bh.to(tl.int64) * tq
+      m_base = m_ptr + bh.to(tl.int64) * tq
+      q_dec = 1.0
+      if QKV_TENSOR:
+        q_dec = tl.div_rn(1.0, tl.load(q_enc_ptr + bh))
+        qk_scale = scale * q_dec * k_dec * LOG2E
+      for start_m in range(lo, a, BLOCK_M):
+        dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, m_base, start_m, kn, offs_m, offs_d,
+                            seg_k, q_seg_base, q_lim, kv_lim, off, tq, stride_qt, stride_dt, qk_scale, q_dec, v_dec,
+                            True, HEAD_DIM, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N,
+                            QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, QKV_TENSOR)
+      for start_m in range(a, c, BLOCK_M):
+        dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, m_base, start_m, kn, offs_m, offs_d,
+                            seg_k, q_seg_base, q_lim, kv_lim, off, tq, stride_qt, stride_dt, qk_scale, q_dec, v_dec,
+                            False, HEAD_DIM, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M,
+                            BLOCK_N, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, QKV_TENSOR)
+      for start_m in range(c, hi, BLOCK_M):
+        dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, m_base, start_m, kn, offs_m, offs_d,
+                            seg_k, q_seg_base, q_lim, kv_lim, off, tq, stride_qt, stride_dt, qk_scale, q_dec, v_dec,
+                            True, HEAD_DIM, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N,
+                            QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, QKV_TENSOR)
+    if HIDES:
+      leaked = any_nan(dk, key_ok) | any_nan(dv, key_ok)
+    # Not stored when the exact walk follows: dK and dV may be stored over fq(K) and fq(V) (``Plan.stored_in``),
+    # which that walk reads again.
+    if leaked == 0:
+      tl.store(dk_ptr + k_off, cast_out(dk * scale, dk_ptr, SOFT_BF16), mask=ok)
+      tl.store(dv_ptr + v_off, cast_out(dv, dv_ptr, SOFT_BF16), mask=ok)
+  return leaked
+
+
+@triton.jit
+def _attention_bwd_dkdv(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, m_ptr, scale, tq, tk, n_heads, group,
+    q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr,
+    stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
+    stride_db, stride_dt, stride_dn,
+    dk_ptr, dv_ptr,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
+    HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
+    QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr,
+    DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr, P_ROW_RANGE: tl.constexpr,
+    QKV_TENSOR: tl.constexpr):
+  """dK, dV for keys [i * BLOCK_N, +BLOCK_N) of KV head j % K, batch j // K, ``(i, j) = program_tile(...)``.
+
+  Arrays and masks as in ``attention_bwd_dq_kernel``; dk, dv: [B, Tk, K, D] with the
+  strides of k and v. Grid: (cdiv(Tk, BLOCK_N), B * K), longest walk first when causal (``program_tile``).
+  BLOCK_N % 16 == 0.
+  P_ROW_RANGE: 0 (p_scale="block"; ``m_ptr`` is not read) or R = 6 * 448 ("row": m [B, N, Tq] fp32, the
+  forward's row max in natural units, contiguous like lse).
+  QKV_TENSOR: as in ``_attention_bwd_dq`` (the enc pointers are read only then).
+  """
+  leaked = _dkdv_program(
+      q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, m_ptr, scale, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr,
+      q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr, stride_qb, stride_qt, stride_qn,
+      stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn, stride_db, stride_dt, stride_dn, dk_ptr,
+      dv_ptr, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, BOTTOM_RIGHT, HAS_Q_LEN,
+      HAS_KV_LEN, HAS_SEG, QUANTIZE_P, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE,
+      QKV_TENSOR, EXACT=False)
+  HIDES: tl.constexpr = IS_CAUSAL or WINDOW_LEFT >= 0 or WINDOW_RIGHT >= 0 or HAS_SEG or HAS_Q_LEN or HAS_KV_LEN
+  if HIDES:
+    if leaked:  # a NaN reached dK or dV: the exact walk (_dkdv_program)
+      _dkdv_program(
+          q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, m_ptr, scale, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr,
+          q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr, stride_qb, stride_qt, stride_qn,
+          stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn, stride_db, stride_dt, stride_dn, dk_ptr,
+          dv_ptr, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, BOTTOM_RIGHT, HAS_Q_LEN,
+          HAS_KV_LEN, HAS_SEG, QUANTIZE_P, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE,
+          QKV_TENSOR, EXACT=True)
 
 
 @triton.jit

@@ -128,6 +128,63 @@ def bf16_dot(a, b, DOT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, SOFT_BF16: tl
 
 
 @triton.jit
+def mul_rn(a, b, SOFT_BF16: tl.constexpr):
+  """``a * b`` rounded once to FP32 and never contracted into an FMA with what consumes it.
+
+  Compiled, ``mul.rn.f32``: PTX does not fuse an operation that has an explicit rounding modifier. The forward's
+  scores ``s = (q . k) * c`` feed both the row max m and the exponent ``s - m``; contracted there, the exponent was
+  ``fma(q . k, c, -m)``, the exact rounding error of s, and the max's p was not 1 (at huge logits 0 or +Inf: rows of
+  zeros, lse of +-inf). With s rounded once, ``exp2(s - m)`` of the max is exp2(0) = 1. Cost: none in instructions
+  (the product was computed on its own for the max anyway: FMUL + FFMA becomes FMUL + FADD). The interpreter
+  (SOFT_BF16) never contracts: a plain product."""
+  if SOFT_BF16:
+    return a * b
+  return tl.inline_asm_elementwise(asm="mul.rn.f32 $0, $1, $2;", constraints="=r,r,r", args=[a, b],
+                                   dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
+def opaque(x, SOFT_BF16: tl.constexpr):
+  """``x`` (int32) through an impure ``mov``: a value the compiler cannot prove equal to ``x``. The exact walks start
+  their index arithmetic from it, so that common-subexpression elimination does not merge it with the fast walks'
+  and keep the shared values live across them (pressure that spilled the capped O-only forward's loops). The
+  interpreter (SOFT_BF16) has no asm: ``x``."""
+  if SOFT_BF16:
+    return x
+  return tl.inline_asm_elementwise(asm="mov.b32 $0, $1;", constraints="=r,r", args=[x], dtype=tl.int32,
+                                   is_pure=False, pack=1)
+
+
+@triton.jit
+def nan_of(x):
+  """Where the tile ``x`` (any float dtype) holds a NaN; through FP32, which the interpreter's bf16 storage needs."""
+  xf = x.to(tl.float32)
+  return xf != xf
+
+
+@triton.jit
+def nan_hits(visible_tile, nan, DOT_BF16: tl.constexpr, DOT_PREC: tl.constexpr):
+  """``[M, D]`` bool: row i meets a NaN in channel d through a visible pair, i.e. some j with ``visible_tile[i, j]``
+  and ``nan[j, d]``: the boolean product as a dot of 0/1 operands (exact in bf16, tf32 and FP32: the counts are
+  integers <= BLOCK). The exact path's guard (the reference's ``_dot``): a product over the pairs of a tile adds a
+  NaN of the other operand only through visible pairs, where ``0 * NaN`` would add it through masked ones too."""
+  a = visible_tile.to(tl.float32)
+  b = nan.to(tl.float32)
+  if DOT_BF16:
+    c = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+  else:
+    c = tl.dot(a, b, input_precision=DOT_PREC)
+  return c > 0.0
+
+
+@triton.jit
+def any_nan(x, live):
+  """Whether ``x`` (``[R, C]`` FP32) holds a NaN in a row where ``live`` (``[R]``) is set: one compare per element
+  and a reduction, once per program (the trigger of the kernels' exact walk)."""
+  return tl.max(tl.where(live[:, None] & (x != x), 1, 0)) > 0
+
+
+@triton.jit
 def load_kv_tile(k_base, v_base, start_n, offs_n, offs_d, kv_lim, stride_kt, stride_vt, HEAD_DIM: tl.constexpr,
                  MASKED: tl.constexpr):
   """K and V rows ``[start_n, start_n + BLOCK_N)`` of one KV head, ``[BLOCK_N, D_PAD]`` each; with MASKED,

@@ -37,12 +37,17 @@ from jqat.kernels_triton.attention_common import (
   LOG2E,
   aligned3,
   aligned_lengths,
+  any_nan,
   bf16_dot,
   cast_out,
   kv_tile_range,
   load_kv_tile,
   mask_limits,
+  mul_rn,
+  nan_hits,
+  nan_of,
   narrow_to_segments,
+  opaque,
   program_tile,
   qk_dot,
   row_tile_visible,
@@ -84,6 +89,9 @@ def forward_config(head_dim: int, residuals: bool = True) -> ForwardConfig:
   return table[min((d for d in table if d >= head_dim), default=256)]
 
 
+NAN_CHANNELS = tl.constexpr(16)  # channels per step of the exact walk's NaN pass
+
+
 @triton.jit
 def kv_descriptors(k_base, v_base, rows, stride_kt, stride_vt, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                    D_PAD: tl.constexpr):
@@ -104,8 +112,11 @@ def _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs
              QUANTIZE_P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QK_F32: tl.constexpr,
              DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr,
              HW_E2M1: tl.constexpr, P_ROW_RANGE: tl.constexpr, RUNTIME_MASK: tl.constexpr = False, edge=False,
-             k_desc=None, v_desc=None, USE_TMA: tl.constexpr = False, O_ONLY: tl.constexpr = False):
+             k_desc=None, v_desc=None, USE_TMA: tl.constexpr = False, O_ONLY: tl.constexpr = False,
+             EXACT: tl.constexpr = False):
   """One KV tile of the online softmax; MASKED for tiles that a mask hides in part (``visible``).
+  EXACT (with MASKED): the exact walk's tile (``_attention_fwd``): V's NaN read as 0 in the products, so that no
+  masked pair adds 0 * NaN (the walk's caller then sets the NaN that visible pairs carry).
   O_ONLY (with QUANTIZE_P): O' is not wanted; ``acc_hp`` is returned untouched (no P V_hat product).
   USE_TMA: K and V from the tensor descriptors ``k_desc``, ``v_desc`` (``kv_descriptors``; the copy fills rows past
   their bound with zeros, as the masked loads do).
@@ -121,7 +132,7 @@ def _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs
   else:
     k, v = load_kv_tile(k_base, v_base, start_n, offs_n, offs_d, kv_lim, stride_kt, stride_vt, HEAD_DIM,
                         MASKED or RUNTIME_MASK)
-  s = qk_dot(q, k, QK_F32, DOT_PREC) * qk_scale  # log2 units
+  s = mul_rn(qk_dot(q, k, QK_F32, DOT_PREC), qk_scale, SOFT_BF16)  # log2 units, rounded once (mul_rn)
   if MASKED:
     valid = row_tile_visible(offs_m, kn, seg_q, kv_seg_base, q_lim, kv_lim, off, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT,
                              HAS_SEG)
@@ -143,16 +154,22 @@ def _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs
     p = tl.math.exp2(s - m_safe[:, None])  # exactly +0 where masked (s = -inf)
   alpha = tl.math.exp2(m - m_safe)
   l = l * alpha + tl.sum(p, axis=1)
+  if EXACT:
+    tl.static_assert(MASKED, "the exact tile applies the elementwise mask")
+    nan_v = nan_of(v)
+    v = tl.where(nan_v, tl.zeros_like(v), v)
   if not (O_ONLY and QUANTIZE_P):
     acc_hp = acc_hp * alpha[:, None] + bf16_dot(p, v, DOT_BF16, DOT_PREC, SOFT_BF16)
+
   if QUANTIZE_P:
     p_fq = fq_probs(p, BLOCK_M, BLOCK_N, HW_E4M3, HW_E2M1)  # exact in bf16 (E2M1 x E4M3)
     acc = acc * alpha[:, None] + bf16_dot(p_fq, v, DOT_BF16, DOT_PREC, SOFT_BF16)
+
   return acc, acc_hp, m_new, l
 
 
 @triton.jit
-def _attention_fwd(
+def _fwd_program(
     q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group,
     q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr,
     stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
@@ -163,39 +180,36 @@ def _attention_fwd(
     HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
     QUANTIZE_Q: tl.constexpr, QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr,
     SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr,
-    P_ROW_RANGE: tl.constexpr, QKV_TENSOR: tl.constexpr, SEQ_ALIGN: tl.constexpr, RESIDUALS: tl.constexpr = True):
-  """Forward of docs/NUMERICS.md, section 4, for query rows [i * BLOCK_M, +BLOCK_M) of head j % N, batch j // N, where
-  ``(i, j) = program_tile(...)``.
-
-  q: [B, Tq, N, D]; k, v: [B, Tk, K, D] (already fq when QUANTIZE_QKV), N = K * group;
-  the last axis of every array is contiguous; D = HEAD_DIM, tiles padded to D_PAD (a power of two) with
-  masked loads. Masks (each read only under its flag; any pointer otherwise): q_len, kv_len [B] int32,
-  q_seg [B, Tq], kv_seg [B, Tk] int32 dense, seg_sorted [B] int32 (``segments_sorted_kernel``);
-  IS_CAUSAL, WINDOW_LEFT/RIGHT (-1: none) and BOTTOM_RIGHT as in ``attention_common.visible``.
-  Outputs: o, o_hp [B, Tq, N, D] (strides stride_o*), lse [B, N, Tq] fp32 contiguous.
-  Grid: (cdiv(Tq, BLOCK_M), B * N), handed out longest walk first when causal (``program_tile``).
-  Flags: ``dot_flags`` and ``nvfp4.quant_flags``; SEQ_ALIGN as in ``attention_common.aligned_lengths``.
-  P_ROW_RANGE: 0 ("block"), or R > 0 ("row": fq(R p), O = acc / (R l), and m [B, N, Tq] fp32 (natural
-  units, -inf for an empty row) stored through ``m_ptr``, which is not touched otherwise).
-  QKV_TENSOR (qkv_scale="tensor"): k, v hold fq(enc * K), fq(enc * V) (``fake_quantize_scaled_kernel``) and
-  q_enc [B, N], k_enc, v_enc [B, K] fp32 (``tensor_scale_kernel``) the encode scales; Q is quantized here as
-  fq(enc * Q) (QUANTIZE_Q; else q holds it, from the same pass as K and V), the decode scales 1 / enc of Q and K
-  are folded into the softmax scale and V's into the final normalization (FP32 rounding only, docs/NUMERICS.md).
-  The enc pointers are not read otherwise.
-  RESIDUALS off (the primal of ``jqat.attention``, where nothing differentiates): only o is stored (o_hp, lse and m
-  are not touched), and with QUANTIZE_P the O' accumulator and its P V_hat product are dropped; O's arithmetic is
-  the same, so are its bits.
-  """
+    P_ROW_RANGE: tl.constexpr, QKV_TENSOR: tl.constexpr, SEQ_ALIGN: tl.constexpr, RESIDUALS: tl.constexpr = True,
+    EXACT: tl.constexpr = False):
+  """One program of ``_attention_fwd``; EXACT: its exact walk (docs/NUMERICS.md, section 4, NaN): every tile
+  masked, V's NaN read as 0, the results stored, then NaN stored where a visible pair meets a NaN of V. Otherwise the fast walks;
+  returns whether a NaN reached a live row (with a mask that hides pairs: else False), i.e. whether the exact walk
+  must follow. The exact walk recomputes everything from the arguments, so that nothing of it stays live across
+  the fast walks (values kept for it pushed the fast loops into spills)."""
   # Every stride is a multiple of 16 (rows of D % 16 == 0 contiguous elements).
   # jax-triton does not specialize integer arguments, so without these hints the
   # compiler cannot vectorize the tile loads (it emitted 2-byte LDG.E.U16) nor
   # pipeline them through cp.async.
+  if EXACT:  # recomputed from the arguments, not shared with the fast walks (``opaque``)
+    stride_qb, stride_qt, stride_qn = opaque(stride_qb, SOFT_BF16), opaque(stride_qt, SOFT_BF16), opaque(stride_qn,
+                                                                                                      SOFT_BF16)
+    stride_kb, stride_kt, stride_kn = opaque(stride_kb, SOFT_BF16), opaque(stride_kt, SOFT_BF16), opaque(stride_kn,
+                                                                                                      SOFT_BF16)
+    stride_vb, stride_vt, stride_vn = opaque(stride_vb, SOFT_BF16), opaque(stride_vt, SOFT_BF16), opaque(stride_vn,
+                                                                                                      SOFT_BF16)
+    stride_ob, stride_ot, stride_on = opaque(stride_ob, SOFT_BF16), opaque(stride_ot, SOFT_BF16), opaque(stride_on,
+                                                                                                      SOFT_BF16)
+    tq, tk, n_heads, group = opaque(tq, SOFT_BF16), opaque(tk, SOFT_BF16), opaque(n_heads, SOFT_BF16), opaque(
+        group, SOFT_BF16)
   stride_qb, stride_qt, stride_qn = aligned3(stride_qb, stride_qt, stride_qn)
   stride_kb, stride_kt, stride_kn = aligned3(stride_kb, stride_kt, stride_kn)
   stride_vb, stride_vt, stride_vn = aligned3(stride_vb, stride_vt, stride_vn)
   stride_ob, stride_ot, stride_on = aligned3(stride_ob, stride_ot, stride_on)
   tq, tk = aligned_lengths(tq, tk, SEQ_ALIGN)
   pid_m, pid_bh = program_tile(IS_CAUSAL, True)  # causal: the longest walks (last query tiles) first
+  if EXACT:
+    pid_m, pid_bh = opaque(pid_m, SOFT_BF16), opaque(pid_bh, SOFT_BF16)
   b = pid_bh // n_heads
   h = pid_bh % n_heads
   kvh = h // group
@@ -248,7 +262,7 @@ def _attention_fwd(
   TMA_EVERY_WALK: tl.constexpr = USE_TMA and (WINDOW_LEFT >= 0 or HAS_SEG)
   k_desc = None
   v_desc = None
-  if TMA_EVERY_WALK:  # a descriptor's bounds must be positive; no tile is walked when kv_lim is 0
+  if TMA_EVERY_WALK and not EXACT:  # a descriptor's bounds must be positive; no walk when kv_lim is 0
     k_desc, v_desc = kv_descriptors(k_base, v_base, tl.maximum(kv_lim, 1), stride_kt, stride_vt, HEAD_DIM, BLOCK_N,
                                     D_PAD)
 
@@ -257,51 +271,166 @@ def _attention_fwd(
   if HAS_SEG:  # packed documents: only the keys of this block's segments; unmasked inside a lone segment
     lo, a, c, hi = narrow_to_segments(lo, a, c, hi, seg_q, offs_m < q_lim, kv_seg_base, kv_lim,
                                       tl.load(seg_sorted_ptr + b), BLOCK_N)
-  if WINDOW_LEFT >= 0:
-    # A window: one pipelined walk over [lo, hi), the mask applied under a runtime branch on the edge tiles. Its
-    # programs are short (17 tiles at 1024 keys); three loops filled and drained the K/V pipeline three times
-    # each: this walk is 6% faster. Numerics: behind the branch the middle tiles'
-    # product and max subtraction are two roundings, as the masked tiles' always were, where the unmasked loop
-    # of the other masks contracts them into one FMA (docs/NUMERICS.md, section 8).
+  # NaN at a masked pair. The walks multiply every pair of a tile, and a masked pair's p is exactly 0: a NaN of V
+  # there adds 0 * NaN = NaN to a row that does not see it. Such a leak can only add a NaN, so a program whose live
+  # rows end without one is exact as it is. Otherwise (a NaN input nearby) the exact walk follows (``_attention_fwd``):
+  # its tiles masked, V's NaN read as 0 (``EXACT``); it stores those results, then NaN where a visible pair meets a
+  # NaN of V (a walk of ``nan_hits`` alone, so that no tile holds the NaN counts beside its accumulators: that
+  # pressure serialized the kernel's wgmma). Where no NaN reaches them its results are the fast walks' bit for bit.
+  # Without a mask no pair is hidden (padding keys read as 0): nothing to check. Cost when there is no NaN: one
+  # compare per element of an accumulator and a reduction, once per program.
+  HIDES: tl.constexpr = IS_CAUSAL or WINDOW_LEFT >= 0 or WINDOW_RIGHT >= 0 or HAS_SEG or HAS_Q_LEN or HAS_KV_LEN
+  v_dec = 1.0
+  if QKV_TENSOR:  # O and O' are sums of p @ fq(enc_v V): V's decode scale 1 / enc_v joins the normalization
+    v_dec = tl.div_rn(1.0, tl.load(v_enc_ptr + kv_bh))
+  leaked = False
+  if EXACT:
     for i in range(0, hi - lo, BLOCK_N):
       acc, acc_hp, m, l = _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, lo + i, offs_m, offs_n, offs_d, seg_q,
-                                   kv_seg_base, q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, False, HEAD_DIM,
+                                   kv_seg_base, q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, True, HEAD_DIM,
                                    IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N,
-                                   QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, True,
-                                   (lo + i < a) | (lo + i >= c), k_desc, v_desc, TMA_EVERY_WALK, not RESIDUALS)
+                                   QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE,
+                                   O_ONLY=not RESIDUALS, EXACT=True)
+    _store_outputs(acc, acc_hp, m, l, v_dec, offs_m, offs_d, row_ok, d_ok, q_lim, b, h, pid_bh, tq, stride_ob,
+                   stride_ot, stride_on, o_ptr, o_hp_ptr, lse_ptr, m_ptr, QUANTIZE_P, P_ROW_RANGE, QKV_TENSOR,
+                   SOFT_BF16, RESIDUALS)
+    # NaN where a visible pair meets a NaN of V, 16 channels at a time: a [BLOCK_M, D] count beside the walk's other
+    # values spilled the capped O-only kernel's fast loops.
+    for c0 in range(0, D_PAD, NAN_CHANNELS):
+      offs_c = c0 + tl.arange(0, NAN_CHANNELS)
+      hits = tl.zeros([BLOCK_M, NAN_CHANNELS], tl.float32)
+      for i in range(0, hi - lo, BLOCK_N):
+        kn = lo + i + offs_n
+        v = tl.load(v_base + kn.to(tl.int64)[:, None] * stride_vt + offs_c[None, :],
+                    mask=(kn[:, None] < kv_lim) & (offs_c[None, :] < HEAD_DIM), other=0.0)
+        valid = row_tile_visible(offs_m, kn, seg_q, kv_seg_base, q_lim, kv_lim, off, IS_CAUSAL, WINDOW_LEFT,
+                                 WINDOW_RIGHT, HAS_SEG)
+        hits += nan_hits(valid, nan_of(v), DOT_BF16, DOT_PREC).to(tl.float32)
+      c_off = (b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_on
+               + offs_m.to(tl.int64)[:, None] * stride_ot + offs_c[None, :])
+      c_ok = row_ok[:, None] & (offs_c[None, :] < HEAD_DIM) & (hits > 0.0)
+      nan_out = tl.full([BLOCK_M, NAN_CHANNELS], float("nan"), tl.float32)
+      if RESIDUALS:
+        tl.store(o_hp_ptr + c_off, cast_out(nan_out, o_hp_ptr, SOFT_BF16), mask=c_ok)
+      tl.store(o_ptr + c_off, cast_out(nan_out, o_ptr, SOFT_BF16), mask=c_ok)
   else:
-    # The first walk counts from 0: written as range(lo, a), with the window's lo, ptxas serialized every wgmma
-    # of the kernel ("non wgmma instructions defining accumulator registers"; the window's forward ran 5% slower).
-    for i in range(0, a - lo, BLOCK_N):
-      acc, acc_hp, m, l = _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, lo + i, offs_m, offs_n, offs_d, seg_q,
-                                   kv_seg_base, q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, True, HEAD_DIM,
-                                   IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N, QK_F32,
-                                   DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, k_desc=k_desc,
-                                   v_desc=v_desc, USE_TMA=TMA_EVERY_WALK, O_ONLY=not RESIDUALS)
-    mid_k = k_desc
-    mid_v = v_desc
-    if USE_TMA and not TMA_EVERY_WALK:  # made here, after the first walk: the order in which they were measured
-      mid_k, mid_v = kv_descriptors(k_base, v_base, tk, stride_kt, stride_vt, HEAD_DIM, BLOCK_N, D_PAD)
-    for start_n in range(a, c, BLOCK_N):
-      acc, acc_hp, m, l = _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, seg_q,
-                                   kv_seg_base, q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, False, HEAD_DIM,
-                                   IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N, QK_F32,
-                                   DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, False, False, mid_k,
-                                   mid_v, USE_TMA, not RESIDUALS)
-    for start_n in range(c, hi, BLOCK_N):
-      acc, acc_hp, m, l = _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, seg_q,
-                                   kv_seg_base, q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, True, HEAD_DIM,
-                                   IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N, QK_F32,
-                                   DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, k_desc=k_desc,
-                                   v_desc=v_desc, USE_TMA=TMA_EVERY_WALK, O_ONLY=not RESIDUALS)
+    if WINDOW_LEFT >= 0:
+      # A window: one pipelined walk over [lo, hi), the mask applied under a runtime branch on the edge tiles. Its
+      # programs are short (17 tiles at 1024 keys); three loops filled and drained the K/V pipeline three times
+      # each: this walk is 6% faster. Numerics: as in every walk, the scores are rounded once before the max
+      # subtraction (``mul_rn``; docs/NUMERICS.md, section 8).
+      for i in range(0, hi - lo, BLOCK_N):
+        acc, acc_hp, m, l = _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, lo + i, offs_m, offs_n, offs_d, seg_q,
+                                     kv_seg_base, q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, False, HEAD_DIM,
+                                     IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N,
+                                     QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, True,
+                                     (lo + i < a) | (lo + i >= c), k_desc, v_desc, TMA_EVERY_WALK, not RESIDUALS)
+    else:
+      # The first walk counts from 0: written as range(lo, a), with the window's lo, ptxas serialized every wgmma
+      # of the kernel ("non wgmma instructions defining accumulator registers"; the window's forward ran 5% slower).
+      for i in range(0, a - lo, BLOCK_N):
+        acc, acc_hp, m, l = _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, lo + i, offs_m, offs_n, offs_d, seg_q,
+                                     kv_seg_base, q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, True, HEAD_DIM,
+                                     IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N,
+                                     QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE,
+                                     k_desc=k_desc, v_desc=v_desc, USE_TMA=TMA_EVERY_WALK, O_ONLY=not RESIDUALS)
+      mid_k = k_desc
+      mid_v = v_desc
+      if USE_TMA and not TMA_EVERY_WALK:  # made here, after the first walk: the order in which they were measured
+        mid_k, mid_v = kv_descriptors(k_base, v_base, tk, stride_kt, stride_vt, HEAD_DIM, BLOCK_N, D_PAD)
+      for start_n in range(a, c, BLOCK_N):
+        acc, acc_hp, m, l = _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, seg_q,
+                                     kv_seg_base, q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, False, HEAD_DIM,
+                                     IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N,
+                                     QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, False, False,
+                                     mid_k, mid_v, USE_TMA, not RESIDUALS)
+      for start_n in range(c, hi, BLOCK_N):
+        acc, acc_hp, m, l = _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs_d, seg_q,
+                                     kv_seg_base, q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, True, HEAD_DIM,
+                                     IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N,
+                                     QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE,
+                                     k_desc=k_desc, v_desc=v_desc, USE_TMA=TMA_EVERY_WALK, O_ONLY=not RESIDUALS)
 
+    if HIDES:
+      checked = acc_hp
+      if QUANTIZE_P and not RESIDUALS:  # O alone: O' was not formed (a leak reaches both alike)
+        checked = acc
+      leaked = any_nan(checked, offs_m < q_lim)
+    if leaked == 0:  # else the exact walk stores
+      _store_outputs(acc, acc_hp, m, l, v_dec, offs_m, offs_d, row_ok, d_ok, q_lim, b, h, pid_bh, tq, stride_ob,
+                     stride_ot, stride_on, o_ptr, o_hp_ptr, lse_ptr, m_ptr, QUANTIZE_P, P_ROW_RANGE, QKV_TENSOR,
+                     SOFT_BF16, RESIDUALS)
+  return leaked
+
+
+@triton.jit
+def _attention_fwd(
+    q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group,
+    q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr,
+    stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
+    stride_ob, stride_ot, stride_on,
+    o_ptr, o_hp_ptr, lse_ptr, m_ptr,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
+    HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
+    QUANTIZE_Q: tl.constexpr, QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr,
+    SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr,
+    P_ROW_RANGE: tl.constexpr, QKV_TENSOR: tl.constexpr, SEQ_ALIGN: tl.constexpr, RESIDUALS: tl.constexpr = True):
+  """Forward of docs/NUMERICS.md, section 4, for query rows [i * BLOCK_M, +BLOCK_M) of head j % N, batch j // N, where
+  ``(i, j) = program_tile(...)``.
+
+  q: [B, Tq, N, D]; k, v: [B, Tk, K, D] (already fq when QUANTIZE_QKV), N = K * group;
+  the last axis of every array is contiguous; D = HEAD_DIM, tiles padded to D_PAD (a power of two) with
+  masked loads. Masks (each read only under its flag; any pointer otherwise): q_len, kv_len [B] int32,
+  q_seg [B, Tq], kv_seg [B, Tk] int32 dense, seg_sorted [B] int32 (``segments_sorted_kernel``);
+  IS_CAUSAL, WINDOW_LEFT/RIGHT (-1: none) and BOTTOM_RIGHT as in ``attention_common.visible``.
+  Outputs: o, o_hp [B, Tq, N, D] (strides stride_o*), lse [B, N, Tq] fp32 contiguous.
+  Grid: (cdiv(Tq, BLOCK_M), B * N), handed out longest walk first when causal (``program_tile``).
+  Flags: ``dot_flags`` and ``nvfp4.quant_flags``; SEQ_ALIGN as in ``attention_common.aligned_lengths``.
+  P_ROW_RANGE: 0 ("block"), or R > 0 ("row": fq(R p), O = acc / (R l), and m [B, N, Tq] fp32 (natural
+  units, -inf for an empty row) stored through ``m_ptr``, which is not touched otherwise).
+  QKV_TENSOR (qkv_scale="tensor"): k, v hold fq(enc * K), fq(enc * V) (``fake_quantize_scaled_kernel``) and
+  q_enc [B, N], k_enc, v_enc [B, K] fp32 (``tensor_scale_kernel``) the encode scales; Q is quantized here as
+  fq(enc * Q) (QUANTIZE_Q; else q holds it, from the same pass as K and V), the decode scales 1 / enc of Q and K
+  are folded into the softmax scale and V's into the final normalization (FP32 rounding only, docs/NUMERICS.md).
+  The enc pointers are not read otherwise.
+  RESIDUALS off (the primal of ``jqat.attention``, where nothing differentiates): only o is stored (o_hp, lse and m
+  are not touched), and with QUANTIZE_P the O' accumulator and its P V_hat product are dropped; O's arithmetic is
+  the same, so are its bits.
+  """
+  leaked = _fwd_program(
+      q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr,
+      q_enc_ptr, k_enc_ptr, v_enc_ptr, stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb,
+      stride_vt, stride_vn, stride_ob, stride_ot, stride_on, o_ptr, o_hp_ptr, lse_ptr, m_ptr, HEAD_DIM, D_PAD, BLOCK_M,
+      BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, QUANTIZE_Q,
+      QUANTIZE_P, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, QKV_TENSOR, SEQ_ALIGN,
+      RESIDUALS, EXACT=False)
+  HIDES: tl.constexpr = IS_CAUSAL or WINDOW_LEFT >= 0 or WINDOW_RIGHT >= 0 or HAS_SEG or HAS_Q_LEN or HAS_KV_LEN
+  if HIDES:
+    if leaked:  # a NaN reached a live row: the exact walk (_fwd_program)
+      _fwd_program(
+          q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr,
+          seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr, stride_qb, stride_qt, stride_qn, stride_kb, stride_kt,
+          stride_kn, stride_vb, stride_vt, stride_vn, stride_ob, stride_ot, stride_on, o_ptr, o_hp_ptr, lse_ptr,
+          m_ptr, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, BOTTOM_RIGHT, HAS_Q_LEN,
+          HAS_KV_LEN, HAS_SEG, QUANTIZE_Q, QUANTIZE_P, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1,
+          P_ROW_RANGE, QKV_TENSOR, SEQ_ALIGN, RESIDUALS, EXACT=True)
+
+
+@triton.jit
+def _store_outputs(acc, acc_hp, m, l, v_dec, offs_m, offs_d, row_ok, d_ok, q_lim, b, h, pid_bh, tq, stride_ob,
+                   stride_ot, stride_on, o_ptr, o_hp_ptr, lse_ptr, m_ptr, QUANTIZE_P: tl.constexpr,
+                   P_ROW_RANGE: tl.constexpr, QKV_TENSOR: tl.constexpr, SOFT_BF16: tl.constexpr,
+                   RESIDUALS: tl.constexpr):
+  """The forward's epilogue: normalizes and stores O (and with RESIDUALS O', lse and, in row mode, m) of this
+  program's rows; returns the outputs' offsets and store mask."""
   # No visible key (or a padded query row, which the unmasked tiles do not hide): O = O' = 0, lse = -inf.
   empty = (l == 0.0) | (offs_m >= q_lim)
   inv = tl.where(empty, 0.0, tl.div_rn(1.0, tl.where(empty, 1.0, l)))
   acc_hp = tl.where(empty[:, None], 0.0, acc_hp)  # +0, not acc * 0 (-0 for a padded row's negative sums)
   acc = tl.where(empty[:, None], 0.0, acc)
-  if QKV_TENSOR:  # O and O' are sums of p @ fq(enc_v V): V's decode scale 1 / enc_v joins the normalization
-    inv = inv * tl.div_rn(1.0, tl.load(v_enc_ptr + kv_bh))
+  if QKV_TENSOR:  # V's decode scale 1 / enc_v (``v_dec``) joins the normalization
+    inv = inv * v_dec
   log_l = tl.math.log2(tl.where(empty, 1.0, l))
   if QUANTIZE_P and P_ROW_RANGE > 0:  # l sums R * p here: 1 / l is already 1 / (R * sum p)
     log_l = log_l - LOG2_P_ROW_RANGE
@@ -320,6 +449,7 @@ def _attention_fwd(
     tl.store(lse_ptr + pid_bh.to(tl.int64) * tq + offs_m, lse, mask=row_ok)
   if RESIDUALS and P_ROW_RANGE > 0:
     tl.store(m_ptr + pid_bh.to(tl.int64) * tq + offs_m, tl.where(empty, float("-inf"), m * LN2), mask=row_ok)
+  return o_off, out_ok
 
 
 @triton.jit

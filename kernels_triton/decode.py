@@ -1,4 +1,4 @@
-"""Decode attention over a packed NVFP4 KV cache, and the cache write (docs/NUMERICS.md, "Decode").
+"""Decode attention over a packed NVFP4 KV cache, and the cache write (docs/NUMERICS.md, section 10).
 
 Framework-free (Triton only). A cache tensor is a pair ``(codes, scales)`` laid out as
 ``jqat.nvfp4.quantize`` returns it along D: ``codes`` uint8 ``[..., D // 2]`` (element 2i in the low

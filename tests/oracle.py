@@ -207,51 +207,56 @@ def _hits(spec, a, b):
     return np.einsum(spec, np.asarray(a, np.int64), np.asarray(b, np.int64)) > 0
 
 
-def _nan_scores(q_nan, k_nan, is_causal, quantize_qkv):
-    """NaN masks of fq(Q), fq(K) [B, T, heads, D], K per query head, and of the scores [B, N, Tq, Tk]."""
+def _nan_scores(q_nan, k_nan, is_causal, quantize_qkv, vis=None):
+    """NaN masks of fq(Q), fq(K) [B, T, heads, D], K per query head, the visibility [B, Tq, Tk] (``vis``, else the
+    causal or full mask) and the NaN mask of the scores [B, N, Tq, Tk] (visible pairs only)."""
     if quantize_qkv:
         q_nan, k_nan = _nan_blocks(q_nan), _nan_blocks(k_nan)
+    b, tq, tk = q_nan.shape[0], q_nan.shape[1], k_nan.shape[1]
     g = q_nan.shape[2] // k_nan.shape[2]
     kr = np.repeat(k_nan, g, axis=2)
-    vis = visible_oracle(1, q_nan.shape[1], k_nan.shape[1], is_causal=is_causal)[0]  # [Tq, Tk]
-    s = vis & (q_nan.any(-1).transpose(0, 2, 1)[..., :, None] | kr.any(-1).transpose(0, 2, 1)[..., None, :])
+    vis = np.broadcast_to(visible_oracle(1, tq, tk, is_causal=is_causal) if vis is None else np.asarray(vis, bool),
+                          (b, tq, tk))
+    s = vis[:, None] & (q_nan.any(-1).transpose(0, 2, 1)[..., :, None] | kr.any(-1).transpose(0, 2, 1)[..., None, :])
     return q_nan, kr, vis, s
 
 
-def attention_nan_oracle(q_nan, k_nan, v_nan, *, is_causal, quantize_qkv=True):
+def attention_nan_oracle(q_nan, k_nan, v_nan, *, is_causal, quantize_qkv=True, vis=None):
     """Where the forward's O and O' ([B, Tq, N, D]) and lse ([B, N, Tq]) are NaN, given input NaN masks.
 
     A NaN score of a visible key poisons its row's running max, hence the whole row of O,
     O' and lse; a NaN in fq(V) reaches the channels it sits in, for every row that sees its key.
+    vis: [B, Tq, Tk] bool visibility (:func:`visible_oracle`); overrides ``is_causal``.
     """
-    _, _, vis, s = _nan_scores(q_nan, k_nan, is_causal, quantize_qkv)
+    _, _, vis, s = _nan_scores(q_nan, k_nan, is_causal, quantize_qkv, vis)
     v_nan = _nan_blocks(v_nan) if quantize_qkv else np.asarray(v_nan, bool)
     vr = np.repeat(v_nan, q_nan.shape[2] // v_nan.shape[2], axis=2)
     row = s.any(-1)  # [B, N, Tq]
-    o = row.transpose(0, 2, 1)[..., None] | _hits("qk,bknd->bqnd", vis, vr)
+    o = row.transpose(0, 2, 1)[..., None] | _hits("bqk,bknd->bqnd", vis, vr)
     return o, row
 
 
 def attention_grad_nan_oracle(do_nan, q_nan, k_nan, v_nan, o_nan, lse_nan, *, is_causal, quantize_qkv=True,
-                              quantize_p_backward=True):
+                              quantize_p_backward=True, vis=None):
     """Where the backward's dQ [B, Tq, N, D], dK and dV [B, Tk, K, D] are NaN, given input NaN masks.
 
-    o_nan: NaN mask of the output used for delta; lse_nan: [B, N, Tq].
+    o_nan: NaN mask of the output used for delta; lse_nan: [B, N, Tq]. vis: as in :func:`attention_nan_oracle`.
     """
-    qh, kr, vis, s = _nan_scores(q_nan, k_nan, is_causal, quantize_qkv)
+    qh, kr, vis, s = _nan_scores(q_nan, k_nan, is_causal, quantize_qkv, vis)
     v_nan = _nan_blocks(v_nan) if quantize_qkv else np.asarray(v_nan, bool)
     b, tq, n, d = qh.shape
     tk, kh = v_nan.shape[1], v_nan.shape[2]
     vr = np.repeat(v_nan, n // kh, axis=2)
     rows = lambda x: x.any(-1).transpose(0, 2, 1)  # [B, T, N, D] -> [B, N, T]
-    p = vis & (s | np.asarray(lse_nan, bool)[..., None])
+    vis4 = vis[:, None]
+    p = vis4 & (s | np.asarray(lse_nan, bool)[..., None])
     delta = rows(np.asarray(o_nan, bool) | do_nan)
     dp = rows(do_nan)[..., :, None] | rows(vr)[..., None, :]
-    ds = vis & (p | dp | delta[..., None])
-    dq = ds.any(-1).transpose(0, 2, 1)[..., None] | _hits("qk,bknd->bqnd", vis, kr)
-    dk = ds.any(-2).transpose(0, 2, 1)[..., None] | _hits("qk,bqnd->bknd", vis, qh)
-    pq = _nan_blocks(p, mask=np.broadcast_to(vis, p.shape)) if quantize_p_backward else p
-    dv = pq.any(-2).transpose(0, 2, 1)[..., None] | _hits("qk,bqnd->bknd", vis, do_nan)
+    ds = vis4 & (p | dp | delta[..., None])
+    dq = ds.any(-1).transpose(0, 2, 1)[..., None] | _hits("bqk,bknd->bqnd", vis, kr)
+    dk = ds.any(-2).transpose(0, 2, 1)[..., None] | _hits("bqk,bqnd->bknd", vis, qh)
+    pq = _nan_blocks(p, mask=np.broadcast_to(vis4, p.shape)) if quantize_p_backward else p
+    dv = pq.any(-2).transpose(0, 2, 1)[..., None] | _hits("bqk,bqnd->bknd", vis, do_nan)
     fold = lambda x: np.broadcast_to(x, (b, tk, n, d)).reshape(b, tk, kh, n // kh, d).any(3)
     return np.broadcast_to(dq, (b, tq, n, d)), fold(dk), fold(dv)
 
@@ -294,7 +299,7 @@ def unpack_oracle(codes, scales):
 
 
 def decode_oracle(q, k, v, kv_len, *, scale, block_n, num_splits=1, is_causal=True, quantize_q=True, quantize_p=True):
-    """Float64 decode attention (docs/NUMERICS.md, "Decode"): O [B, Tq, N, D] float64.
+    """Float64 decode attention (docs/NUMERICS.md, section 10): O [B, Tq, N, D] float64.
 
     q: [B, Tq, N, D]; k, v: the cache's values [B, T, K, D] (``unpack_oracle``); kv_len [B]. Query i of sequence b
     sees keys j < kv_len[b], and with ``is_causal`` only j <= kv_len[b] - Tq + i. The live tiles of ``block_n`` keys

@@ -1,4 +1,4 @@
-"""The packed NVFP4 KV cache and decode attention (docs/NUMERICS.md, "Decode") against NumPy oracles.
+"""The packed NVFP4 KV cache and decode attention (docs/NUMERICS.md, section 10) against NumPy oracles.
 
 - The cache write is ``jqat.nvfp4.quantize`` bit for bit (oracle: ``pack_oracle``'s rounding), contiguous and
   paged, on the XLA path and in the kernel (interpreter on CPU, compiled on the GPU), and updates a donated cache

@@ -148,6 +148,33 @@ def test_wrapper_keeps_tritons_cache_in_a_private_directory(monkeypatch, tmp_pat
   tc.jax_triton.cache_clear()
 
 
+@pytest.mark.parametrize("mode", [0o777, 0o770])
+def test_a_user_set_triton_cache_dir_gets_the_same_check(monkeypatch, tmp_path, mode):
+  """A TRITON_CACHE_DIR the user set was created and used whatever its permissions; one that others can write is
+  now refused like jqat's own directories (one warning naming it), and a fresh private directory is used."""
+  _fake_jax_triton(monkeypatch)
+  chosen = tmp_path / "users_triton_cache"
+  os.makedirs(chosen)
+  os.chmod(chosen, mode)
+  monkeypatch.setenv("TRITON_CACHE_DIR", str(chosen))
+  monkeypatch.setenv("JQAT_CACHE_DIR", str(tmp_path / "jqat"))
+  with pytest.warns(RuntimeWarning, match=f"not using the cache directory {chosen}: its group or other users"):
+    tc.jax_triton()
+  used = os.environ["TRITON_CACHE_DIR"]
+  assert used != str(chosen)
+  st = os.stat(used)
+  assert st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == 0o700
+  shutil.rmtree(used)
+  tc.jax_triton.cache_clear()
+  os.chmod(chosen, 0o700)  # a private one of the user's is kept
+  monkeypatch.setenv("TRITON_CACHE_DIR", str(chosen))
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    tc.jax_triton()
+  assert os.environ["TRITON_CACHE_DIR"] == str(chosen)
+  tc.jax_triton.cache_clear()
+
+
 _KW = {"num_warps": 4, "num_stages": 2, "num_ctas": 1, "compute_capability": None, "enable_fp_fusion": True,
        "metaparams": {"BLOCK": 64}, "dump": False}
 
@@ -317,6 +344,36 @@ def test_disk_cache_ignores_a_tampered_entry(monkeypatch, tmp_path, tamper):
   with open(path, "wb") as f:
     f.write(text)
   _recompiles_and_repairs(p)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink", "directory"])
+def test_disk_cache_never_reads_a_non_regular_entry(monkeypatch, tmp_path, kind):
+  """A FIFO planted under an entry's name blocked the reader forever (``open`` of a FIFO waits for a writer); it is
+  now skipped unread, like a link or a directory, and the fresh compile replaces it with a regular entry."""
+  p = _Process(monkeypatch, tmp_path / "jqat")
+  _get(p.lib, _fn("a"))
+  (path,) = p.files()
+  os.unlink(path)
+  if kind == "fifo":
+    os.mkfifo(path, 0o600)
+  elif kind == "symlink":
+    decoy = tmp_path / "decoy.json"
+    decoy.write_text("{}")
+    os.symlink(decoy, path)
+  else:
+    os.mkdir(path)
+  p.restart()
+  done = []
+  worker = threading.Thread(target=lambda: done.append(_get(p.lib, _fn("a"))), daemon=True)
+  worker.start()
+  worker.join(timeout=20)
+  if worker.is_alive():  # release the blocked reader before failing
+    os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+    worker.join(timeout=5)
+    pytest.fail(f"reading the cache blocked on a {kind}")
+  assert done and done[0][0].ctor_args == _genuine("a") and len(p.compiled) == 2
+  if kind != "directory":  # os.replace cannot put a file over a directory: that entry stays uncached
+    assert stat.S_ISREG(os.lstat(path).st_mode), "the fresh compile did not replace the planted entry"
 
 
 @pytest.mark.parametrize("unsafe", ["world-writable", "group-writable", "another owner"])

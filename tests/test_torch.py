@@ -206,7 +206,7 @@ def test_rope_cpu_equals_jax_bitwise_and_out_is_x(mode):
   op = jt.RopeQDQInplace(x2, cache2, pos2, quantization=mode[0], group_size=mode[1], scale_format=mode[2])
   assert op.check_support() and op.scratch_workspace_bytes() == 0
   op.compile()
-  assert op.execute(x2, cache2, pos2) is x2
+  assert op.execute(x2, cache2, pos2)["out"] is x2
   _same(x2, want, "rope (class)")
 
 
@@ -229,7 +229,7 @@ def test_rope_validation_leaves_x_untouched():
   fails(TypeError, "positions must be int32 or int64", x, cache, pos.float())
   fails(ValueError, "positions must hold one id per token", x, cache, pos[:3])
   fails(ValueError, "cache must be on cpu", x, cache.to("meta"), pos)
-  fails(ValueError, "x must be contiguous", x.transpose(0, 1), cache, pos.new_zeros(4))
+  fails(NotImplementedError, r"x must be contiguous, .* with strides", x.transpose(0, 1), cache, pos.new_zeros(4))
   fails(ValueError, "quantization must be", x, cache, pos, quantization="int4")
   fails(ValueError, "group_size must be 16 or 32", x, cache, pos, group_size=64)
   # x overlapping its inputs: a cache (or positions) that is a view of x's storage.
@@ -246,7 +246,7 @@ def test_rope_validation_leaves_x_untouched():
     jt.rope_qdq_inplace(xv, cache, alias_pos)
   with pytest.raises(ValueError, match="backend must be 'frost'"):
     jt.RopeQDQInplace(x, cache, pos, backend="other")
-  op = jt.RopeQDQInplace(x, cache, pos)
+  op = jt.RopeQDQInplace(x, cache, pos).compile()
   with pytest.raises(ValueError, match="planned head count"):
     op.execute(torch.zeros(7, 2, 128, dtype=torch.bfloat16), cache, pos)
   _same(x, before, "x")
@@ -272,7 +272,7 @@ def test_attention_validation():
     jt.nvfp4_attention_qat_backward(do2, q2, k2, v2, o_hp, lse.double())
   with pytest.raises(ValueError, match="do_tensor must have the shape"):
     jt.nvfp4_attention_qat_backward(do2[:, :, :3], q2, k2, v2, o_hp, lse)
-  with pytest.raises(ValueError, match="high_precision_o_tensor must be contiguous"):
+  with pytest.raises(NotImplementedError, match="high_precision_o_tensor must be contiguous BHSD storage, got strides"):
     jt.nvfp4_attention_qat_backward(do2, q2, k2, v2, o_hp.transpose(1, 2).contiguous().transpose(1, 2), lse)
   with pytest.raises(ValueError, match="dk_tensor overlaps k_tensor"):
     jt.nvfp4_attention_qat_backward(do2, q2, k2, v2, o_hp, lse, dk_tensor=k2)
@@ -449,7 +449,7 @@ def test_cuda_rope_in_place_equals_jax_triton_gpu(mode):
   op.check_support()
   op.compile()
   before = torch.cuda.memory_allocated()
-  out = op.execute(x, cache, pos)
+  out = op.execute(x, cache, pos)["out"]
   assert torch.cuda.memory_allocated() == before
   assert out is x and x.data_ptr() == ptr
   torch.cuda.synchronize()
@@ -738,3 +738,235 @@ def test_torch_launcher_without_residuals_interpreted():
   finally:
     plans.set_config_override("fwd", None)
   _same(capped, o, "O alone, registers capped")
+
+
+# ----------------------------------------------------------------------------- issue 43: derivatives, vendor contract
+
+
+def test_forward_mode_ad_raises_instead_of_a_zero_tangent():
+  """torch.func.jvp / jacfwd through jqat.torch.attention gave an all-zero tangent with no error (inputs that do not
+  require grad took the op without autograd, which functorch treats as a constant). SDPA raises; so do the ops."""
+  import torch.autograd.forward_ad as fwAD
+
+  q, k, v, _ = _bhsd_inputs(1, 2, 2, 8, 8, 32)
+  with pytest.raises(NotImplementedError, match="no forward-mode derivative"):
+    torch.func.jvp(lambda v: jt.attention(q, k, v), (v,), (torch.ones_like(v),))
+  with pytest.raises(NotImplementedError, match="no forward-mode derivative"):
+    torch.func.jacfwd(lambda v: jt.attention(q, k, v).float())(v)
+  with fwAD.dual_level():
+    with pytest.raises(NotImplementedError, match="q carries a tangent"):
+      jt.attention(fwAD.make_dual(q, torch.ones_like(q)), k, v)
+    with pytest.raises(NotImplementedError, match="no forward-mode derivative"):
+      jt.nvfp4_attention_qat_forward(q, fwAD.make_dual(k, torch.ones_like(k)), v)
+    x, cache, pos = _rope_inputs(MODES[0])
+    with pytest.raises(NotImplementedError, match="rope_qdq_inplace has no forward-mode derivative"):
+      jt.rope_qdq_inplace(fwAD.make_dual(x, torch.ones_like(x)), cache, pos)
+  # Reverse mode is unchanged.
+  vr = v.clone().requires_grad_()
+  jt.attention(q, k, vr).float().sum().backward()
+  assert vr.grad is not None and vr.grad.abs().sum() > 0
+
+
+def test_prepared_ops_refuse_execute_before_compile():
+  """execute() before compile() ran (and on CUDA compiled in execute); it raises RuntimeError and touches nothing."""
+  x, cache, pos = _rope_inputs(MODES[0])
+  before = x.clone()
+  op = jt.RopeQDQInplace(x, cache, pos)
+  with pytest.raises(RuntimeError, match=r"needs compile\(\) first"):
+    op.execute(x, cache, pos)
+  _same(x, before, "x after execute before compile")
+  q, k, v, do = _bhsd_inputs(1, 2, 2, 9, 12, 32, seed=3)
+  o, o_hp, lse = jt.nvfp4_attention_qat_forward(q, k, v)
+  bop = jt.Nvfp4AttentionQatBackward(q, k, v, o_hp, do, lse)
+  bop.check_support()
+  ws = torch.zeros(bop.scratch_workspace_bytes(), dtype=torch.uint8)
+  dq, dk, dv = (torch.full_like(t, 7.0) for t in (q, k, v))
+  with pytest.raises(RuntimeError, match=r"needs compile\(\) first"):
+    bop.execute(q, k, v, o_hp, do, lse, dq, dk, dv, ws)
+  assert (dq == 7).all() and (dk == 7).all() and (dv == 7).all() and (ws == 0).all()
+
+
+def test_prepared_ops_return_tuple_dicts():
+  """The class APIs returned x and a plain tuple; like the functions they return TupleDicts (result["out"] is x)."""
+  x, cache, pos = _rope_inputs(MODES[0])
+  op = jt.RopeQDQInplace(x, cache, pos).compile()
+  res = op.execute(x, cache, pos)
+  assert isinstance(res, jt.TupleDict) and res["out"] is x and res[0] is x
+  (out,) = res
+  assert out is x
+  q, k, v, do = _bhsd_inputs(1, 2, 2, 9, 12, 32, seed=3)
+  o, o_hp, lse = jt.nvfp4_attention_qat_forward(q, k, v)
+  bop = jt.Nvfp4AttentionQatBackward(q, k, v, o_hp, do, lse).compile()
+  ws = torch.empty(bop.scratch_workspace_bytes(), dtype=torch.uint8)
+  dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+  res = bop.execute(q, k, v, o_hp, do, lse, dq, dk, dv, ws)
+  assert isinstance(res, jt.TupleDict) and res["dq_tensor"] is dq and res["dk_tensor"] is dk and res["dv_tensor"] is dv
+  assert tuple(res) == (dq, dk, dv)
+
+
+def test_vendor_error_types_follow_torch_conventions():
+  """A layout the ops do not take is NotImplementedError naming the strides (was ValueError); positions of another
+  dtype than the plan's are a ValueError naming positions (was TypeError)."""
+  x, cache, pos = _rope_inputs(MODES[0])
+  with pytest.raises(NotImplementedError, match=r"x must be contiguous.*strides \(128, 512, 1\)"):
+    jt.rope_qdq_inplace(x.transpose(0, 1), cache, pos.new_zeros(4))
+  with pytest.raises(NotImplementedError, match=r"cache must be contiguous.*strides"):
+    jt.rope_qdq_inplace(x, torch.empty(64, 11).t(), pos)
+  op = jt.RopeQDQInplace(x, cache, pos).compile()
+  with pytest.raises(ValueError, match="positions must have the planned dtype torch.int32"):
+    op.execute(x, cache, pos.to(torch.int64))
+  q, k, v, do = _bhsd_inputs(1, 2, 2, 9, 12, 32, seed=3)
+  o, o_hp, lse = jt.nvfp4_attention_qat_forward(q, k, v)
+  with pytest.raises(NotImplementedError, match=r"dq_tensor must be contiguous, got strides"):
+    jt.nvfp4_attention_qat_backward(do, q, k, v, o_hp, lse, dq_tensor=torch.empty_like(q).transpose(2, 3).contiguous()
+                                    .transpose(2, 3))
+
+
+@pytest.mark.skipif(not INTERPRET, reason="the launcher runs on CPU tensors only under TRITON_INTERPRET=1")
+def test_rope_kernel_write_bumps_the_version_counter():
+  """The kernel writes x behind autograd's back: on CUDA a tensor that autograd had saved was rewritten and the
+  backward silently used the rotated values (the CPU path, x.copy_, raised). The kernel path (here in the
+  interpreter, on CUDA the same code) now bumps x's version counter, so the backward raises."""
+  x, cache, pos = _rope_inputs(MODES[0])
+  w = torch.ones_like(x, requires_grad=True)
+  y = (w * x).float().sum()  # saves x for w's gradient
+  version = x._version
+  op = jt.RopeQDQInplace(x, cache, pos)
+  op.check_support()
+  op._launch(x, cache, pos)
+  assert x._version > version
+  with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+    y.backward()
+
+
+# GPU: the prepared ops' contract (seeds/cudnn_*.md): execute launches the compiled kernel and nothing else.
+
+
+def _no_compiles(monkeypatch):
+  """Makes any Triton compile (or JIT dispatch, which may compile) in the block fail the test."""
+  import triton
+  from triton.runtime import jit as triton_jit
+
+  def refuse(*a, **k):
+    raise AssertionError("a prepared op compiled (or dispatched through Triton's JIT) in execute")
+
+  monkeypatch.setattr(triton, "compile", refuse)
+  monkeypatch.setattr(triton_jit.JITFunction, "run", refuse)
+
+
+def _at_offset(t, elements):
+  """A contiguous copy of ``t`` whose storage starts ``elements`` elements into a larger buffer (a pointer offset)."""
+  buf = torch.empty(t.numel() + elements, dtype=t.dtype, device=t.device)
+  out = buf[elements:].view(t.shape)
+  out.copy_(t)
+  return out
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: "-".join(map(str, m)))
+def test_cuda_rope_prepared_never_compiles_in_execute_gpu(monkeypatch, mode):
+  """New token counts and pointer offsets below 16 bytes compiled 1-2 kernels in execute; compile() now builds the
+  aligned and the any-offset kernels and execute launches one of them: the wrapper's bits, no compile."""
+  x, cache, pos = _rope_inputs(mode, device="cuda")
+  op = jt.RopeQDQInplace(x, cache, pos, quantization=mode[0], group_size=mode[1], scale_format=mode[2]).compile()
+  cases = [(x, cache, pos), (x[:2].contiguous(), cache, pos[:2].contiguous()),  # a new token count
+           (_at_offset(x, 1), _at_offset(cache, 1), _at_offset(pos, 1)),  # pointers off 16-byte alignment
+           (_at_offset(x[:1].contiguous(), 3), cache[:5].contiguous(), _at_offset(pos[:1].contiguous(), 1))]
+  wants = []
+  for cx, cc, cp in cases:
+    ref = cx.clone()
+    jt.rope_qdq_inplace(ref, cc, cp, quantization=mode[0], group_size=mode[1], scale_format=mode[2])
+    wants.append(ref)
+  torch.cuda.synchronize()
+  _no_compiles(monkeypatch)
+  for cx, cc, cp in cases:
+    assert op.execute(cx, cc, cp)["out"] is cx
+  torch.cuda.synchronize()
+  for i, ((cx, _, _), want) in enumerate(zip(cases, wants)):
+    _same(cx, want, f"rope case {i}")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_prepared_ops_capture_only_their_kernels_gpu():
+  """Captured in a CUDA graph, execute records its kernels and no tensor work (it reshaped positions and made BTNH
+  views and workspace slices); replayed, the graph gives execute's bits."""
+  from torch.utils._python_dispatch import TorchDispatchMode
+
+  class Log(TorchDispatchMode):
+    def __init__(self):
+      super().__init__()
+      self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+      self.ops.append(str(func))
+      return func(*args, **(kwargs or {}))
+
+  x, cache, pos = _rope_inputs(MODES[1], device="cuda")
+  op = jt.RopeQDQInplace(x, cache, pos, quantization="fp8").compile()
+  want = x.clone()
+  op.execute(want, cache, pos)
+  q, k, v, do = _cuda_case(seed=5)
+  o, o_hp, lse = jt.nvfp4_attention_qat_forward(q, k, v, is_causal=True)
+  bop = jt.Nvfp4AttentionQatBackward(q, k, v, o_hp, do, lse, is_causal=True).compile()
+  ws = torch.empty(bop.scratch_workspace_bytes(), dtype=torch.uint8, device="cuda")
+  grads = tuple(torch.empty_like(t) for t in (q, k, v))
+  want_grads = jt.nvfp4_attention_qat_backward(do, q, k, v, o_hp, lse, is_causal=True)
+  xg = x.clone()
+  torch.cuda.synchronize()
+  graph, log = torch.cuda.CUDAGraph(), Log()
+  stream = torch.cuda.Stream()
+  stream.wait_stream(torch.cuda.current_stream())
+  with torch.cuda.stream(stream):
+    op.execute(x.clone(), cache, pos)  # warm-ups outside the capture, as torch recommends
+    bop.execute(q, k, v, o_hp, do, lse, *grads, ws)
+    with torch.cuda.graph(graph, stream=stream):
+      with log:
+        op.execute(xg, cache, pos)
+        bop.execute(q, k, v, o_hp, do, lse, *grads, ws)
+  assert log.ops == [], f"tensor operations recorded besides the kernels: {log.ops}"
+  xg.copy_(x)
+  graph.replay()
+  torch.cuda.synchronize()
+  _same(xg, want, "rope (graph)")
+  for a, e, n in zip(grads, want_grads, ("dq", "dk", "dv")):
+    _same(a, e, n + " (graph)")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_prepared_backward_never_compiles_and_refuses_misaligned_buffers_gpu(monkeypatch):
+  """New buffers of the planned shapes: execute launches compile()'s kernels, no compile; a buffer off 16-byte
+  alignment (which compiled another specialization, or was copied: an allocation) raises naming it."""
+  q, k, v, do = _cuda_case(seed=6)
+  o, o_hp, lse = jt.nvfp4_attention_qat_forward(q, k, v)
+  op = jt.Nvfp4AttentionQatBackward(q, k, v, o_hp, do, lse).compile()
+  want = jt.nvfp4_attention_qat_backward(do, q, k, v, o_hp, lse)
+  ws = torch.empty(op.scratch_workspace_bytes(), dtype=torch.uint8, device="cuda")
+  q2, k2, v2, do2, o2, lse2 = (t.clone() for t in (q, k, v, do, o_hp, lse))
+  grads = tuple(torch.empty_like(t) for t in (q, k, v))
+  torch.cuda.synchronize()
+  _no_compiles(monkeypatch)
+  op.execute(q2, k2, v2, o2, do2, lse2, *grads, ws)
+  torch.cuda.synchronize()
+  for a, e, n in zip(grads, want, ("dq", "dk", "dv")):
+    _same(a, e, n)
+  with pytest.raises(ValueError, match="q_tensor must be 16-byte aligned"):
+    op.execute(_at_offset(q, 1), k, v, o_hp, do, lse, *grads, ws)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_rope_bumps_the_version_counter_gpu():
+  """On CUDA a tensor that autograd had saved was rewritten silently; now the backward raises, as on the CPU."""
+  for run in ("wrapper", "class"):
+    x, cache, pos = _rope_inputs(MODES[0], device="cuda")
+    w = torch.ones_like(x, requires_grad=True)
+    y = (w * x).float().sum()
+    if run == "wrapper":
+      jt.rope_qdq_inplace(x, cache, pos)
+    else:
+      jt.RopeQDQInplace(x, cache, pos).compile().execute(x, cache, pos)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+      y.backward()

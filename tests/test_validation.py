@@ -79,3 +79,102 @@ def test_second_order_gradients_raise_instead_of_zeros():
 def test_config_must_be_a_qat_config():
   with pytest.raises(TypeError, match="config must be a jqat.QATConfig"):
     jqat.attention_forward(Q, Q, Q, config=(True, True, True, True))
+
+
+@pytest.mark.parametrize("name, value", [
+    ("key_value_seq_lengths", np.array([2**32 + 5])),  # read as 5 before
+    ("query_seq_lengths", np.array([-(2**32) + 3])),
+    ("q_segment_ids", np.full((1, 8), 2**31)),
+    ("kv_segment_ids", np.full((1, 8), -(2**31) - 1)),
+])
+def test_wide_masks_raise_instead_of_wrapping(name, value):
+  """int64 lengths and segment ids outside int32's range wrapped silently (kv_len 2**32 + 5 acted as 5): now the
+  host-known values raise, naming the argument, in the JAX API and the torch shim (CPU tensors)."""
+  seg = np.zeros((1, 8), np.int64)
+  kw = {"q_segment_ids": seg, "kv_segment_ids": seg} if "segment" in name else {}
+  kw[name] = value
+  with pytest.raises(ValueError, match=f"{name} must hold values in int32's range"):
+    jqat.attention(Q, Q, Q, implementation="xla", **kw)
+  q = torch.zeros(1, 2, 8, 32, dtype=torch.bfloat16)
+  with pytest.raises(ValueError, match=f"{name} must hold values in int32's range"):
+    jt.attention(q, q, q, **{n: torch.from_numpy(np.asarray(v)) for n, v in kw.items()})
+
+
+def test_wide_masks_off_the_host_convert_exactly():
+  """Where values cannot be checked without a sync (traced JAX int64 under x64, CUDA tensors: exercised here on CPU
+  tensors with the host check off), lengths saturate and segment ids are renumbered by rank per batch row: the
+  equalities, hence the masks, are those of the given ids."""
+  from jqat.torch._attention import int32_masks
+
+  seg = np.array([[2**40, 2**40, 5, 5, -3, -3, 2**40, 7]])
+  ranks = np.array([[3, 3, 1, 1, 0, 0, 3, 2]], np.int32)
+  q_len, kv_len, q_seg, kv_seg = int32_masks((torch.tensor([2**33]), torch.tensor([-(2**40)]), torch.from_numpy(seg),
+                                               torch.from_numpy(seg[:, :5])), host_check=False)
+  assert (q_len.tolist(), kv_len.tolist()) == ([2**31 - 1], [-(2**31)])
+  assert q_seg.dtype == kv_seg.dtype == torch.int32
+  assert (q_seg.numpy() == ranks).all() and (kv_seg.numpy() == ranks[:, :5]).all()
+  q = jax.random.normal(jax.random.key(0), (1, 8, 2, 32), jnp.float32).astype(jnp.bfloat16)
+  with jax.enable_x64(True):
+    got = jax.jit(lambda q, s, n: jqat.attention(q, q, q, implementation="xla", q_segment_ids=s, kv_segment_ids=s,
+                                                 key_value_seq_lengths=n))(q, seg, np.array([2**32 + 5]))
+  want = jax.jit(lambda q, s, n: jqat.attention(q, q, q, implementation="xla", q_segment_ids=s, kv_segment_ids=s,
+                                                key_value_seq_lengths=n))(q, ranks, np.array([8], np.int32))
+  np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+
+
+@pytest.mark.parametrize("window, match", [((10**12, 0), r"local_window_size\[0\] \(left\) must be at most"),
+                                           ((0, 2**31), r"local_window_size\[1\] \(right\) must be at most"),
+                                           (2**40, "local_window_size must be at most")])
+def test_huge_window_sides_name_the_argument(window, match):
+  with pytest.raises(ValueError, match=match):
+    jqat.attention(Q, Q, Q, local_window_size=window, implementation="xla")
+  q = torch.zeros(1, 2, 8, 32, dtype=torch.bfloat16)
+  with pytest.raises(ValueError, match=match):
+    jt.attention(q, q, q, local_window_size=window)
+
+
+@pytest.mark.parametrize("axis", [None, "0", True, 0.0])
+def test_nvfp4_axis_must_be_an_int(axis):
+  x = jnp.ones((2, 16))
+  for fn in (lambda: jqat.nvfp4.fake_quantize(x, axis=axis), lambda: jqat.nvfp4.quantize(x, axis=axis),
+             lambda: jqat.nvfp4.dequantize(*jqat.nvfp4.quantize(x), axis=axis)):
+    with pytest.raises(TypeError, match="axis must be an int"):
+      fn()
+
+
+def test_parallel_attention_needs_a_mesh():
+  import jqat.parallel
+
+  with pytest.raises(TypeError, match="mesh must be a jax.sharding.Mesh"):
+    jqat.parallel.attention(Q, Q, Q, mesh=None)
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("x",))
+  with pytest.raises(ValueError, match="key_value_seq_lengths must hold values in int32's range"):
+    jqat.parallel.attention(Q, Q, Q, mesh=mesh, key_value_seq_lengths=np.array([2**32 + 5]), implementation="xla")
+
+
+@pytest.mark.parametrize("kwargs, exc, match", [(dict(block_n=48), ValueError, "block_n must be one of"),
+                                                (dict(block_n="64"), TypeError, "block_n must be an int"),
+                                                (dict(implementation="cuda"), ValueError, "implementation must be")])
+def test_flax_factory_checks_its_arguments_when_called(kwargs, exc, match):
+  """make_attention_fn(block_n=48) returned a function that failed at its first use, inside the model."""
+  import jqat.flax
+
+  with pytest.raises(exc, match=match):
+    jqat.flax.make_attention_fn(**kwargs)
+
+
+def test_explicit_forward_and_backward_are_not_differentiable():
+  """jax.grad through attention_forward / attention_backward gave a derivative on XLA (of the reference's
+  arithmetic) and none on Triton: a result that depends on the backend. Both raise, as second order does."""
+  q = jax.random.normal(jax.random.key(0), (1, 8, 2, 32), jnp.float32).astype(jnp.bfloat16)
+  o, o_hp, lse = jqat.attention_forward(q, q, q, implementation="xla")
+  with pytest.raises(NotImplementedError, match="jqat.attention_forward is not differentiable"):
+    jax.grad(lambda q: jnp.sum(jqat.attention_forward(q, q, q, implementation="xla")[1].astype(jnp.float32)))(q)
+  with pytest.raises(NotImplementedError, match="jqat.attention_backward is not differentiable"):
+    jax.grad(lambda o: jnp.sum(jqat.attention_backward(q, q, q, q, o, lse, implementation="xla")[0].astype(
+        jnp.float32)))(o_hp)
+  with pytest.raises(NotImplementedError, match="jqat.attention_backward is not differentiable"):
+    jax.jvp(lambda lse: jqat.attention_backward(q, q, q, q, o_hp, lse, implementation="xla"), (lse,), (lse,))
+  # Undifferentiated calls (also under jit and vmap) are unchanged.
+  assert jax.jit(lambda q: jqat.attention_forward(q, q, q, implementation="xla"))(q)[0].shape == q.shape
+  assert jax.vmap(lambda q: jqat.attention_forward(q, q, q, implementation="xla")[0])(q[None]).shape == (1,) + q.shape

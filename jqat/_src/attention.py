@@ -23,6 +23,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jqat._src import attention_reference as reference
 from jqat._src import dispatch, validate
@@ -42,9 +43,54 @@ def _resolve(implementation, head_dim: int) -> str:
 
 
 def _masks(query, key, query_seq_lengths, key_value_seq_lengths, q_segment_ids, kv_segment_ids) -> tuple:
-  """The validated mask operands as int32 arrays (None where absent), in ``MASK_OPERANDS`` order."""
-  masks = validate.mask_operands(query, key, query_seq_lengths, key_value_seq_lengths, q_segment_ids, kv_segment_ids)
+  """The validated mask operands as int32 arrays (None where absent), in ``MASK_OPERANDS`` order.
+
+  Values the host holds (NumPy, concrete JAX arrays) outside int32's range raise, naming the argument (they used to
+  wrap: a length of 2**32 + 5 read as 5). Traced operands of a wider dtype (int64 under ``jax_enable_x64``) are
+  converted exactly on the device: lengths saturate (any length at or past T means T), segment ids are renumbered
+  per batch row (:func:`_renumber_segments`) when they do not fit."""
+  masks = list(validate.mask_operands(query, key, query_seq_lengths, key_value_seq_lengths, q_segment_ids,
+                                      kv_segment_ids))
+  for i, (name, m) in enumerate(zip(validate.MASK_NAMES, masks)):
+    if m is None or validate.dtype_name(m) == "int32":
+      continue
+    if not isinstance(m, jax.core.Tracer):
+      values = np.asarray(m)
+      validate.fits_int32(name, values)
+      masks[i] = values.astype(np.int32)
+    elif i < 2:  # a traced length: saturated into int32 (the kernels clamp it to [0, T] anyway)
+      info = jnp.iinfo(m.dtype)
+      masks[i] = jnp.clip(m, max(info.min, validate.INT32_MIN), min(info.max, validate.INT32_MAX))
+  if any(m is not None and validate.dtype_name(m) != "int32" for m in masks[2:]):
+    masks[2:] = _renumber_segments(*masks[2:])
   return tuple(None if m is None else jnp.asarray(m, jnp.int32) for m in masks)
+
+
+def _renumber_segments(q_seg, kv_seg):
+  """Traced segment ids ``[B, Tq]``, ``[B, Tk]`` of a dtype wider than int32 as int32 ids with the same equalities
+  in every batch row: cast when every id fits, else each id's rank among the row's distinct ids (order kept, so
+  sorted ids stay sorted). Exact either way; the ranks cost a sort of the row's ids, only when some id does not
+  fit."""
+  both = jnp.concatenate([q_seg, kv_seg], axis=1)
+  tq = q_seg.shape[1]
+
+  def ranks(ids):
+    order = jnp.argsort(ids, axis=1, stable=True)
+    ordered = jnp.take_along_axis(ids, order, axis=1)
+    step = jnp.concatenate([jnp.zeros_like(ordered[:, :1], jnp.int32),
+                            (ordered[:, 1:] != ordered[:, :-1]).astype(jnp.int32)], axis=1)
+    rank = jnp.cumsum(step, axis=1, dtype=jnp.int32)
+    rows = jnp.arange(ids.shape[0])[:, None]
+    return jnp.zeros(ids.shape, jnp.int32).at[rows, order].set(rank)
+
+  info = jnp.iinfo(both.dtype)
+  fits = jnp.bool_(True)
+  if info.min < validate.INT32_MIN:
+    fits = fits & jnp.all(both >= validate.INT32_MIN)
+  if info.max > validate.INT32_MAX:
+    fits = fits & jnp.all(both <= validate.INT32_MAX)
+  out = jax.lax.cond(fits, lambda ids: ids.astype(jnp.int32), ranks, both)
+  return out[:, :tq], out[:, tq:]
 
 
 def smooth_keys(key, kv_len=None):
@@ -119,6 +165,20 @@ def _backward(d_out, query, key, value, out_for_delta, lse, row_max, masks, opts
                             qkv_scale=opts.qkv_scale)
 
 
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _not_differentiable(name, arrays):
+  return arrays
+
+
+@_not_differentiable.defjvp
+def _not_differentiable_jvp(name, primals, tangents):
+  raise NotImplementedError(
+      f"jqat.{name} is not differentiable: the explicit forward and backward are the two halves of jqat.attention's "
+      "first-order rule (its backward is the Attn-QAT straight-through rule, which has no derivative of its own), "
+      "and a derivative through them would depend on the implementation. Differentiate jqat.attention (jax.grad, "
+      "jax.vjp) instead.")
+
+
 def attention_forward(query, key, value, *, scale=None, is_causal=False, implementation=None,
                       block_n=DEFAULT_BLOCK_N, config: QATConfig = _ALL_ON, query_seq_lengths=None,
                       key_value_seq_lengths=None, q_segment_ids=None, kv_segment_ids=None, local_window_size=None,
@@ -143,6 +203,7 @@ def attention_forward(query, key, value, *, scale=None, is_causal=False, impleme
                                     causal_alignment_value=causal_alignment, p_scale_value=p_scale,
                                     qkv_scale_value=qkv_scale)
   masks = _masks(query, key, query_seq_lengths, key_value_seq_lengths, q_segment_ids, kv_segment_ids)
+  query, key, value = _not_differentiable("attention_forward", (query, key, value))
   if validate.flag("smooth_k", smooth_k):
     key = smooth_keys(key, masks[1])
   out = _forward(query, key, value, masks, opts, _resolve(implementation, d))
@@ -183,6 +244,8 @@ def attention_backward(d_out, query, key, value, out_for_delta, lse, *, scale=No
   row_max = validate.row_max(row_max, query, opts.p_scale)
   masks = _masks(query, key, query_seq_lengths, key_value_seq_lengths, q_segment_ids, kv_segment_ids)
   impl = _resolve(implementation, d)
+  d_out, query, key, value, out_for_delta, lse, row_max = _not_differentiable(
+      "attention_backward", (d_out, query, key, value, out_for_delta, lse, row_max))
   if not validate.flag("smooth_k", smooth_k):
     return _backward(d_out, query, key, value, out_for_delta, lse, row_max, masks, opts, impl)
   smoothed, smooth_vjp = jax.vjp(lambda k: smooth_keys(k, masks[1]), key)

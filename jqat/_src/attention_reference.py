@@ -235,8 +235,11 @@ def forward(q, k, v, *, scale, is_causal, block_n, cfg: QATConfig, masks=NO_MASK
   present = [x for x in masks if x is not None]
   b, tq, n, d = q.shape
   tk = k.shape[1]
-  qh, kt, vt = _inputs(q, k, v, cfg, qkv_scale, masks)
   row = p_scale == "row"
+  if n == 0:  # no heads (N = K = 0): empty results; there is no group size N // K to form
+    out = (jnp.zeros(q.shape, q.dtype), jnp.zeros(q.shape, q.dtype), jnp.zeros((b, 0, tq), jnp.float32))
+    return out + (jnp.zeros((b, 0, tq), jnp.float32),) if row else out
+  qh, kt, vt = _inputs(q, k, v, cfg, qkv_scale, masks)
 
   def step(carry, tile):
     m, l, acc, acc_hp = carry
@@ -246,7 +249,11 @@ def forward(q, k, v, *, scale, is_causal, block_n, cfg: QATConfig, masks=NO_MASK
     s = jnp.where(valid, s, -jnp.inf)
     m_new = jnp.maximum(m, jnp.max(s, axis=-1))  # NaN in a visible score poisons the row
     m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # rows with nothing visible yet
-    p_tilde = jnp.where(valid, jnp.exp(s - m_safe[..., None]), 0.0)
+    # The row max's p is exactly 1 (every s at or above the running max gives 1): XLA computes s again in the
+    # fusion of the exponent and may contract ``scale * (q . k) - m`` into an FMA there, whose exact residual
+    # (about an ulp of s) made the max's p anything but 1 at huge logits (rows of zeros, lse of +-inf at scale >= 1e8).
+    # The compare reads s itself, rounded as the max was.
+    p_tilde = jnp.where(valid, jnp.where(s >= m_safe[..., None], 1.0, jnp.exp(s - m_safe[..., None])), 0.0)
     if row and cfg.quantize_p:
       # Two-level: the tile is R * p_tilde (one FP32 product; the kernel folds log2(R) into its exp2), and
       # l, O' and the fq(P) operand all take it, so 1 / l is 1 / (R * sum p_tilde) for O and O' alike.
@@ -305,6 +312,8 @@ def backward(do, q, k, v, o_for_delta, lse, *, scale, is_causal, cfg: QATConfig,
   present = [x for x in masks if x is not None]
   b, tq, n, d = q.shape
   tk, kh = k.shape[1], k.shape[2]
+  if n == 0:  # no heads (N = K = 0): empty gradients
+    return jnp.zeros(q.shape, q.dtype), jnp.zeros(k.shape, k.dtype), jnp.zeros(v.shape, v.dtype)
   g = n // kh
   qh, kt, vt = _inputs(q, k, v, cfg, qkv_scale, masks)
   grp = lambda x: x.astype(jnp.float32).reshape(b, tq, kh, g, d).transpose(0, 2, 3, 1, 4)
@@ -327,14 +336,17 @@ def backward(do, q, k, v, o_for_delta, lse, *, scale, is_causal, cfg: QATConfig,
     valid = _tile_visible(tq, tk, start, block, masks, static)
     guard = valid if _masked(masks, static) else None
     s = scale * jnp.einsum("bkgqd,bknd->bkgqn", qh, kb, precision=_HI)
-    p = jnp.where(valid & sees, jnp.exp(s - lse_safe), 0.0)
+    # P <= 1 (lse >= every s of its row): exactly 1 where s reaches lse (a row with one key, or huge logits), for the
+    # reason of the forward's exponent (an FMA contraction there gave exp(rounding error of s)).
+    p = jnp.where(valid & sees, jnp.where(s >= lse_safe, 1.0, jnp.exp(s - lse_safe)), 0.0)
     dp = jnp.einsum("bkgqd,bknd->bkgqn", do_g, vb, precision=_HI)
     ds = _bf16(jnp.where(valid, p * (dp - delta), 0.0))
     dq = dq + _dot("bkgqn,bknd->bkgqd", ds, kb, guard)
     dk = scale * _dot("bkgqn,bkgqd->bknd", ds, qh, guard)
     if row:
-      p_tilde = jnp.where(valid & sees, jnp.exp(s - m_safe), 0.0)
-      p_dv = _bf16(_fq(P_ROW_RANGE * p_tilde, mask=valid) * inv_rl)
+      p_tilde = jnp.where(valid & sees, jnp.where(s >= m_safe, 1.0, jnp.exp(s - m_safe)), 0.0)
+      # Masked pairs exactly 0 after the row factor too: a row with a NaN lse has a NaN 1 / (R l).
+      p_dv = _bf16(jnp.where(valid, _fq(P_ROW_RANGE * p_tilde, mask=valid) * inv_rl, 0.0))
     else:
       p_dv = _fq(p, mask=valid) if cfg.quantize_p_backward else _bf16(p)
     dv = _dot("bkgqn,bkgqd->bknd", p_dv, do_g, guard)

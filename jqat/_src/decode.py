@@ -1,4 +1,4 @@
-"""Serving what jqat trains: a packed NVFP4 KV cache and decode attention over it (docs/NUMERICS.md, "Decode").
+"""Serving what jqat trains: a packed NVFP4 KV cache and decode attention over it (docs/NUMERICS.md, section 10).
 
 Shapes: B batch, Tq new query tokens (1..64), N query heads, K KV heads (N % K == 0), D head dim, T the cache's
 capacity per sequence. A cache tensor is the pair ``(codes, scales)`` that ``jqat.nvfp4.quantize`` returns along
@@ -156,7 +156,7 @@ def _not_differentiable_jvp(primals, tangents):
 def decode_attention(query, k_cache, v_cache, kv_lengths, *, page_table=None, scale=None, is_causal=True,
                      num_splits=None, implementation=None, block_n=DEFAULT_BLOCK_N, quantize_qkv=True, quantize_p=True,
                      high_precision_delta=True, quantize_p_backward=True, p_scale="block"):
-  """Attention of Tq new tokens over a packed NVFP4 KV cache (docs/NUMERICS.md, "Decode").
+  """Attention of Tq new tokens over a packed NVFP4 KV cache (docs/NUMERICS.md, section 10).
 
   query: [B, Tq, N, D] bf16 (fp16/fp32 accepted), 1 <= Tq <= 64; its tokens must already be in the cache, at
     positions ``kv_lengths - Tq ... kv_lengths - 1`` (``kv_cache_update``).

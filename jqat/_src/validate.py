@@ -16,6 +16,9 @@ from jqat.ffi.options import P_SCALES, QKV_SCALES, AttentionOptions, QATConfig
 
 FLOAT_DTYPES = ("bfloat16", "float16", "float32")
 BLOCK_N_CHOICES = (16, 32, 64, 128, 256)  # powers of two (Triton tiles) from one fq(P) block up
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+# The public names of the array masks, in ``jqat.ffi.options.MASK_OPERANDS`` order.
+MASK_NAMES = ("query_seq_lengths", "key_value_seq_lengths", "q_segment_ids", "kv_segment_ids")
 
 
 def dtype_name(x) -> str:
@@ -135,16 +138,36 @@ def _count(name: str, value) -> int:
   return int(value)
 
 
+def _window_side(name: str, value) -> int:
+  """A window side: a non-negative int that the kernels' 32-bit index arithmetic holds (a side of 2**31 or more
+  would wrap there; any side of Tq + Tk or more already leaves that side unbounded)."""
+  value = _count(name, value)
+  if value > INT32_MAX:
+    raise ValueError(f"{name} must be at most 2**31 - 1 = {INT32_MAX} (a side at least Tq + Tk already hides "
+                     f"nothing), got {value}")
+  return value
+
+
 def local_window_size(value) -> tuple[int, int] | None:
   """None, an int ``w`` (the window ``(w, w)``, as in ``jax.nn.dot_product_attention``) or ``(left, right)``."""
   if value is None:
     return None
   if isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)):
-    return (_count("local_window_size", value),) * 2
+    return (_window_side("local_window_size", value),) * 2
   if not isinstance(value, (tuple, list)) or len(value) != 2:
     raise TypeError(f"local_window_size must be None, a non-negative int or a pair (left, right) of them, got "
                     f"{value!r}")
-  return _count("local_window_size[0] (left)", value[0]), _count("local_window_size[1] (right)", value[1])
+  return (_window_side("local_window_size[0] (left)", value[0]),
+          _window_side("local_window_size[1] (right)", value[1]))
+
+
+def fits_int32(name: str, values) -> None:
+  """Raises unless every integer of ``values`` (a host array) lies in int32's range: the kernels and the reference
+  compare lengths and segment ids as int32, and a wider value would wrap (``2**32 + 5`` read as 5)."""
+  values = np.asarray(values)
+  if values.size and (values.min() < INT32_MIN or values.max() > INT32_MAX):
+    raise ValueError(f"{name} must hold values in int32's range [-2**31, 2**31 - 1] (they are compared as int32), "
+                     f"got values in [{values.min()}, {values.max()}] ({values.dtype})")
 
 
 def causal_alignment(value) -> str:

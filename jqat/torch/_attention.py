@@ -24,10 +24,29 @@ from jqat.ffi.options import DEFAULT_BLOCK_N, AttentionOptions, QATConfig
 from jqat.torch import _tensors as tt
 
 
+def refuse_forward_ad(what: str, names, tensors) -> None:
+  """Raises when a tensor carries a forward-mode tangent (``torch.func.jvp``, ``jacfwd``, ``forward_ad.make_dual``).
+
+  The ops have reverse-mode derivatives only; under forward mode their outputs would carry no tangent, which functorch
+  reads as a zero derivative (a silent all-zero jvp). Checked only inside a forward-AD level (no cost otherwise)."""
+  import torch.autograd.forward_ad as fwAD  # noqa: PLC0415
+
+  if fwAD._current_level < 0:
+    return
+  for name, t in zip(names, tensors):
+    if isinstance(t, torch.Tensor) and fwAD.unpack_dual(t).tangent is not None:
+      raise NotImplementedError(
+          f"{what} has no forward-mode derivative ({name} carries a tangent: torch.func.jvp, jacfwd or forward_ad): "
+          "its backward is the Attn-QAT straight-through rule, a reverse-mode formula with no forward-mode "
+          "counterpart; a jvp would silently be zero. Differentiate in reverse mode (loss.backward(), "
+          "torch.autograd.grad) instead.")
+
+
 def check_inputs(q, k, v, *, enable_gqa: bool = True, names=("q", "k", "v")):
   """The checks of docs/API.md, section 3, on BHSD q, k, v (the shared validator, plus device and backend)."""
   for name, t in zip(names, (q, k, v)):
     tt.check_tensor(name, t)
+  refuse_forward_ad("jqat.torch attention", names, (q, k, v))
   validate.attention_inputs(q, k, v, layout="BHSD", names=names, gqa=enable_gqa)
   tt.check_device(names[1], k, q.device)
   tt.check_device(names[2], v, q.device)
@@ -273,6 +292,44 @@ def _backward_formula(ctx, d_out, d_out_hp, d_lse, d_row_max):
 attention_fwd_op.register_autograd(_backward_formula, setup_context=_setup_context)
 
 
+def int32_masks(masks, *, host_check=None):
+  """Validated integer masks ``(q_len, kv_len, q_seg, kv_seg)`` (tensors or None) as contiguous int32 tensors.
+
+  Values outside int32's range would wrap (a length of 2**32 + 5 read as 5). Where the host holds them (CPU tensors,
+  outside torch.compile; ``host_check`` overrides) they raise, naming the argument. Elsewhere (CUDA: checking would
+  need a sync) they are converted exactly on the device: lengths saturate (a length at or past S means S), and
+  segment ids wider than int32 (torch's default int64) are renumbered per batch row by their rank among the row's
+  distinct ids, which keeps every equality and the order (one sort of the row's ids; pass int32 ids to skip it).
+  """
+  masks = list(masks)
+  if host_check is None:
+    host_check = not torch.compiler.is_compiling()
+  wide = lambda m: m is not None and m.dtype != torch.int32
+  for i, (name, m) in enumerate(zip(validate.MASK_NAMES, masks)):
+    if not wide(m):
+      continue
+    if host_check and m.device.type == "cpu":
+      validate.fits_int32(name, m.numpy())
+      masks[i] = m.to(torch.int32)
+    elif i < 2:
+      info = torch.iinfo(m.dtype)
+      masks[i] = m.clamp(max(info.min, validate.INT32_MIN), min(info.max, validate.INT32_MAX)).to(torch.int32)
+  if wide(masks[2]) or wide(masks[3]):
+    q_seg, kv_seg = masks[2:]
+    if max(torch.iinfo(q_seg.dtype).max, torch.iinfo(kv_seg.dtype).max) <= validate.INT32_MAX and \
+        min(torch.iinfo(q_seg.dtype).min, torch.iinfo(kv_seg.dtype).min) >= validate.INT32_MIN:
+      masks[2:] = q_seg.to(torch.int32), kv_seg.to(torch.int32)  # int8/int16/uint8: every value fits
+    else:
+      both = torch.cat([q_seg.to(torch.int64), kv_seg.to(torch.int64)], dim=1)
+      ordered, order = torch.sort(both, dim=1, stable=True)
+      step = torch.ones_like(ordered, dtype=torch.int32)
+      step[:, :1] = 0
+      step[:, 1:] = (ordered[:, 1:] != ordered[:, :-1]).to(torch.int32)
+      rank = torch.empty_like(step).scatter_(1, order, torch.cumsum(step, dim=1, dtype=torch.int32))
+      masks[2:] = rank[:, :q_seg.shape[1]], rank[:, q_seg.shape[1]:]
+  return tuple(None if m is None else m.contiguous() for m in masks)
+
+
 def smooth_keys(k, kv_len=None):
   """``jqat.attention``'s SmoothK on BHSD ``k`` [B, Hkv, Skv, D]: minus the FP32 mean over the live keys
   (``kv_len`` [B] or None), rounded once to k's dtype; keys past kv_len[b] become 0 (docs/NUMERICS.md)."""
@@ -329,7 +386,7 @@ def attention(q, k, v, is_causal=False, scale=None, enable_gqa=False, *, block_n
   for name, m in zip(("query_seq_lengths", "key_value_seq_lengths", "q_segment_ids", "kv_segment_ids"), masks):
     if m is not None:
       tt.check_device(name, m, q.device)
-  masks = tuple(None if m is None else m.to(torch.int32).contiguous() for m in masks)
+  masks = int32_masks(masks)
   if validate.flag("smooth_k", smooth_k):
     k = smooth_keys(k, masks[1])
   window = validate.local_window_size(local_window_size)

@@ -66,6 +66,7 @@ def _check_backward_inputs(q, k, v, high_precision_o, do, lse, *, contiguous=Tru
   for name, t in (("high_precision_o_tensor", high_precision_o), ("do_tensor", do), ("lse_tensor", lse)):
     tt.check_tensor(name, t)
     tt.check_device(name, t, q.device)
+  _attention.refuse_forward_ad("nvfp4_attention_qat_backward", _BWD_NAMES[3:], (high_precision_o, do, lse))
   for name, t in (("high_precision_o_tensor", high_precision_o), ("do_tensor", do)):
     if tuple(t.shape) != tuple(q.shape):
       raise ValueError(f"{name} must have the shape of q_tensor {tuple(q.shape)}, got {tuple(t.shape)}")
@@ -76,8 +77,8 @@ def _check_backward_inputs(q, k, v, high_precision_o, do, lse, *, contiguous=Tru
     raise ValueError(f"lse_tensor must be float32 of shape {want} [B, H, S_q], got {lse.dtype} {tuple(lse.shape)}")
   if contiguous:
     for name, t in zip(_BWD_NAMES, (q, k, v, high_precision_o, do, lse)):
-      if not t.is_contiguous():
-        raise ValueError(f"{name} must be contiguous BHSD storage, got strides {tuple(t.stride())}")
+      if not t.is_contiguous():  # a layout the vendor API does not take (torch's convention: NotImplementedError)
+        raise NotImplementedError(f"{name} must be contiguous BHSD storage, got strides {tuple(t.stride())}")
 
 
 def _check_grad_buffers(inputs, grads):
@@ -89,7 +90,7 @@ def _check_grad_buffers(inputs, grads):
     if tuple(g.shape) != tuple(like.shape) or g.dtype != like.dtype:
       raise ValueError(f"{name} must be {like.dtype} of shape {tuple(like.shape)}, got {g.dtype} {tuple(g.shape)}")
     if not g.is_contiguous():
-      raise ValueError(f"{name} must be contiguous, got strides {tuple(g.stride())}")
+      raise NotImplementedError(f"{name} must be contiguous, got strides {tuple(g.stride())}")
     if g.requires_grad:
       raise ValueError(f"{name} must not require grad (it is written in place)")
     for in_name, t in zip(_BWD_NAMES, inputs):
@@ -108,11 +109,13 @@ class Nvfp4AttentionQatBackward:
   ``op = Nvfp4AttentionQatBackward(q, k, v, high_precision_o, do, lse, is_causal=False, softmax_scale=None)``
   plans for those shapes, dtypes and device; ``check_support()`` validates (raises naming
   the argument; returns True); ``compile()`` compiles every kernel the plan launches without
-  launching it (Triton ``warmup``); ``scratch_workspace_bytes()`` is the size of the 1-D
-  ``torch.uint8`` workspace ``execute`` needs (delta [B, H, Sq] fp32 plus fq(Q), fq(K), fq(V),
-  each at a 256-byte aligned offset); ``execute(...)`` writes dq, dk, dv into the caller's
-  contiguous buffers and allocates nothing on CUDA. On CPU tensors ``execute`` runs the JAX
-  reference (which allocates its own buffers) and copies the results into dq, dk, dv.
+  launching it (modules loaded); ``scratch_workspace_bytes()`` is the size of the 1-D
+  ``torch.uint8`` workspace ``execute`` needs (delta [B, H, Sq] fp32 plus fq(Q), each at a 256-byte
+  aligned offset; fq(K) and fq(V) live in dk's and dv's storage); ``execute(...)`` (after ``compile()``,
+  else RuntimeError) writes dq, dk, dv into the caller's contiguous, 16-byte aligned buffers and returns
+  ``TupleDict(dq_tensor=, dk_tensor=, dv_tensor=)``; on CUDA it launches the compiled kernels and nothing
+  else (no allocation, compilation or tensor operation: capturable in a CUDA graph). On CPU tensors
+  ``execute`` runs the JAX reference (which allocates its own buffers) and copies the results into dq, dk, dv.
 
   Supports more than the vendor page: H % Hkv == 0 (GQA/MQA), any D % 16 == 0, fp16/fp32,
   causal with Sq != Skv (top-left aligned), Hopper and Ampere.
@@ -123,6 +126,8 @@ class Nvfp4AttentionQatBackward:
     self.is_causal = is_causal
     self.softmax_scale = softmax_scale
     self._plan = None
+    self._compiled = False
+    self._prepared = None  # CUDA: the plan's kernels compiled by compile() (torch_launch.Prepared)
 
   def check_support(self):
     q, k, v, o_hp, do, lse = self._planned
@@ -145,22 +150,28 @@ class Nvfp4AttentionQatBackward:
     return torch_launch.workspace_bytes(self._plan)
 
   def compile(self):
-    """Compiles (CUDA: Triton warmup, nothing launched) every kernel of the plan; no-op on CPU."""
+    """Compiles every kernel of the plan (CUDA: for 16-byte aligned buffers, modules loaded, nothing launched), after
+    which ``execute`` launches them and nothing else; on CPU it only marks the op ready."""
     self._require_checked()
-    if self.device.type != "cuda":
-      return self
-    from jqat.ffi import torch_launch  # noqa: PLC0415
+    q = self._planned[0]
+    if self.device.type == "cuda":
+      from jqat.ffi import torch_launch  # noqa: PLC0415
 
-    q, k, v, o_hp, do, lse = self._planned
-    _, views = _attention.backward_plan(do, q, k, v, o_hp, lse, self.opts)
-    with torch.cuda.device(self.device):
-      views.update(torch_launch.allocate(self._plan, self._plan.scratch + self._plan.outputs, self.device))
-      torch_launch.execute(self._plan, views, warmup=True)
+      if not torch_launch.interpreting(q):
+        with torch.cuda.device(self.device):
+          self._prepared = torch_launch.Prepared(self._plan, torch_launch.target(q))
+        self._offsets = torch_launch.workspace_offsets(self._plan)
+    self._compiled = True
     return self
 
   def execute(self, q, k, v, high_precision_o, do, lse, dq, dk, dv, workspace, current_stream=None):
-    """Writes dQ, dK, dV into ``dq``, ``dk``, ``dv`` (contiguous, shaped like q, k, v); no allocation on CUDA."""
-    self._require_checked()
+    """Writes dQ, dK, dV into ``dq``, ``dk``, ``dv`` (contiguous, shaped like q, k, v) and returns
+    ``TupleDict(dq_tensor=dq, dk_tensor=dk, dv_tensor=dv)``. CUDA: the kernels ``compile()`` built, on the current
+    (or given) stream, and nothing else: no allocation, no compilation, no tensor operation (every tensor 16-byte
+    aligned, as the vendor contract says). Raises RuntimeError before ``compile()``, touching nothing."""
+    if not self._compiled:
+      raise RuntimeError("Nvfp4AttentionQatBackward.execute needs compile() first: call op.compile() once (it "
+                         "builds the kernels that execute launches)")
     _check_backward_inputs(q, k, v, high_precision_o, do, lse)
     if q.device != self.device or q.dtype != self.dtype or tuple(q.shape) != self.q_shape \
         or tuple(k.shape) != self.kv_shape:
@@ -180,10 +191,34 @@ class Nvfp4AttentionQatBackward:
     for name, t in zip(_BWD_NAMES + ("dq_tensor", "dk_tensor", "dv_tensor"), inputs + (dq, dk, dv)):
       if tt.overlap(workspace, t):
         raise ValueError(f"workspace overlaps {name}")
-    with tt.on_stream(current_stream, self.device):
-      _attention.backward(do, q, k, v, high_precision_o, lse, self.opts, out=(dq, dk, dv),
-                          workspace=workspace if self.device.type == "cuda" else None)
-    return dq, dk, dv
+    if self._prepared is not None:
+      for name, t in zip(_BWD_NAMES + ("dq_tensor", "dk_tensor", "dv_tensor"), inputs + (dq, dk, dv)):
+        if t.numel() and t.data_ptr() % 16:
+          raise ValueError(f"{name} must be 16-byte aligned (the vendor contract; the prepared kernels read it in "
+                           f"16-byte accesses), got data_ptr {t.data_ptr():#x}")
+      with tt.on_stream(current_stream, self.device):
+        self._launch_prepared(dict(do=do, q=q, k=k, v=v, o_for_delta=high_precision_o, lse=lse, dq=dq, dk=dk, dv=dv),
+                              workspace)
+    else:
+      with tt.on_stream(current_stream, self.device):
+        _attention.backward(do, q, k, v, high_precision_o, lse, self.opts, out=(dq, dk, dv),
+                            workspace=workspace if self.device.type == "cuda" else None)
+    return TupleDict(dq_tensor=dq, dk_tensor=dk, dv_tensor=dv)
+
+  def _launch_prepared(self, buffers: dict, workspace):
+    """The plan's launches with the caller's tensors and the workspace's addresses: no views, no allocation."""
+    from jqat.ffi import plan as plans  # noqa: PLC0415
+    from jqat.ffi import torch_launch  # noqa: PLC0415
+
+    plan = self._plan
+    base = workspace.data_ptr()
+    buffers.update({name: torch_launch.Address(base + off) for name, off in self._offsets.items()})
+    buffers.update({name: buffers[out] for name, out in plan.stored_in.items()})
+    for name, value in plan.fills.items():  # an empty problem: constants, no kernel
+      buffers[name].fill_(value)
+    for i, launch in enumerate(plan.launches):
+      args = tuple(buffers[a.name] if isinstance(a, plans.Ref) else a for a in launch.args)
+      self._prepared.launch(i, launch.grid, args + tuple(buffers[o] for o in launch.outputs))
 
 
 def nvfp4_attention_qat_backward(do, q, k, v, high_precision_o, lse, is_causal=False, softmax_scale=None,
@@ -213,6 +248,7 @@ _PLANS_KEPT = 16  # launch plans a RopeQDQInplace keeps (one per shape seen, the
 
 def _check_rope(x, cache, positions, mode):
   """Static checks of rope_qdq_inplace (docs/API.md, section 3); nothing is touched on failure."""
+  _attention.refuse_forward_ad("rope_qdq_inplace", ("x", "cache", "positions"), (x, cache, positions))
   for name, t in (("x", x), ("cache", cache), ("positions", positions)):
     tt.check_tensor(name, t)
     if t.requires_grad:
@@ -225,8 +261,9 @@ def _check_rope(x, cache, positions, mode):
     raise ValueError("x is an inference tensor (made under torch.inference_mode()): rope_qdq_inplace writes it in "
                      "place, which torch allows only inside inference mode; call it there or pass x.clone()")
   for name, t in (("x", x), ("cache", cache), ("positions", positions)):
-    if not t.is_contiguous():
-      raise ValueError(f"{name} must be contiguous, got shape {tuple(t.shape)} with strides {tuple(t.stride())}")
+    if not t.is_contiguous():  # a layout the op does not take (torch's convention: NotImplementedError)
+      raise NotImplementedError(f"{name} must be contiguous, got shape {tuple(t.shape)} with strides "
+                                f"{tuple(t.stride())}")
   for name, t in (("cache", cache), ("positions", positions)):
     if tt.overlap(x, t):
       raise ValueError(f"x overlaps {name}: x is written in place and must not share storage with its inputs")
@@ -239,14 +276,16 @@ class RopeQDQInplace:
   """Prepared tail RoPE + microscaled QDQ written over ``x`` (vendor class API).
 
   ``op = RopeQDQInplace(x, cache, positions, quantization="fp4", group_size=32, scale_format="ue8m0",
-  backend="frost")``; ``check_support()`` validates (returns True); ``compile()`` compiles the
-  kernel for the plan without launching it (CUDA; no-op on CPU); ``scratch_workspace_bytes()``
-  is 0; ``execute(x, cache, positions, current_stream=None)`` mutates x's storage. The plan
-  accepts new token counts, leading dims, cache lengths and positions; the mode, the group-32
-  FP4 head count, the positions dtype and the device stay fixed.
+  backend="frost")``; ``check_support()`` validates (returns True); ``compile()`` builds the kernel (CUDA: for aligned
+  and for any pointer offsets, modules loaded, nothing launched; on CPU it only marks the op ready);
+  ``scratch_workspace_bytes()`` is 0; ``execute(x, cache, positions, current_stream=None)`` mutates x's storage and
+  returns ``TupleDict(out=x)``; before ``compile()`` it raises RuntimeError and touches nothing. The plan accepts
+  new token counts, leading dims, cache lengths, positions and pointer alignments; the mode, the group-32 FP4 head
+  count, the positions dtype and the device stay fixed.
 
-  CUDA: one kernel launch, no allocation, no synchronization (a new shape may compile a
-  new Triton specialization on first use). CPU: the JAX reference computes a new buffer
+  CUDA: one kernel launch and nothing else, no allocation, no synchronization, no compilation and no tensor
+  operation (capturable in a CUDA graph as that kernel alone); x's version counter is bumped, as by any in-place
+  torch op, so autograd refuses a backward that saved x before. CPU: the JAX reference computes a new buffer
   (through DLPack) that is then copied into x with ``x.copy_`` -- not zero-copy.
   """
 
@@ -258,6 +297,8 @@ class RopeQDQInplace:
     self.quantization, self.group_size, self.scale_format = quantization, int(group_size), scale_format
     self._planned = (x, cache, positions)
     self._checked = False
+    self._compiled = False
+    self._prepared = None  # CUDA, after compile(): (torch_launch.Prepared, BLOCK_R)
     self._plans = {}  # (x, cache, positions shapes) -> launch plan, at most _PLANS_KEPT, oldest first
 
   def check_support(self):
@@ -271,12 +312,19 @@ class RopeQDQInplace:
   def scratch_workspace_bytes(self) -> int:
     return 0
 
-  def _launch(self, x, cache, positions, *, warmup: bool = False):
-    """The plan of one call (CUDA), executed over x itself."""
+  def _plan_for(self, x, cache, positions):
     from jqat.ffi import plan as plans  # noqa: PLC0415  (imports triton; only needed on CUDA)
     from jqat.ffi import torch_launch  # noqa: PLC0415
 
     m = self.mode
+    return plans.rope_qdq(*(torch_launch.describe(t) for t in (x, cache, positions)), torch_launch.target(x),
+                          heads=x.shape[1] if m.per_token else 1, group=m.group, fp8=m.fp8, e4m3_scale=m.e4m3_scale,
+                          amax_floor=m.floor)
+
+  def _launch(self, x, cache, positions):
+    """The plan of one call (the wrapper's path, and the interpreter's), executed over x itself by Triton's launcher."""
+    from jqat.ffi import torch_launch  # noqa: PLC0415
+
     positions = positions.reshape(-1)
     # The checks fixed the dtypes, the device and contiguity, so the shapes (and whether Triton interprets) select the
     # plan. Building one cost about as much host time as launching it (measured on the H200), so the op keeps
@@ -284,21 +332,42 @@ class RopeQDQInplace:
     key = (x.shape, cache.shape, positions.shape, torch_launch.interpreting(x))
     plan = self._plans.get(key)
     if plan is None:
-      plan = plans.rope_qdq(*(torch_launch.describe(t) for t in (x, cache, positions)), torch_launch.target(x),
-                            heads=x.shape[1] if m.per_token else 1, group=m.group, fp8=m.fp8,
-                            e4m3_scale=m.e4m3_scale, amax_floor=m.floor)
+      plan = self._plan_for(x, cache, positions)
       if len(self._plans) >= _PLANS_KEPT:
         del self._plans[next(iter(self._plans))]  # the oldest
       self._plans[key] = plan
-    torch_launch.execute(plan, {"x": x, "cache": cache, "positions": positions, "out": x}, warmup=warmup)
+    torch_launch.execute(plan, {"x": x, "cache": cache, "positions": positions, "out": x})
+    _bump_version(x)
+
+  def _launch_prepared(self, x, cache, positions):
+    """compile()'s kernel over x: host arithmetic and one launch, no plan, no view, no compile."""
+    prepared, block_r = self._prepared
+    n_rows = x.numel() // self.mode.width
+    aligned = x.data_ptr() % 16 == 0 and cache.data_ptr() % 16 == 0 and positions.data_ptr() % 16 == 0
+    prepared.launch(0, (-(-n_rows // block_r),), (x, cache, positions, n_rows, cache.shape[0], self.heads, x),
+                    "aligned" if aligned else "any")
+    _bump_version(x)
 
   def compile(self):
     if not self._checked:
       self.check_support()
-    x, cache, positions = self._planned
-    if self.device.type == "cuda" and x.numel():
-      with torch.cuda.device(self.device):
-        self._launch(x, cache, positions, warmup=True)
+    if self.device.type == "cuda":
+      from jqat.ffi import plan as plans  # noqa: PLC0415
+      from jqat.ffi import torch_launch  # noqa: PLC0415
+
+      x = self._planned[0]
+      if not torch_launch.interpreting(x):
+        # One row of the planned shapes: the kernel's integers are not specialized, so it serves every token count.
+        rows = (1, self.heads, self.mode.width) if self.mode.per_token else (1, self.mode.width)
+        probe = (plans.Tensor.dense(rows, "bfloat16"), plans.Tensor.dense((1, 64), "float32"),
+                 plans.Tensor.dense((1,), str(self.pos_dtype).removeprefix("torch.")))
+        m = self.mode
+        plan = plans.rope_qdq(*probe, torch_launch.target(x), heads=self.heads, group=m.group, fp8=m.fp8,
+                              e4m3_scale=m.e4m3_scale, amax_floor=m.floor)
+        with torch.cuda.device(self.device):
+          prepared = torch_launch.Prepared(plan, torch_launch.target(x), variants=("aligned", "any"))
+        self._prepared = (prepared, plan.launches[0].constexprs["BLOCK_R"])
+    self._compiled = True
     return self
 
   def _check_execute(self, x, cache, positions):
@@ -308,16 +377,22 @@ class RopeQDQInplace:
     if x.device != self.device:
       raise ValueError(f"x must be on the planned device {self.device}, got {x.device}")
     if positions.dtype != self.pos_dtype:
-      raise TypeError(f"positions must have the planned dtype {self.pos_dtype}, got {positions.dtype}")
+      raise ValueError(f"positions must have the planned dtype {self.pos_dtype} (the prepared kernel reads it so), "
+                       f"got {positions.dtype}")
     if self.mode.per_token and x.shape[1] != self.heads:
       raise ValueError(f"x must have the planned head count {self.heads} (x.shape[1]), got {x.shape[1]}")
+    if cache.shape[0] >= 2**31:
+      raise ValueError(f"cache must have fewer than 2**31 rows, got {cache.shape[0]}")
 
   def execute(self, x, cache, positions, current_stream=None):
+    if not self._compiled:
+      raise RuntimeError("RopeQDQInplace.execute needs compile() first: call op.compile() once (it builds the "
+                         "kernel that execute launches)")
     self._check_execute(x, cache, positions)
-    self._run(x, cache, positions, current_stream)
-    return x
+    self._run(x, cache, positions, current_stream, prepared=True)
+    return TupleDict(out=x)
 
-  def _run(self, x, cache, positions, current_stream):
+  def _run(self, x, cache, positions, current_stream, prepared=False):
     if x.numel() == 0:
       return
     if x.device.type == "cpu":
@@ -328,7 +403,16 @@ class RopeQDQInplace:
       x.copy_(tt.from_jax(out))
       return
     with tt.on_stream(current_stream, x.device):
-      self._launch(x, cache, positions)
+      if prepared and self._prepared is not None:
+        self._launch_prepared(x, cache, positions)
+      else:
+        self._launch(x, cache, positions)
+
+
+def _bump_version(x):
+  """x was written by a kernel, behind autograd's back: count it as the in-place write it is (as ``x.copy_`` does on
+  the CPU path), so that a backward that saved x raises instead of reading the rotated values."""
+  torch.autograd.graph.increment_version(x)
 
 
 def rope_qdq_inplace(x, cache, positions, quantization="fp4", group_size=32, scale_format="ue8m0",
