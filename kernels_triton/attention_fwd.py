@@ -184,9 +184,9 @@ def _fwd_program(
     EXACT: tl.constexpr = False):
   """One program of ``_attention_fwd``; EXACT: its exact walk (docs/NUMERICS.md, section 4, NaN): every tile
   masked, V's NaN read as 0, the results stored, then NaN stored where a visible pair meets a NaN of V. Otherwise
-  the fast walks; returns whether a NaN reached a live row (with a mask that hides pairs: else False), i.e. whether the exact walk
-  must follow. The exact walk recomputes everything from the arguments, so that nothing of it stays live across
-  the fast walks (values kept for it pushed the fast loops into spills)."""
+  the fast walks; returns whether a NaN reached a live row (with a mask that hides pairs: else False), i.e.
+  whether the exact walk must follow. The exact walk recomputes everything from the arguments, so that nothing of
+  it stays live across the fast walks (values kept for it pushed the fast loops into spills)."""
   # Every stride is a multiple of 16 (rows of D % 16 == 0 contiguous elements).
   # jax-triton does not specialize integer arguments, so without these hints the
   # compiler cannot vectorize the tile loads (it emitted 2-byte LDG.E.U16) nor
