@@ -32,16 +32,6 @@ SCALES = [1e7, 1e8, 1e10, 1e20, 1e30]
 # that failed), and three tiles of 64, the last partial, GQA.
 SHAPES = [(1, 64, 64, 2, 2, 32), (1, 48, 150, 2, 1, 32)]
 
-if INTERPRET:  # Triton 3.6's interpreter and NumPy >= 2.4 (the fix of tests/test_attention_triton.py)
-  from triton.runtime import interpreter as _interpreter
-
-  _patch_lang_tensor = _interpreter._patch_lang_tensor
-
-  def _patch_lang_tensor_numpy2(tensor, scope):
-    _patch_lang_tensor(tensor, scope)
-    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-  _interpreter._patch_lang_tensor = _patch_lang_tensor_numpy2
 
 
 def _inputs(shape, seed=0):

@@ -141,16 +141,6 @@ def test_random_nan_placement(implementation, data):
 
 # ----------------------------------------------------------------------------- masks: segments, windows, lengths
 
-if INTERPRET:  # Triton 3.6's interpreter and NumPy >= 2.4 (the fix of tests/test_attention_triton.py)
-  from triton.runtime import interpreter as _interpreter
-
-  _patch_lang_tensor = _interpreter._patch_lang_tensor
-
-  def _patch_lang_tensor_numpy2(tensor, scope):
-    _patch_lang_tensor(tensor, scope)
-    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-  _interpreter._patch_lang_tensor = _patch_lang_tensor_numpy2
 
 MASK_IMPLEMENTATIONS = ["xla", pytest.param("triton", marks=pytest.mark.gpu),
                         pytest.param("interpreter", marks=pytest.mark.skipif(not INTERPRET,
