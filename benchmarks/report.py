@@ -152,7 +152,14 @@ def decode(d):
                  "-" if cudnn is None else f"{cudnn / ms:.2f}x", _num(c.get("jqat_attention_ms")),
                  _num(r["jqat_write_ms"]), f"{r['split_vs_one']:.1e}",
                  "-" if "one_vs_exact" not in r else f"{r['one_vs_exact']:.1e}"])
-  return _table(header, rows)
+  lines = _table(header, rows)
+  if d.get("sweep"):  # --sweep: the launch configurations, contiguous, Tq = 1
+    lines += ["", "Launch configurations (`--sweep`, contiguous, Tq = 1):", ""]
+    lines += _table(["B, N, K, T, D", "splits", "warps", "stages", "E4M3 conversion", "ms", "TB/s"],
+                    [[f"{r['B']}, {r['N']}, {r['K']}, {r['T']}, {r['D']}", r["splits"], r["num_warps"], r["num_stages"],
+                      _num(bool(r.get("cvt"))), _num(r.get("ms")), _fixed(r.get("tbps"), 2)]
+                     for r in d["sweep"] if "ms" in r])
+  return lines
 
 
 def compile_time(d):
