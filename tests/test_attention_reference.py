@@ -47,9 +47,9 @@ def _switches(cfg):
   return dict(zip(["quantize_qkv", "quantize_p", "high_precision_delta", "quantize_p_backward"], cfg))
 
 
-@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("shape, block_n", [(SHAPES[0], 64), (SHAPES[1], 16), (SHAPES[2], 64), (SHAPES[3], 16),
+                                            (SHAPES[3], 64), (SHAPES[4], 16)])  # one tile and many, both tile sizes
 @pytest.mark.parametrize("is_causal", [False, True])
-@pytest.mark.parametrize("block_n", [16, 64])
 def test_forward_matches_float64(shape, is_causal, block_n):
   q, k, v, _ = _inputs(shape, seed=sum(shape) + block_n)
   scale = 1 / math.sqrt(shape[-1])
@@ -62,8 +62,8 @@ def test_forward_matches_float64(shape, is_causal, block_n):
   assert_close(lse, ref_lse, rel=LSE_BOUND, name="lse")
 
 
-@pytest.mark.parametrize("cfg", SWITCHES, ids=lambda c: "".join("1" if s else "0" for s in c))
-@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("cfg, is_causal", [(c, True) for c in SWITCHES] + [(SWITCHES[0], False), (SWITCHES[1], False)],
+                         ids=lambda c: "".join("1" if s else "0" for s in c) if isinstance(c, tuple) else str(c))
 def test_switches_forward_and_backward(cfg, is_causal):
   shape = (1, 33, 48, 4, 2, 32)
   sw = _switches(cfg)

@@ -27,7 +27,7 @@ import jqat  # noqa: E402
 INTERPRET = os.environ["TRITON_INTERPRET"] == "1"
 IMPLEMENTATIONS = ["xla", pytest.param("triton", marks=pytest.mark.gpu),
                    pytest.param("interpreter", marks=pytest.mark.skipif(not INTERPRET, reason="CPU interpreter"))]
-SCALES = [1e7, 1e8, 1e10, 1e20, 1e30]
+SCALES = [1e7, 1e10, 1e30]  # from where the kernels failed (1e7), past where XLA did (1e8), to FP32's edge
 # (B, Tq, Tk, N, K, D): one KV tile (XLA then unrolls the walk and fuses s into both of its consumers: the case
 # that failed), and three tiles of 64, the last partial, GQA.
 SHAPES = [(1, 64, 64, 2, 2, 32), (1, 48, 150, 2, 1, 32)]

@@ -203,9 +203,10 @@ def _kernel_case(spec, tq, tk, d, seed, block_n=16, blocks=(16, 16, 16, 32)):
 
 
 # Tq, Tk straddle the 16-row / 16- and 32-key tiles so every tile kind (skipped, masked, unmasked) occurs.
-# Lengths alone and sorted segments alone run on the GPU only (CI time on the interpreter): on the CPU the
-# combinations below and test_numerics_modes_triton's "lengths" and "segments-empty-rows" kernels cover them.
-GPU_ONLY_KERNEL_MASKS = ("lengths", "segments")
+# Lengths alone, sorted segments alone and the causal left-only window run on the GPU only (CI time on the
+# interpreter): on the CPU the combinations below ("all" holds a window and the causal mask) and
+# test_numerics_modes_triton's "lengths" and "segments-empty-rows" kernels cover them.
+GPU_ONLY_KERNEL_MASKS = ("lengths", "segments", "window-left-only-causal")
 
 
 @pytest.mark.parametrize("name,tq,tk", [
