@@ -413,7 +413,7 @@ def test_forward_builds_for_sm90_with_descriptors_only_where_gated(monkeypatch, 
   monkeypatch.setenv("JQAT_CACHE_DIR", str(tmp_path))
   monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
   target = plans.Target((9, 0))
-  for d in (16, 32, 64, 128, 256):
+  for d in (16, 64, 128, 256):
     q = plans.Tensor.dense((1, 256, 2, d), "bfloat16")
     plan = plans.attention_forward(q, q, q, AttentionOptions(d**-0.5), target)  # no mask: no exact walk to build
     (launch,) = [x for x in plan.launches if "attention_fwd" in x.name]

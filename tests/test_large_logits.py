@@ -82,11 +82,21 @@ def _bf16(x):
   return np.asarray(jnp.asarray(x, jnp.float32).astype(jnp.bfloat16).astype(jnp.float32))
 
 
-@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
-@pytest.mark.parametrize("shape", SHAPES, ids=("one_tile", "three_tiles"))
-@pytest.mark.parametrize("quantize_qkv", [False, True])
-@pytest.mark.parametrize("is_causal", [False, True])
-@pytest.mark.parametrize("scale", SCALES)
+def _row_max_params():
+  """Every case on XLA and the GPU; the interpreter (which never contracts, so it passed before the fix too) on the
+  three-tile causal case alone."""
+  for impl in IMPLEMENTATIONS:
+    name, marks = (impl, ()) if isinstance(impl, str) else (impl.values[0], impl.marks)
+    for shape, shape_id in zip(SHAPES, ("one_tile", "three_tiles")):
+      for quantize_qkv in (False, True):
+        for is_causal in (False, True):
+          for scale in SCALES:
+            if name != "interpreter" or (shape_id == "three_tiles" and is_causal):
+              yield pytest.param(name, scale, is_causal, quantize_qkv, shape, marks=marks,
+                                 id=f"{scale:g}-{is_causal}-{quantize_qkv}-{shape_id}-{name}")
+
+
+@pytest.mark.parametrize("implementation, scale, is_causal, quantize_qkv, shape", list(_row_max_params()))
 def test_huge_logits_keep_the_row_max(implementation, scale, is_causal, quantize_qkv, shape):
   q, k, v, _ = _inputs(shape)
   o, o_hp, lse = (np.asarray(x, np.float32) for x in _forward(implementation, q, k, v, scale, is_causal,
@@ -112,7 +122,7 @@ def test_huge_logits_keep_the_row_max(implementation, scale, is_causal, quantize
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=("one_tile", "three_tiles"))
-@pytest.mark.parametrize("quantize_qkv", [False, True])
+@pytest.mark.parametrize("quantize_qkv", [False])  # unquantized Q, K: the largest scores
 @pytest.mark.parametrize("scale", SCALES)
 def test_huge_logits_give_finite_xla_gradients(scale, quantize_qkv, shape):
   """The XLA backward's P = exp(s - lse) had the same fault (NaN dQ and dK from scale 1e10): P <= 1 now, exactly 1

@@ -225,10 +225,8 @@ _MASK_PARAMS = ([(c, w, "block") for c, spec in MASK_CASES.items() for w in spec
                 + [("window", w, m) for m in ("row", "tensor", "no-fq-p") for w in ("v", "q")]
                 + [("lengths", "do", m) for m in ("row", "tensor", "no-fq-p")])
 # The interpreter takes about 15 s a case on CI's cores: there, the three cases of the issue (documents, a window,
-# a padded row's cotangent) and one through the dQ kernel's K; the XLA reference and the compiled kernels (GPU) run
-# every case, every numerics mode included.
-_INTERPRETED = {("segments", "v", "block"), ("window", "v", "block"), ("lengths", "do", "block"),
-                ("segments_causal", "k", "block")}
+# a padded row's cotangent); the XLA reference and the compiled kernels (GPU) run every case, every numerics mode.
+_INTERPRETED = {("segments", "v", "block"), ("window", "v", "block"), ("lengths", "do", "block")}
 
 
 def _mask_params():

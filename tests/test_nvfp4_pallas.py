@@ -140,20 +140,20 @@ def compile_for_sm90(call, *args, tmp_path, **options):
   return kernels
 
 
-@pytest.mark.fresh_process
-@pytest.mark.parametrize("axis", [1, 0])
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_triton_lowering_compiles_for_sm90(dtype, axis, tmp_path):
+@pytest.mark.fresh_process  # one new process for every dtype and axis: its start-up dominated six of them
+def test_triton_lowering_compiles_for_sm90(tmp_path):
   """Pallas' Triton lowering accepts every primitive (it once failed on reduce_or) and Triton
-  compiles the module to an sm_90 cubin. The Triton inside XLA on the GPU is a different build:
-  this is evidence, the GPU tests are the proof."""
+  compiles the module to an sm_90 cubin, for every dtype and both axes. The Triton inside XLA on the GPU is a
+  different build: this is evidence, the GPU tests are the proof."""
   params = {"compiler_params": plt.CompilerParams()}
-  x = jax.ShapeDtypeStruct(SHAPE, dtype)
-  calls = [(fq_call(dtype, axis, **params), (x,)), (quantize_call(dtype, axis, **params), (x,)),
-           (dequantize_call(dtype, axis, **params), _packed_shapes(axis))]
-  for call, args in calls:
-    [kernel] = compile_for_sm90(call, *args, tmp_path=tmp_path)
-    assert kernel.asm["cubin"]
+  for dtype in DTYPES:
+    for axis in (1, 0):
+      x = jax.ShapeDtypeStruct(SHAPE, dtype)
+      calls = [(fq_call(dtype, axis, **params), (x,)), (quantize_call(dtype, axis, **params), (x,)),
+               (dequantize_call(dtype, axis, **params), _packed_shapes(axis))]
+      for call, args in calls:
+        [kernel] = compile_for_sm90(call, *args, tmp_path=tmp_path)
+        assert kernel.asm["cubin"], (dtype, axis)
 
 
 def test_mosaic_gpu_lowering_is_a_documented_error():
