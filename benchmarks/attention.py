@@ -246,7 +246,7 @@ def memory_accounting(b, n, s, d, causal=True, p_scale="block"):
   res = [name for name in fwd.outputs if name != "o"]  # O is the primal output; the others are saved
   bwd = plans.attention_backward(
     fwd.buffers["o"], x, x, x, fwd.buffers["o_hp"], fwd.buffers["lse"], opts, target,
-    row_max=fwd.buffers.get("row_max"), q_hat_over_out=True,  # as ffi/jax_launch.py plans it
+    row_max=fwd.buffers.get("row_max"), q_hat_over_out=True,  # as jqat/ffi/jax_launch.py plans it
   )
   acct = dict(
     shape=dict(B=b, N=n, S=s, D=d, causal=causal, p_scale=p_scale),

@@ -20,7 +20,7 @@ default), non-causal and causal (``--only``: those candidates by index, 0 = the 
 Overrides go through ``jqat.ffi.plan.set_config_override`` (the fields of ``ForwardConfig`` /
 ``BackwardConfig``, as in the ``JQAT_ATTN_FWD_CONFIG`` / ``JQAT_ATTN_BWD_CONFIG`` environment
 variables). The table comes last; pick the defaults from it and write them into
-``kernels_triton/attention_{fwd,bwd}.py`` (``FORWARD_CONFIGS`` / ``BACKWARD_CONFIGS``).
+``jqat/kernels_triton/attention_{fwd,bwd}.py`` (``FORWARD_CONFIGS`` / ``BACKWARD_CONFIGS``).
 """
 
 from __future__ import annotations

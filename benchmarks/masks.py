@@ -16,7 +16,7 @@ visible fraction; the given dO has none. The targets are judged on the forward a
   against full non-causal attention scaled by the visible fraction of the S x S score matrix.
   Target: window / (fraction * full) <= 1.3.
 
-Launch configs can be varied with ``JQAT_ATTN_FWD_CONFIG`` / ``JQAT_ATTN_BWD_CONFIG`` (ffi/plan.py);
+Launch configs can be varied with ``JQAT_ATTN_FWD_CONFIG`` / ``JQAT_ATTN_BWD_CONFIG`` (jqat/ffi/plan.py);
 they apply to the baselines too.
 """
 

@@ -13,10 +13,6 @@ launch plans of ``jqat.ffi.plan`` can be imported without JAX.
 
 import importlib
 
-from jqat._checkout import install as _install_checkout_layers
-
-_install_checkout_layers()  # before anything imports jqat.ffi or jqat.kernels_triton
-
 _EXPORTS = {
   "DEFAULT_BLOCK_N": "jqat.ffi.options",
   "QATConfig": "jqat.ffi.options",

@@ -1,4 +1,4 @@
-"""The callback launcher (``JQAT_JAX_LAUNCHER=callback``, ``ffi/callback_launch.py``) of the JAX binding.
+"""The callback launcher (``JQAT_JAX_LAUNCHER=callback``, ``jqat/ffi/callback_launch.py``) of the JAX binding.
 
 CPU (``TRITON_INTERPRET=1``): ``buffer_callback`` hands the callback host buffers and the
 plan's kernels run in Triton's interpreter on them, so the public API with

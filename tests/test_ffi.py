@@ -1,4 +1,4 @@
-"""The jax-triton wrapper of ``ffi/triton_call.py`` against a stand-in jax_triton (CPU).
+"""The jax-triton wrapper of ``jqat/ffi/triton_call.py`` against a stand-in jax_triton (CPU).
 
 jax-triton only imports where jaxlib has GPU support, so these tests put small
 fake modules in its place and check what jqat's layer adds: the restored

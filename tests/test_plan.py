@@ -1,4 +1,4 @@
-"""Launch plans (``ffi/plan.py``) and their two executors: the JAX binding and the torch binding.
+"""Launch plans (``jqat/ffi/plan.py``) and their two executors: the JAX binding and the torch binding.
 
 Both bindings must launch exactly what the plan says; the kernels themselves are checked
 against the reference in tests/test_attention_triton.py. Nothing here runs a kernel: the
@@ -33,7 +33,7 @@ def test_plan_uses_the_strides_it_is_given():
   opts = AttentionOptions(0.1, True)
   fwd = plans.attention_forward(*map(torch_launch.describe, (q, k, v)), opts, GPU, out_strides=q.stride())
   # Causal: the pass quantizes Q too, and the forward kernel reads fq(Q) (QUANTIZE_Q off).
-  # One launch quantizes all three (ffi/plan.py _fake_quantize).
+  # One launch quantizes all three (jqat/ffi/plan.py _fake_quantize).
   assert [la.name for la in fwd.launches] == ["jqat_nvfp4_fake_quantize_qkv", "jqat_attention_fwd"]
   assert fwd.launches[0].outputs == ("q_hat", "k_hat", "v_hat") and fwd.launches[0].args[3:] == (1600, 280, 280, 128)
   args = fwd.launches[-1].args

@@ -4,7 +4,7 @@ CPU (always): CPU tensors go through DLPack to the XLA reference, so every
 result must equal the JAX API's bit for bit; plus the vendor mapping/unpacking
 behaviour, validation (and that nothing is modified on a failed check),
 torch.compile, and -- under ``TRITON_INTERPRET=1`` -- the torch launcher
-``ffi/torch_launch.py`` itself on strided BHSD views (tolerances of
+``jqat/ffi/torch_launch.py`` itself on strided BHSD views (tolerances of
 tests/test_attention_triton.py, whose reasons apply unchanged: the interpreter
 is not the reference).
 

@@ -19,7 +19,7 @@ decode scales 1 / enc folded into the softmax scale (Q, K) and the final normali
 K and V arrive already fake-quantized (``fake_quantize_rows_kernel`` writes fq(K),
 fq(V) once, instead of every query block re-quantizing them); Q is quantized
 here, once per program (QUANTIZE_Q), or arrives from the same pass (causal,
-windowed, packed and D > 64 plans, ``ffi/plan.py``). The softmax runs in base 2 with log2(e) folded into
+windowed, packed and D > 64 plans, ``jqat/ffi/plan.py``). The softmax runs in base 2 with log2(e) folded into
 the scale: exp2(x * log2 e) equals exp(x) to within FP32 rounding, so fq(p)
 rounds as in the reference except where p sits on a rounding boundary.
 """

@@ -59,7 +59,7 @@ def corrected_quotient(x, s, r):
   (the residual is exact). With ``r = RN(1 / s)`` and ``y0`` normal it is ``RN(x / s)`` (Markstein's theorem;
   the E4M3 scales' ``amax / 6``); with a faithful ``r`` (``rcp_approx``) it lies within about 2**-44 relative of
   ``x / s`` and is exact when the quotient is representable, which the E2M1 roundings need (``e2m1_dequant``,
-  kernels_triton/rope_qdq.py). ``x = +Inf`` gives NaN (``fma(Inf, -s, Inf)``)."""
+  jqat/kernels_triton/rope_qdq.py). ``x = +Inf`` gives NaN (``fma(Inf, -s, Inf)``)."""
   y = x * r
   return tl.fma(tl.fma(y, -s, x), r, y)
 
