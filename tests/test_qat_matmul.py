@@ -246,25 +246,25 @@ def test_plans_of_the_passes():
 
 
 def test_no_import_circle():
-  """jqat._src.qat_matmul imports jqat.nvfp4 and not the other way round (issue 44): importing qat_matmul's module
-  first works (with the circle it raised ImportError from a partially initialized module), jqat.nvfp4 imports no
-  qat_matmul module at its top level, and ``jqat.nvfp4.qat_matmul`` is that module's function, loaded on use."""
+  """The quantizer (jqat._src.nvfp4) imports neither the linear layer nor the public module; jqat.nvfp4 names both.
+  Each module imports first on its own in a fresh process (a circle raised ImportError from a partially initialized
+  module)."""
   import ast
 
-  code = ("import jqat._src.qat_matmul as m, jqat.nvfp4 as n\n"
-          "assert n.qat_matmul is m.qat_matmul\n"
-          "print('RESULT ok')\n")
-  env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
-  proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
-                        check=False)
-  assert "RESULT ok" in proc.stdout, proc.stderr[-3000:]
-  tree = ast.parse(open(nvfp4.__file__).read())
-  top = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
-  names = [getattr(node, "module", None) or "" for node in top] + [a.name for node in top for a in node.names]
-  assert not [n for n in names if "qat_matmul" in n], names
-  from jqat.nvfp4 import qat_matmul
+  for first in ("jqat._src.qat_matmul", "jqat._src.nvfp4", "jqat.nvfp4"):
+    code = (f"import {first}\nimport jqat._src.qat_matmul as m, jqat.nvfp4 as n\n"
+            "assert n.qat_matmul is m.qat_matmul\nprint('RESULT ok')\n")
+    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert "RESULT ok" in proc.stdout, (first, proc.stderr[-3000:])
+  from jqat._src import nvfp4 as quantizer
 
-  assert qat_matmul is qm.qat_matmul and "qat_matmul" in dir(nvfp4) and "qat_matmul" in nvfp4.__all__
+  tree = ast.parse(open(quantizer.__file__).read())
+  imported = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)] + [
+      a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+  assert not [n for n in imported if n.startswith("jqat")], imported
+  assert nvfp4.qat_matmul is qm.qat_matmul and "qat_matmul" in nvfp4.__all__
 
 
 @pytest.mark.fresh_process  # a real compile: not in a process where the interpreter has run

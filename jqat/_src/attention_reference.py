@@ -24,7 +24,7 @@ import math
 import jax.numpy as jnp
 from jax import lax
 
-from jqat import nvfp4
+from jqat._src import nvfp4
 from jqat.ffi.options import P_ROW_RANGE, QATConfig
 
 _HI = lax.Precision.HIGHEST

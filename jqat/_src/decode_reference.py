@@ -11,8 +11,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from jqat import nvfp4
 from jqat._src import attention_reference as reference
+from jqat._src import nvfp4
 from jqat.ffi.options import P_ROW_RANGE, DecodeOptions
 
 

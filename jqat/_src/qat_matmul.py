@@ -14,8 +14,7 @@ The quantizer (docs/NUMERICS.md, section 2):
   0 read in w's own layout), each reading its operand once and writing fq as BF16;
 - ``"xla"``: :func:`jqat.nvfp4.fake_quantize` in XLA (bit for bit the same values).
 
-This module imports :mod:`jqat.nvfp4` (the quantizer); :mod:`jqat.nvfp4` exposes :func:`qat_matmul` lazily and
-does not import this module when it is imported.
+The quantizer is :mod:`jqat._src.nvfp4`; :mod:`jqat.nvfp4` names both (no module here imports it back).
 """
 
 from __future__ import annotations
@@ -26,8 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jqat import nvfp4
-from jqat._src import dispatch
+from jqat._src import dispatch, nvfp4
 
 DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 OPERAND_DTYPE = jnp.bfloat16  # of the forward's dot: exact for every fq value

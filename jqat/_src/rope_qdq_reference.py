@@ -78,7 +78,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jqat import nvfp4
+from jqat._src import nvfp4
 
 ROPE_CHANNELS = 64  # the rotated tail: 32 adjacent pairs
 
