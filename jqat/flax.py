@@ -41,9 +41,9 @@ from jax import lax
 
 from jqat._src import dispatch, validate
 from jqat._src.attention import attention
-from jqat.ffi.options import DEFAULT_BLOCK_N
+from jqat.ffi import options
 
-__all__ = ["PackedKVCache", "attention_fn", "make_attention_fn"]
+__all__ = ["FACTORY_OPTIONS", "PackedKVCache", "attention_fn", "make_attention_fn"]
 
 _SUPPORTED = ("no mask, the causal mask (top-left or bottom-right), padding masks, segment masks from "
               "flax.nnx.make_attention_mask(segment_ids, segment_ids, jnp.equal), the decode cache mask, and "
@@ -100,33 +100,39 @@ def _as_lengths(a, c):
   if prefix(rows, q_len) and prefix(keys, kv_len) and one(a, rows) and one(c, keys):
     return q_len.astype(np.int32), kv_len.astype(np.int32)
   return None
-def make_attention_fn(*, is_causal: bool = False, implementation: str | None = None,
-                      block_n: int = DEFAULT_BLOCK_N, quantize_qkv: bool = True, quantize_p: bool = True,
-                      high_precision_delta: bool = True, quantize_p_backward: bool = True, p_scale: str = "block",
-                      smooth_k: bool = False, qkv_scale: str = "block"):
+
+
+# The options a call takes from its module's mask (causality and its alignment, a window) or from flax's contract
+# (the softmax scale is 1/sqrt(D), as in flax's dot_product_attention); every other option of jqat.attention is a
+# keyword of the factory, so a new option in jqat.ffi.options reaches flax models with no edit here.
+_PER_CALL = ("scale", "is_causal", "local_window_size", "causal_alignment")
+FACTORY_OPTIONS = tuple(name for name in options.public_names() if name not in _PER_CALL)
+
+
+def make_attention_fn(*, is_causal: bool = False, implementation: str | None = None, smooth_k: bool = False,
+                      **attention_options):
   """Returns an ``attention_fn`` that runs :func:`jqat.attention` inside a flax attention module.
 
   is_causal: every call is causal, aligned bottom-right (key j visible to query i iff
     j <= i + Tk - Tq): top-left when Tq == Tk, and it hides nothing of a one-query decode
     step, whose cache mask then decides. A call's own ``is_causal=True`` is top-left, as in
     ``jax.nn.dot_product_attention``. Masks are mapped as the module docstring says.
-  implementation, block_n, the four QAT switches, ``p_scale`` ("block" or "row"), ``smooth_k`` and
-  ``qkv_scale`` ("block" or "tensor") (docs/NUMERICS.md) are passed to :func:`jqat.attention`; all switches
-  False is BF16 flash attention.
+  implementation, smooth_k and ``attention_options`` are passed to :func:`jqat.attention`. attention_options: its
+    options that no call decides (:data:`FACTORY_OPTIONS`: ``block_n``, the four QAT switches, ``p_scale``
+    ("block" or "row"), ``qkv_scale`` ("block" or "tensor"), docs/NUMERICS.md), checked here; all switches False
+    is BF16 flash attention.
   """
-  for name, value in (("quantize_qkv", quantize_qkv), ("quantize_p", quantize_p),
-                      ("high_precision_delta", high_precision_delta),
-                      ("quantize_p_backward", quantize_p_backward), ("is_causal", is_causal), ("smooth_k", smooth_k)):
-    if not isinstance(value, (bool, np.bool_)):
-      raise TypeError(f"{name} must be a bool, got {value!r}")
-  validate.p_scale(p_scale)
-  validate.qkv_scale(qkv_scale)
-  validate.block_n(block_n)
+  for name in attention_options:
+    if name in _PER_CALL:
+      raise TypeError(f"make_attention_fn does not take {name}: each call takes it from the module's mask or flax's "
+                      f"attention_fn contract; the factory's options are {FACTORY_OPTIONS}")
+    if name not in FACTORY_OPTIONS:
+      raise TypeError(f"make_attention_fn got an unknown keyword {name!r}; it takes is_causal, implementation, "
+                      f"smooth_k and the options {FACTORY_OPTIONS}")
+  options.check_keywords(**attention_options)
+  always_causal = validate.flag("is_causal", is_causal)
+  switches = dict(implementation=implementation, smooth_k=validate.flag("smooth_k", smooth_k), **attention_options)
   dispatch.check_implementation(implementation)
-  always_causal = bool(is_causal)
-  switches = dict(implementation=implementation, block_n=block_n, quantize_qkv=quantize_qkv,
-                  quantize_p=quantize_p, high_precision_delta=high_precision_delta,
-                  quantize_p_backward=quantize_p_backward, p_scale=p_scale, smooth_k=smooth_k, qkv_scale=qkv_scale)
 
   # The argument names are those flax passes (linen filters them by this signature).
   def jqat_attention_fn(query, key, value, bias=None, mask=None, broadcast_dropout=True, dropout_rng=None,

@@ -53,7 +53,7 @@ def _forward(implementation, q, k, v, scale, is_causal, quantize_qkv):
 
   to_bhsd = lambda x: torch.from_numpy(np.asarray(x, np.float32)).to(torch.bfloat16).transpose(1, 2).contiguous()
   qt, kt, vt = map(to_bhsd, (q, k, v))
-  opts = validate.attention_options(scale_value=scale, is_causal=is_causal, block_n_value=jqat.DEFAULT_BLOCK_N,
+  opts = validate.attention_options(scale=scale, is_causal=is_causal, block_n=jqat.DEFAULT_BLOCK_N,
                                     head_dim=q.shape[-1], config=cfg)
   o, o_hp = torch.empty_like(qt), torch.empty_like(qt)
   lse = torch.empty(qt.shape[:3], dtype=torch.float32)

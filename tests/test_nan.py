@@ -206,12 +206,12 @@ def _interpreted_chain(case, q, k, v, do, mode="block"):
   masks = tuple(None if kw.get(name) is None else torch.from_numpy(np.asarray(kw[name], np.int32))
                 for name in validate.MASK_NAMES)
   cfg = jqat.QATConfig(quantize_p=mkw.get("quantize_p", True), quantize_p_backward=mkw.get("quantize_p_backward", True))
-  opts = validate.attention_options(scale_value=None, is_causal=kw.get("is_causal", False),
-                                    block_n_value=jqat.DEFAULT_BLOCK_N, head_dim=q.shape[-1], config=cfg,
-                                    local_window_size_value=kw.get("local_window_size"),
-                                    causal_alignment_value=kw.get("causal_alignment", "top_left"),
-                                    p_scale_value=mkw.get("p_scale", "block"),
-                                    qkv_scale_value=mkw.get("qkv_scale", "block"))
+  opts = validate.attention_options(scale=None, is_causal=kw.get("is_causal", False),
+                                    block_n=jqat.DEFAULT_BLOCK_N, head_dim=q.shape[-1], config=cfg,
+                                    local_window_size=kw.get("local_window_size"),
+                                    causal_alignment=kw.get("causal_alignment", "top_left"),
+                                    p_scale=mkw.get("p_scale", "block"),
+                                    qkv_scale=mkw.get("qkv_scale", "block"))
   o, o_hp = torch.empty_like(qt), torch.empty_like(qt)
   lse = torch.empty(qt.shape[:3], dtype=torch.float32)
   row_max = torch.empty_like(lse) if opts.p_scale == "row" else None

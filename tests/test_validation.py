@@ -6,6 +6,8 @@ Each case was a crash or a silent misreading before the shared validator (jqat/_
 the same validator, so its messages match.
 """
 
+import inspect
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -178,3 +180,116 @@ def test_explicit_forward_and_backward_are_not_differentiable():
   # Undifferentiated calls (also under jit and vmap) are unchanged.
   assert jax.jit(lambda q: jqat.attention_forward(q, q, q, implementation="xla"))(q)[0].shape == q.shape
   assert jax.vmap(lambda q: jqat.attention_forward(q, q, q, implementation="xla")[0])(q[None]).shape == (1,) + q.shape
+
+
+# A value other than the public default for every option that is neither a switch nor a string of choices (those
+# are derived from their fields); a new option of another kind fails the test below until it has one here.
+OTHER_VALUES = {"scale": 0.25, "block_n": 32, "local_window_size": (3, 1)}
+
+
+def _changed(cls=None):
+  """``{public keyword: a value other than its default}`` for every option of ``cls``, derived from its fields."""
+  from jqat.ffi import options
+
+  cls = cls or options.AttentionOptions
+  out = {}
+  for name, opt, _ in cls._schema + options.QATConfig._schema:
+    if opt.check is options.check_config:
+      continue
+    if opt.choices:
+      out[name] = next(c for c in opt.choices if c != opt.default)
+    elif isinstance(opt.default, bool):
+      out[name] = not opt.default
+    else:
+      assert name in OTHER_VALUES, f"give the option {name} a non-default value in OTHER_VALUES"
+      out[name] = OTHER_VALUES[name]
+  return out
+
+
+def test_one_schema_drives_the_validator():
+  """validate.attention_options takes exactly the public names of AttentionOptions' fields (the switches by name or
+  as config=), and each keyword lands in its own field."""
+  import dataclasses
+
+  from jqat._src import validate
+  from jqat.ffi import options
+
+  fields = [f.name for f in dataclasses.fields(options.AttentionOptions)]
+  switches = [f.name for f in dataclasses.fields(options.QATConfig)]
+  assert options.public_names() == tuple(n for f in fields for n in (switches if f == "config" else [f]))
+  changed = _changed()
+  assert set(changed) == set(options.public_names())
+  base = validate.attention_options(head_dim=16)
+  assert base == options.AttentionOptions(0.25)
+  for name, value in changed.items():
+    opts = validate.attention_options(head_dim=16, **{name: value})
+    config = dataclasses.replace(base.config, **{name: value}) if name in switches else base.config
+    want = dataclasses.replace(base, config=config, **({} if name in switches else {name: value}))
+    assert opts == want, name
+  cfg = options.QATConfig(quantize_p=False)
+  assert validate.attention_options(head_dim=16, config=cfg).config == cfg
+  with pytest.raises(TypeError, match=r"unknown option\(s\) \['p_scales'\]"):
+    validate.attention_options(head_dim=16, p_scales="row")
+  with pytest.raises(TypeError, match="either as config= or by their names"):
+    validate.attention_options(head_dim=16, config=cfg, quantize_p=False)
+  with pytest.raises(TypeError, match="config.quantize_p must be a bool"):
+    validate.attention_options(head_dim=16, config=options.QATConfig(quantize_p="no"))
+
+
+def test_one_schema_drives_the_torch_ops():
+  """The static arguments of the three torch ops are AttentionOptions' scalars (names and types from the fields),
+  they round-trip every option, and jqat.torch.attention passes each of its keywords through them."""
+  from jqat._src import validate
+  from jqat.ffi import options
+  from jqat.torch import _attention as ta
+
+  static = options.scalar_fields()
+  for op in (torch.ops.jqat.attention_fwd, torch.ops.jqat.attention_out, torch.ops.jqat.attention_bwd):
+    args = op.default._schema.arguments
+    assert [(a.name, str(a.type)) for a in args[-len(static):]] == [(n, t.__name__) for n, t in static]
+    assert [a.name for a in args[-len(static) - 4:-len(static)]] == list(options.MASK_OPERANDS)
+    assert all(str(a.type) in ("Tensor", "Optional[Tensor]") for a in args[:-len(static)]), op
+  changed = _changed()
+  every = validate.attention_options(head_dim=16, **changed)
+  for opts in (validate.attention_options(head_dim=16), every):
+    scalars = options.to_scalars(opts)
+    assert [type(v) for v in scalars] == [t for _, t in static]
+    assert options.from_scalars(options.AttentionOptions, scalars) == opts
+  assert set(changed) <= set(inspect.signature(jt.attention).parameters)
+  seen = []
+  q = torch.zeros(1, 2, 8, 16, dtype=torch.bfloat16)
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(ta, "attention_out_op", lambda *args: seen.append(ta._options(tuple(args[7:]))))
+    for name, value in changed.items():
+      jt.attention(q, q, q, **{name: value})
+      assert seen[-1] == validate.attention_options(head_dim=16, **{name: value}), name
+
+
+def test_one_schema_drives_jax_and_flax_keywords():
+  """jqat.attention takes every public option, and the Flax factory exactly those a call does not decide from its
+  mask: each reaches jqat.attention unchanged; the others and unknown keywords raise TypeError naming them."""
+  import jqat._src.attention as api
+  import jqat.flax
+  from jqat._src import validate
+  from jqat.ffi import options
+
+  changed = _changed()
+  assert set(changed) <= set(inspect.signature(jqat.attention).parameters)
+  seen = []
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(api, "_attention", lambda query, key, value, masks, opts, impl: seen.append(opts) or query)
+    for name, value in changed.items():
+      jqat.attention(Q, Q, Q, implementation="xla", **{name: value})
+      assert seen[-1] == validate.attention_options(head_dim=32, **{name: value}), name
+  assert set(jqat.flax.FACTORY_OPTIONS) | set(jqat.flax._PER_CALL) == set(options.public_names())
+  passed = []
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(jqat.flax, "attention", lambda q, k, v, **kw: passed.append(kw) or q)
+    for name in jqat.flax.FACTORY_OPTIONS:
+      jqat.flax.make_attention_fn(**{name: changed[name]})(Q, Q, Q)
+      assert passed[-1][name] == changed[name], name
+  for name in set(jqat.flax._PER_CALL) - {"is_causal"}:  # is_causal: the factory's own keyword (bottom-right)
+    with pytest.raises(TypeError, match=f"make_attention_fn does not take {name}"):
+      jqat.flax.make_attention_fn(**{name: changed.get(name, True)})
+  with pytest.raises(TypeError, match="unknown keyword 'p_scales'"):
+    jqat.flax.make_attention_fn(p_scales="row")

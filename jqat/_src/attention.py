@@ -198,10 +198,9 @@ def attention_forward(query, key, value, *, scale=None, is_causal=False, impleme
   """
   validate.attention_inputs(query, key, value)
   d = query.shape[-1]
-  opts = validate.attention_options(scale_value=scale, is_causal=is_causal, block_n_value=block_n, head_dim=d,
-                                    config=config, local_window_size_value=local_window_size,
-                                    causal_alignment_value=causal_alignment, p_scale_value=p_scale,
-                                    qkv_scale_value=qkv_scale)
+  opts = validate.attention_options(head_dim=d, scale=scale, is_causal=is_causal, block_n=block_n, config=config,
+                                    local_window_size=local_window_size, causal_alignment=causal_alignment,
+                                    p_scale=p_scale, qkv_scale=qkv_scale)
   masks = _masks(query, key, query_seq_lengths, key_value_seq_lengths, q_segment_ids, kv_segment_ids)
   query, key, value = _not_differentiable("attention_forward", (query, key, value))
   if validate.flag("smooth_k", smooth_k):
@@ -237,10 +236,9 @@ def attention_backward(d_out, query, key, value, out_for_delta, lse, *, scale=No
     raise ValueError(f"lse must be float32 of shape {want} [B, N, Tq], got {getattr(lse, 'dtype', '?')} "
                      f"{getattr(lse, 'shape', lse)}")
   d = query.shape[-1]
-  opts = validate.attention_options(scale_value=scale, is_causal=is_causal, block_n_value=DEFAULT_BLOCK_N,
-                                    head_dim=d, config=config, local_window_size_value=local_window_size,
-                                    causal_alignment_value=causal_alignment, p_scale_value=p_scale,
-                                    qkv_scale_value=qkv_scale)
+  opts = validate.attention_options(head_dim=d, scale=scale, is_causal=is_causal, config=config,
+                                    local_window_size=local_window_size, causal_alignment=causal_alignment,
+                                    p_scale=p_scale, qkv_scale=qkv_scale)
   row_max = validate.row_max(row_max, query, opts.p_scale)
   masks = _masks(query, key, query_seq_lengths, key_value_seq_lengths, q_segment_ids, kv_segment_ids)
   impl = _resolve(implementation, d)
@@ -322,11 +320,11 @@ def attention(query, key, value, *, scale=None, is_causal=False, implementation=
   """
   validate.attention_inputs(query, key, value)
   d = query.shape[-1]
-  config = validate.qat_config(quantize_qkv, quantize_p, high_precision_delta, quantize_p_backward)
-  opts = validate.attention_options(scale_value=scale, is_causal=is_causal, block_n_value=block_n, head_dim=d,
-                                    config=config, local_window_size_value=local_window_size,
-                                    causal_alignment_value=causal_alignment, p_scale_value=p_scale,
-                                    qkv_scale_value=qkv_scale)
+  opts = validate.attention_options(head_dim=d, scale=scale, is_causal=is_causal, block_n=block_n,
+                                    quantize_qkv=quantize_qkv, quantize_p=quantize_p,
+                                    high_precision_delta=high_precision_delta, quantize_p_backward=quantize_p_backward,
+                                    local_window_size=local_window_size, causal_alignment=causal_alignment,
+                                    p_scale=p_scale, qkv_scale=qkv_scale)
   masks = _masks(query, key, query_seq_lengths, key_value_seq_lengths, q_segment_ids, kv_segment_ids)
   if validate.flag("smooth_k", smooth_k):
     key = smooth_keys(key, masks[1])

@@ -15,10 +15,9 @@ import numpy as np
 
 from jqat._src import decode_reference as reference
 from jqat._src import dispatch, validate
-from jqat.ffi.options import DEFAULT_BLOCK_N, DecodeOptions, default_num_splits
+from jqat.ffi.options import DEFAULT_BLOCK_N, check_block_n, default_num_splits
 
 MAX_NEW_TOKENS = 64
-MAX_SPLITS = 64
 _KERNEL_HEAD_DIMS = (32, 256)  # the decode kernel's even/odd channel tiles need D >= 32
 
 
@@ -187,16 +186,12 @@ def decode_attention(query, k_cache, v_cache, kv_lengths, *, page_table=None, sc
   if lengths is not None and lengths.size and (lengths.min() < tq or lengths.max() > layout["capacity"]):
     raise ValueError(f"kv_lengths must be in [Tq={tq}, {layout['capacity']}] (the new tokens are in the cache; at most "
                      f"its capacity), got values in [{lengths.min()}, {lengths.max()}]")
-  config = validate.qat_config(quantize_qkv, quantize_p, high_precision_delta, quantize_p_backward)
-  block = validate.block_n(block_n)
   if num_splits is None:
-    num_splits = default_num_splits(b, kh, layout["capacity"], block)
-  elif isinstance(num_splits, (bool, np.bool_)) or not isinstance(num_splits, (int, np.integer)):
-    raise TypeError(f"num_splits must be None or an int in [1, {MAX_SPLITS}], got {num_splits!r}")
-  elif not 1 <= num_splits <= MAX_SPLITS:
-    raise ValueError(f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
-  opts = DecodeOptions(validate.scale(scale, d), validate.flag("is_causal", is_causal), block, int(num_splits), config,
-                       validate.p_scale(p_scale))
+    num_splits = default_num_splits(b, kh, layout["capacity"], check_block_n("block_n", block_n))
+  opts = validate.decode_options(head_dim=d, scale=scale, is_causal=is_causal, block_n=block_n, num_splits=num_splits,
+                                 quantize_qkv=quantize_qkv, quantize_p=quantize_p,
+                                 high_precision_delta=high_precision_delta, quantize_p_backward=quantize_p_backward,
+                                 p_scale=p_scale)
   kv_lengths = jnp.asarray(kv_lengths, jnp.int32)
   table = None if page_table is None else jnp.asarray(page_table, jnp.int32)
   query = _not_differentiable(query)

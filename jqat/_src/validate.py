@@ -2,21 +2,19 @@
 
 Works on anything with ``shape`` and ``dtype`` (JAX arrays, tracers, torch tensors), so the
 checks and their messages are the same on both sides; each failure names the argument,
-what was expected and what was given (docs/API.md, section 3).
+what was expected and what was given (docs/API.md, section 3). The op's keywords are checked by the
+schema of their options (the fields of ``jqat.ffi.options.AttentionOptions``), the arrays here.
 """
 
 from __future__ import annotations
 
-import math
-import numbers
-
 import numpy as np
 
-from jqat.ffi.options import P_SCALES, QKV_SCALES, AttentionOptions, QATConfig
+from jqat.ffi import options
+from jqat.ffi.options import INT32_MAX, AttentionOptions, DecodeOptions
 
 FLOAT_DTYPES = ("bfloat16", "float16", "float32")
-BLOCK_N_CHOICES = (16, 32, 64, 128, 256)  # powers of two (Triton tiles) from one fq(P) block up
-INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+INT32_MIN = -(2**31)
 # The public names of the array masks, in ``jqat.ffi.options.MASK_OPERANDS`` order.
 MASK_NAMES = ("query_seq_lengths", "key_value_seq_lengths", "q_segment_ids", "kv_segment_ids")
 
@@ -63,60 +61,27 @@ def attention_inputs(query, key, value, *, layout: str = "BTNH", names=("query",
     raise ValueError(f"{nq} heads ({n}) must equal {nk}/{nv} heads ({kh}); pass enable_gqa=True for GQA/MQA")
 
 
-def flag(name: str, value) -> bool:
-  """A bool keyword: Python or NumPy bools only (``"no"`` or ``"False"`` must not read as True)."""
-  if not isinstance(value, (bool, np.bool_)):
-    raise TypeError(f"{name} must be a bool, got {value!r} ({type(value).__name__})")
-  return bool(value)
+# A bool keyword that is no option of the op (smooth_k, enable_gqa): checked as the options' switches are.
+flag = options.check_flag
 
 
-def block_n(value) -> int:
-  if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-    raise TypeError(f"block_n must be an int in {BLOCK_N_CHOICES}, got {value!r} ({type(value).__name__})")
-  if int(value) not in BLOCK_N_CHOICES:
-    raise ValueError(f"block_n must be one of {BLOCK_N_CHOICES} (a power of two, a multiple of the 16-key fq(P) "
-                     f"block), got {value}")
-  return int(value)
+def attention_options(*, head_dim: int, **keywords) -> AttentionOptions:
+  """Validated :class:`AttentionOptions` from the public keywords: its fields by name, each checked by its own
+  :class:`jqat.ffi.options.Option` (the QAT switches by their own names or as ``config``); absent ones take their
+  public defaults, ``scale=None`` is ``1/sqrt(head_dim)``."""
+  return options.from_keywords(AttentionOptions, head_dim=head_dim, **keywords)
 
 
-def scale(value, head_dim: int) -> float:
-  """The softmax scale: ``None`` gives ``1/sqrt(head_dim)``; else a finite real number."""
-  if value is None:
-    return 1.0 / math.sqrt(head_dim) if head_dim else 1.0
-  if isinstance(value, (bool, np.bool_, str, bytes)):
-    raise TypeError(f"scale must be None or a real number, got {value!r} ({type(value).__name__})")
-  if not isinstance(value, numbers.Real):
-    try:
-      value = float(value)  # a concrete 0-d array
-    except (TypeError, ValueError):
-      raise TypeError(f"scale must be None or a real number (static, not traced), got {type(value).__name__}") \
-          from None
-  if not math.isfinite(float(value)):
-    raise ValueError(f"scale must be finite, got {value}")
-  return float(value)
+def decode_options(*, head_dim: int, **keywords) -> DecodeOptions:
+  """Validated :class:`DecodeOptions` from the public keywords, as :func:`attention_options` (``num_splits``
+  already resolved from None by the caller: it is a function of the cache's shape)."""
+  return options.from_keywords(DecodeOptions, head_dim=head_dim, **keywords)
 
 
-def p_scale(value, name: str = "p_scale") -> str:
-  if not isinstance(value, str) or value not in P_SCALES:
-    raise ValueError(f"{name} must be one of {P_SCALES} (docs/NUMERICS.md), got {value!r}")
-  return value
-
-
-def qat_config(quantize_qkv, quantize_p, high_precision_delta, quantize_p_backward) -> QATConfig:
-  return QATConfig(flag("quantize_qkv", quantize_qkv), flag("quantize_p", quantize_p),
-                   flag("high_precision_delta", high_precision_delta), flag("quantize_p_backward", quantize_p_backward))
-
-
-def qkv_scale(value) -> str:
-  if not isinstance(value, str) or value not in QKV_SCALES:
-    raise ValueError(f"qkv_scale must be one of {QKV_SCALES} (docs/NUMERICS.md), got {value!r}")
-  return value
-
-
-def row_max(value, query, p_scale_value: str):
+def row_max(value, query, p_scale: str):
   """The forward's row max ``[B, N, Tq]`` fp32: required with p_scale="row", refused with "block"."""
   want = (query.shape[0], query.shape[2], query.shape[1])
-  if p_scale_value == "block":
+  if p_scale == "block":
     if value is not None:
       raise ValueError("row_max is the p_scale='row' residual; with p_scale='block' pass row_max=None")
     return None
@@ -129,38 +94,6 @@ def row_max(value, query, p_scale_value: str):
   return value
 
 
-CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
-
-
-def _count(name: str, value) -> int:
-  if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or value < 0:
-    raise TypeError(f"{name} must be a non-negative int, got {value!r} ({type(value).__name__})")
-  return int(value)
-
-
-def _window_side(name: str, value) -> int:
-  """A window side: a non-negative int that the kernels' 32-bit index arithmetic holds (a side of 2**31 or more
-  would wrap there; any side of Tq + Tk or more already leaves that side unbounded)."""
-  value = _count(name, value)
-  if value > INT32_MAX:
-    raise ValueError(f"{name} must be at most 2**31 - 1 = {INT32_MAX} (a side at least Tq + Tk already hides "
-                     f"nothing), got {value}")
-  return value
-
-
-def local_window_size(value) -> tuple[int, int] | None:
-  """None, an int ``w`` (the window ``(w, w)``, as in ``jax.nn.dot_product_attention``) or ``(left, right)``."""
-  if value is None:
-    return None
-  if isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)):
-    return (_window_side("local_window_size", value),) * 2
-  if not isinstance(value, (tuple, list)) or len(value) != 2:
-    raise TypeError(f"local_window_size must be None, a non-negative int or a pair (left, right) of them, got "
-                    f"{value!r}")
-  return (_window_side("local_window_size[0] (left)", value[0]),
-          _window_side("local_window_size[1] (right)", value[1]))
-
-
 def fits_int32(name: str, values) -> None:
   """Raises unless every integer of ``values`` (a host array) lies in int32's range: the kernels and the reference
   compare lengths and segment ids as int32, and a wider value would wrap (``2**32 + 5`` read as 5)."""
@@ -168,12 +101,6 @@ def fits_int32(name: str, values) -> None:
   if values.size and (values.min() < INT32_MIN or values.max() > INT32_MAX):
     raise ValueError(f"{name} must hold values in int32's range [-2**31, 2**31 - 1] (they are compared as int32), "
                      f"got values in [{values.min()}, {values.max()}] ({values.dtype})")
-
-
-def causal_alignment(value) -> str:
-  if not isinstance(value, str) or value not in CAUSAL_ALIGNMENTS:
-    raise ValueError(f"causal_alignment must be one of {CAUSAL_ALIGNMENTS}, got {value!r}")
-  return value
 
 
 def mask_operands(query, key, query_seq_lengths=None, key_value_seq_lengths=None, q_segment_ids=None,
@@ -202,16 +129,3 @@ def mask_operands(query, key, query_seq_lengths=None, key_value_seq_lengths=None
     raise ValueError("q_segment_ids and kv_segment_ids must be given together (a query sees only keys of its own "
                      f"segment), got only {'q_segment_ids' if kv_segment_ids is None else 'kv_segment_ids'}")
   return query_seq_lengths, key_value_seq_lengths, q_segment_ids, kv_segment_ids
-
-
-def attention_options(*, scale_value, is_causal, block_n_value, head_dim: int, config, local_window_size_value=None,
-                      causal_alignment_value="top_left", p_scale_value="block",
-                      qkv_scale_value="block") -> AttentionOptions:
-  """Validated :class:`AttentionOptions` from the public keywords."""
-  if not isinstance(config, QATConfig):
-    raise TypeError(f"config must be a jqat.QATConfig, got {type(config).__name__}")
-  for f in ("quantize_qkv", "quantize_p", "high_precision_delta", "quantize_p_backward"):
-    flag(f"config.{f}", getattr(config, f))
-  return AttentionOptions(scale(scale_value, head_dim), flag("is_causal", is_causal), block_n(block_n_value), config,
-                          local_window_size(local_window_size_value), causal_alignment(causal_alignment_value),
-                          p_scale(p_scale_value), qkv_scale(qkv_scale_value))

@@ -20,7 +20,8 @@ import torch
 
 from jqat._src import attention as _api
 from jqat._src import validate
-from jqat.ffi.options import DEFAULT_BLOCK_N, AttentionOptions, QATConfig
+from jqat.ffi import options
+from jqat.ffi.options import DEFAULT_BLOCK_N, MASK_OPERANDS, AttentionOptions
 from jqat.torch import _tensors as tt
 
 
@@ -80,7 +81,7 @@ def _jax_masks(masks):
 
 def _mask_views(masks, launch):
   """Plan descriptions and named tensors of the present (int32, contiguous) masks."""
-  named = {n: m.contiguous() for n, m in zip(("q_len", "kv_len", "q_seg", "kv_seg"), masks) if m is not None}
+  named = {n: m.contiguous() for n, m in zip(MASK_OPERANDS, masks) if m is not None}
   described = tuple(None if m is None else launch.describe(m.contiguous()) for m in masks)
   return described, named
 
@@ -190,54 +191,46 @@ def backward_kernels(do, q, k, v, o_for_delta, lse, opts: AttentionOptions, *, o
   return tuple(out)
 
 
-def _options(scale, is_causal, block_n, quantize_qkv, quantize_p, high_precision_delta, quantize_p_backward,
-             window_left, window_right, causal_alignment, p_scale, qkv_scale):
-  window = None if window_left < 0 else (window_left, window_right)
-  return AttentionOptions(scale, is_causal, block_n,
-                          QATConfig(quantize_qkv, quantize_p, high_precision_delta, quantize_p_backward), window,
-                          causal_alignment, p_scale, qkv_scale)
+# The ops' static arguments after the tensors: AttentionOptions as scalars (the schema has no tuples or
+# dataclasses), named and typed by the fields (jqat.ffi.options.scalar_fields), so a new option needs no edit here.
+_STATIC = options.scalar_fields(AttentionOptions)
+_MASKS = ", ".join(f"Tensor? {name}" for name in MASK_OPERANDS)
 
 
-# The ops' static arguments after the tensors (the window as two ints, -1 -1 for none: the schema has no tuples).
-_STATIC = ("scale", "is_causal", "block_n", "quantize_qkv", "quantize_p", "high_precision_delta",
-           "quantize_p_backward", "window_left", "window_right", "causal_alignment", "p_scale", "qkv_scale")
+def _op(name: str, tensors: str, returns: str):
+  """A ``jqat::name`` custom op taking ``tensors``, the optional masks and the static options, in that order."""
+  static = ", ".join(f"{kind.__name__} {arg}" for arg, kind in _STATIC)
+  return torch.library.custom_op(f"jqat::{name}", mutates_args=(),
+                                 schema=f"({tensors}, {_MASKS}, {static}) -> {returns}")
 
 
-@torch.library.custom_op("jqat::attention_fwd", mutates_args=())
-def attention_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_len: torch.Tensor | None,
-                     kv_len: torch.Tensor | None, q_seg: torch.Tensor | None, kv_seg: torch.Tensor | None,
-                     scale: float, is_causal: bool, block_n: int, quantize_qkv: bool, quantize_p: bool,
-                     high_precision_delta: bool, quantize_p_backward: bool, window_left: int, window_right: int,
-                     causal_alignment: str, p_scale: str, qkv_scale: str) -> tuple[torch.Tensor, torch.Tensor,
-                                                                                   torch.Tensor, torch.Tensor]:
+@functools.cache
+def _options(static: tuple) -> AttentionOptions:
+  return options.from_scalars(AttentionOptions, static)
+
+
+@_op("attention_fwd", "Tensor q, Tensor k, Tensor v", "(Tensor, Tensor, Tensor, Tensor)")
+def attention_fwd_op(q, k, v, q_len, kv_len, q_seg, kv_seg, *static):
   """``(O, O', lse, row_max)``: contiguous BHSD outputs in q's dtype, lse [B, H, Sq] fp32 and row_max [B, H, Sq]
   fp32 with p_scale="row" (an empty [0] tensor with "block": a custom op has a fixed output count)."""
   tt.check_backend(q.device)
-  opts = _options(scale, is_causal, block_n, quantize_qkv, quantize_p, high_precision_delta, quantize_p_backward,
-                  window_left, window_right, causal_alignment, p_scale, qkv_scale)
-  o, o_hp, lse, *row_max = forward(q, k, v, opts, (q_len, kv_len, q_seg, kv_seg))
+  o, o_hp, lse, *row_max = forward(q, k, v, _options(static), (q_len, kv_len, q_seg, kv_seg))
   return o, o_hp, lse, row_max[0] if row_max else lse.new_empty((0,))
 
 
 @attention_fwd_op.register_fake
 def _(q, k, v, q_len, kv_len, q_seg, kv_seg, *static):
   o = q.new_empty(q.shape)  # contiguous, as forward() allocates
-  row = static[_STATIC.index("p_scale")] == "row"
+  row = _options(static).p_scale == "row"
   return (o, torch.empty_like(o), q.new_empty(q.shape[:3], dtype=torch.float32),
           q.new_empty(q.shape[:3] if row else (0,), dtype=torch.float32))
 
 
-@torch.library.custom_op("jqat::attention_out", mutates_args=())
-def attention_out_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_len: torch.Tensor | None,
-                     kv_len: torch.Tensor | None, q_seg: torch.Tensor | None, kv_seg: torch.Tensor | None,
-                     scale: float, is_causal: bool, block_n: int, quantize_qkv: bool, quantize_p: bool,
-                     high_precision_delta: bool, quantize_p_backward: bool, window_left: int, window_right: int,
-                     causal_alignment: str, p_scale: str, qkv_scale: str) -> torch.Tensor:
+@_op("attention_out", "Tensor q, Tensor k, Tensor v", "Tensor")
+def attention_out_op(q, k, v, q_len, kv_len, q_seg, kv_seg, *static):
   """O alone (contiguous BHSD, q's dtype): ``attention_fwd``'s O where nothing differentiates (no backward)."""
   tt.check_backend(q.device)
-  opts = _options(scale, is_causal, block_n, quantize_qkv, quantize_p, high_precision_delta, quantize_p_backward,
-                  window_left, window_right, causal_alignment, p_scale, qkv_scale)
-  return forward_out(q, k, v, opts, (q_len, kv_len, q_seg, kv_seg))
+  return forward_out(q, k, v, _options(static), (q_len, kv_len, q_seg, kv_seg))
 
 
 @attention_out_op.register_fake
@@ -245,18 +238,11 @@ def _(q, k, v, q_len, kv_len, q_seg, kv_seg, *static):
   return q.new_empty(q.shape)
 
 
-@torch.library.custom_op("jqat::attention_bwd", mutates_args=())
-def attention_bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     o_for_delta: torch.Tensor, lse: torch.Tensor, row_max: torch.Tensor | None,
-                     q_len: torch.Tensor | None,
-                     kv_len: torch.Tensor | None, q_seg: torch.Tensor | None, kv_seg: torch.Tensor | None,
-                     scale: float, is_causal: bool, block_n: int, quantize_qkv: bool, quantize_p: bool,
-                     high_precision_delta: bool, quantize_p_backward: bool, window_left: int, window_right: int,
-                     causal_alignment: str, p_scale: str, qkv_scale: str) -> tuple[torch.Tensor, torch.Tensor,
-                                                                                   torch.Tensor]:
+@_op("attention_bwd", "Tensor do, Tensor q, Tensor k, Tensor v, Tensor o_for_delta, Tensor lse, Tensor? row_max",
+     "(Tensor, Tensor, Tensor)")
+def attention_bwd_op(do, q, k, v, o_for_delta, lse, row_max, q_len, kv_len, q_seg, kv_seg, *static):
   """``(dQ, dK, dV)`` with the layouts of q, k, v (``torch.empty_like``); row_max given with p_scale="row"."""
-  opts = _options(scale, is_causal, block_n, quantize_qkv, quantize_p, high_precision_delta, quantize_p_backward,
-                  window_left, window_right, causal_alignment, p_scale, qkv_scale)
+  opts = _options(static)
   out = tuple(torch.empty_like(t) for t in (q, k, v))
   if q.device.type == "cuda":  # the kernels write gradients with the strides of the (dense) operand they read
     out = tuple(o if tt.is_dense(t) else torch.empty_like(o, memory_format=torch.contiguous_format)
@@ -273,18 +259,17 @@ def _(do, q, k, v, o_for_delta, lse, row_max, q_len, kv_len, q_seg, kv_seg, *sta
 
 def _setup_context(ctx, inputs, output):
   q, k, v, *rest = inputs
-  masks, static = rest[:4], rest[4:]
+  masks, static = rest[:4], tuple(rest[4:])
   o, o_hp, lse, row_max = output
-  high_precision_delta = static[_STATIC.index("high_precision_delta")]
-  ctx.save_for_backward(q, k, v, o_hp if high_precision_delta else o, lse, row_max, *masks)
-  ctx.static = tuple(static)
+  ctx.save_for_backward(q, k, v, o_hp if _options(static).config.high_precision_delta else o, lse, row_max, *masks)
+  ctx.static = static
   ctx.mark_non_differentiable(o_hp, lse, row_max)
 
 
 def _backward_formula(ctx, d_out, d_out_hp, d_lse, d_row_max):
   del d_out_hp, d_lse, d_row_max  # O', lse and row_max are statistics of the forward, not differentiated
   q, k, v, o_for_delta, lse, row_max, *masks = ctx.saved_tensors
-  row_max = row_max if ctx.static[_STATIC.index("p_scale")] == "row" else None
+  row_max = row_max if _options(ctx.static).p_scale == "row" else None
   dq, dk, dv = attention_bwd_op(d_out, q, k, v, o_for_delta, lse, row_max, *masks, *ctx.static)
   return (dq, dk, dv) + (None,) * (len(masks) + len(ctx.static))  # integer masks: no gradient
 
@@ -376,24 +361,20 @@ def attention(q, k, v, is_causal=False, scale=None, enable_gqa=False, *, block_n
   through it without a graph break; where nothing differentiates (grad disabled, or no input that
   requires grad) it is ``torch.ops.jqat.attention_out``, the same O without the backward's residuals.
   """
-  # Plain values only on this path: torch.compile traces it, and dynamo does not build dataclasses.
   check_inputs(q, k, v, enable_gqa=validate.flag("enable_gqa", enable_gqa))
-  switches = [validate.flag(name, value) for name, value in (
-      ("quantize_qkv", quantize_qkv), ("quantize_p", quantize_p), ("high_precision_delta", high_precision_delta),
-      ("quantize_p_backward", quantize_p_backward))]
+  opts = validate.attention_options(
+      head_dim=q.shape[-1], scale=scale, is_causal=is_causal, block_n=block_n, quantize_qkv=quantize_qkv,
+      quantize_p=quantize_p, high_precision_delta=high_precision_delta, quantize_p_backward=quantize_p_backward,
+      local_window_size=local_window_size, causal_alignment=causal_alignment, p_scale=p_scale, qkv_scale=qkv_scale)
   masks = validate.mask_operands(q, k, query_seq_lengths, key_value_seq_lengths, q_segment_ids, kv_segment_ids,
                                  layout="BHSD")
-  for name, m in zip(("query_seq_lengths", "key_value_seq_lengths", "q_segment_ids", "kv_segment_ids"), masks):
+  for name, m in zip(validate.MASK_NAMES, masks):
     if m is not None:
       tt.check_device(name, m, q.device)
   masks = int32_masks(masks)
   if validate.flag("smooth_k", smooth_k):
     k = smooth_keys(k, masks[1])
-  window = validate.local_window_size(local_window_size)
-  left, right = window if window is not None else (-1, -1)
-  args = (q, k, v, *masks, validate.scale(scale, q.shape[-1]), validate.flag("is_causal", is_causal),
-          validate.block_n(block_n), *switches, left, right, validate.causal_alignment(causal_alignment),
-          validate.p_scale(p_scale), validate.qkv_scale(qkv_scale))
+  args = (q, k, v, *masks, *options.to_scalars(opts))
   if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
     return attention_fwd_op(*args)[0]
   return attention_out_op(*args)  # nothing to differentiate: O alone, without the backward's residuals

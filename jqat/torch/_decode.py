@@ -21,7 +21,7 @@ import torch
 
 from jqat._src import decode as _api
 from jqat._src import validate
-from jqat.ffi.options import DEFAULT_BLOCK_N, DecodeOptions, default_num_splits
+from jqat.ffi.options import DEFAULT_BLOCK_N, check_block_n, default_num_splits
 from jqat.torch import _tensors as tt
 
 
@@ -97,12 +97,9 @@ def decode_attention(q, k_cache, v_cache, kv_lengths, *, page_table=None, scale=
     o = tt.from_jax(result).transpose(1, 2)
     return o.contiguous() if out is None else out.copy_(o)
   if num_splits is None:
-    num_splits = default_num_splits(b, kh, layout["capacity"], validate.block_n(block_n))
-  if not isinstance(num_splits, int) or isinstance(num_splits, bool) or not 1 <= num_splits <= _api.MAX_SPLITS:
-    raise ValueError(f"num_splits must be None or an int in [1, {_api.MAX_SPLITS}], got {num_splits!r}")
-  opts = DecodeOptions(validate.scale(scale, d), validate.flag("is_causal", is_causal), validate.block_n(block_n),
-                       num_splits, validate.qat_config(quantize_qkv, quantize_p, True, True),
-                       validate.p_scale(p_scale))
+    num_splits = default_num_splits(b, kh, layout["capacity"], check_block_n("block_n", block_n))
+  opts = validate.decode_options(head_dim=d, scale=scale, is_causal=is_causal, block_n=block_n, num_splits=num_splits,
+                                 quantize_qkv=quantize_qkv, quantize_p=quantize_p, p_scale=p_scale)
   if out is None:
     out = torch.empty((b, n, tq, d), dtype=q.dtype, device=q.device)
   _, launch = _launcher()

@@ -40,8 +40,7 @@ class TupleDict(dict):
 
 def _options(softmax_scale, is_causal, head_dim: int) -> AttentionOptions:
   """The vendor contract's options: Attn-QAT with every switch on, the default KV tile."""
-  return validate.attention_options(scale_value=softmax_scale, is_causal=is_causal,
-                                    block_n_value=jqat.DEFAULT_BLOCK_N, head_dim=head_dim, config=jqat.QATConfig())
+  return validate.attention_options(head_dim=head_dim, scale=softmax_scale, is_causal=is_causal)
 
 
 def nvfp4_attention_qat_forward(q, k, v, is_causal=False, softmax_scale=None, current_stream=None):
