@@ -38,6 +38,11 @@ NAMES = ("O", "O'", "lse", "row_max", "dQ", "dK", "dV")
 FORWARD_CONFIG = ForwardConfig(16, 4, 1)  # 16 query rows a program
 BACKWARD_CONFIG = BackwardConfig(16, 16, 4, 1, 32, 16, 4, 1)  # dQ: 16 x 16 tiles; dK/dV: 32 keys x 16 rows
 
+KERNELS = ("interpreter", "triton")
+# Kernels against the XLA reference on the same inputs: exp2 vs exp last-bit differences, occasionally flipping an fq
+# code (the bounds of tests/test_attention_triton.py).
+KERNEL_BOUNDS = {"O": 2e-3, "O'": 5e-4, "lse": 1e-5, "row_max": 1e-5, "dQ": 1e-3, "dK": 1e-3, "dV": 2e-3}
+
 _MARKS = {"xla": (), "torch": (), "triton": (pytest.mark.gpu,),
           "interpreter": (pytest.mark.skipif(not INTERPRET, reason="Triton's interpreter runs on CPU machines"),)}
 
@@ -145,7 +150,6 @@ MODES = {
     "block": {},
     "row": dict(p_scale="row"),
     "tensor": dict(qkv_scale="tensor"),
-    "tensor-row": dict(qkv_scale="tensor", p_scale="row"),
     "no-fq-p": dict(quantize_p=False, quantize_p_backward=False),
     "off": dict(quantize_qkv=False, quantize_p=False, high_precision_delta=True, quantize_p_backward=False),
 }
@@ -174,8 +178,9 @@ def options(masks: Masks, mode: dict, *, scale, block_n: int, head_dim: int):
 
 
 @contextlib.contextmanager
-def kernel_configs(fwd=FORWARD_CONFIG, bwd=BACKWARD_CONFIG):
-  """The small launch configurations for the bindings (read when a plan is built, i.e. when a function traces)."""
+def kernel_configs(fwd, bwd):
+  """Launch configurations for the bindings (read when a plan is built, i.e. when a function traces); None: the
+  defaults for the head dim."""
   from jqat.ffi import plan as plans
 
   plans.set_config_override("fwd", fwd)
@@ -188,7 +193,7 @@ def kernel_configs(fwd=FORWARD_CONFIG, bwd=BACKWARD_CONFIG):
 
 
 @functools.cache
-def _jax_chain(implementation: str, static: tuple, present: tuple, mode: tuple, scale, block_n: int, bwd_key):
+def _jax_chain(implementation: str, static: tuple, present: tuple, mode: tuple, scale, block_n: int, configs):
   """jit(forward outputs of attention_forward, and jax.vjp of jqat.attention at dO): the public differentiation
   path. Cached by everything static, so a poisoned and a clean run of one case share one compile."""
   static, mode = dict(static), dict(mode)
@@ -203,17 +208,17 @@ def _jax_chain(implementation: str, static: tuple, present: tuple, mode: tuple, 
   return jax.jit(run)
 
 
-def _jax_run(implementation, q, k, v, do, masks, mode, scale, block_n, bwd):
+def _jax_run(implementation, q, k, v, do, masks, mode, scale, block_n, configs):
   ops = {n: x for n, x in zip(validate.MASK_NAMES, masks.operands()) if x is not None}
   fn = _jax_chain(implementation, tuple(masks.static().items()), tuple(ops), tuple(mode.items()), scale, block_n,
-                  bwd)
-  with kernel_configs(bwd=bwd) if implementation == "triton" else contextlib.nullcontext():
+                  configs)
+  with kernel_configs(*configs) if implementation == "triton" else contextlib.nullcontext():
     fwd, grads = fn(q, k, v, do, *(jnp.asarray(x) for x in ops.values()))
   names = NAMES[:len(fwd)] if len(fwd) == 4 else ("O", "O'", "lse")
   return {**dict(zip(names, map(f64, fwd))), **dict(zip(("dQ", "dK", "dV"), map(f64, grads)))}
 
 
-def _poisoned(plan, names, device):
+def poisoned(plan, names, device):
   """Plan buffers filled with NaN (integer ones with -1): an element a kernel forgets to write stays so."""
   from jqat.ffi import torch_launch
 
@@ -229,7 +234,7 @@ def _to_torch(x):
   return torch.from_numpy(np.array(jnp.asarray(x, jnp.float32))).to(getattr(torch, jnp.dtype(x.dtype).name))
 
 
-def _interpreted(q, k, v, do, masks, mode, scale, block_n, bwd, scratch):
+def _interpreted(q, k, v, do, masks, mode, scale, block_n, configs, scratch):
   """The forward plan, then the backward plan fed the forward's O', lse (and row_max), on CPU tensors."""
   import torch
 
@@ -242,17 +247,17 @@ def _interpreted(q, k, v, do, masks, mode, scale, block_n, bwd, scratch):
   described = tuple(None if x is None else torch_launch.describe(x) for x in ops)
   named = {n: x for n, x in zip(("q_len", "kv_len", "q_seg", "kv_seg"), ops) if x is not None}
   plan = plans.attention_forward(*map(torch_launch.describe, (qt, kt, vt)), opts, torch_launch.target(qt),
-                                 config=FORWARD_CONFIG, masks=described)
-  t = dict(q=qt, k=kt, v=vt, **named, **_poisoned(plan, plan.scratch + plan.outputs, "cpu"))
+                                 config=configs[0], masks=described)
+  t = dict(q=qt, k=kt, v=vt, **named, **poisoned(plan, plan.scratch + plan.outputs, "cpu"))
   torch_launch.execute(plan, t)
   if scratch is not None:  # fq(K), fq(V) (and, qkv_scale="tensor", the encode scales)
     scratch.update((n, t[n].float().numpy()) for n in plan.scratch)
   o, o_hp, lse, m = (t.get(n) for n in ("o", "o_hp", "lse", "row_max"))
   plan = plans.attention_backward(*map(torch_launch.describe, (dot, qt, kt, vt, o_hp, lse)), opts,
-                                  torch_launch.target(qt), config=bwd, masks=described,
+                                  torch_launch.target(qt), config=configs[1], masks=described,
                                   row_max=None if m is None else torch_launch.describe(m))
   tb = dict(do=dot, q=qt, k=kt, v=vt, o_for_delta=o_hp, lse=lse, **({} if m is None else dict(row_max=m)), **named,
-            **_poisoned(plan, plan.scratch + plan.outputs, "cpu"))
+            **poisoned(plan, plan.scratch + plan.outputs, "cpu"))
   torch_launch.execute(plan, tb)
   if scratch is not None:  # fq(Q), its encode scale, delta (the backward's fq(K), fq(V) live in dK's, dV's storage)
     scratch.update((n, tb[n].float().numpy()) for n in plan.scratch)
@@ -260,7 +265,7 @@ def _interpreted(q, k, v, do, masks, mode, scale, block_n, bwd, scratch):
   return {n: x.float().numpy().astype(np.float64) for n, x in out.items() if x is not None}
 
 
-def _torch_run(q, k, v, do, masks, mode, scale, block_n, bwd):
+def _torch_run(q, k, v, do, masks, mode, scale, block_n, configs):
   import torch
 
   import jqat.torch
@@ -269,7 +274,7 @@ def _torch_run(q, k, v, do, masks, mode, scale, block_n, bwd):
   bhsd = lambda x: _to_torch(jnp.swapaxes(x, 1, 2)).to(device)
   leaves = [bhsd(x).requires_grad_() for x in (q, k, v)]
   kw = masks.keywords(lambda x: torch.from_numpy(x).to(device))
-  with kernel_configs(bwd=bwd):
+  with kernel_configs(*configs):
     out = jqat.torch.attention(*leaves, scale=scale, enable_gqa=True, block_n=block_n, **mode, **kw)
     out.backward(bhsd(do))
   btnh = lambda t: np.swapaxes(t.detach().float().cpu().numpy().astype(np.float64), 1, 2)
@@ -277,19 +282,21 @@ def _torch_run(q, k, v, do, masks, mode, scale, block_n, bwd):
 
 
 def run(implementation: str, q, k, v, do, masks: Masks = NO_MASKS, mode: dict | None = None, *, scale=None,
-        block_n: int = 16, bwd: BackwardConfig = BACKWARD_CONFIG, scratch: dict | None = None) -> dict:
+        block_n: int = 16, fwd: ForwardConfig | None = FORWARD_CONFIG, bwd: BackwardConfig | None = BACKWARD_CONFIG,
+        scratch: dict | None = None) -> dict:
   """Forward outputs and gradients (at cotangent ``do``) of one case on ``implementation``: float64 dicts.
 
-  mode: public keywords beyond the masks (``MODES``' values, or e.g. ``dict(smooth_k=True)``); bwd: the backward's
-  launch configuration for the kernels; scratch (interpreter only): a dict that receives the plans' scratch buffers.
+  mode: public keywords beyond the masks (``MODES``' values, or e.g. ``dict(smooth_k=True)``); fwd, bwd: the kernels'
+  launch configurations (None: the bindings' defaults for the head dim, large tiles: fewer interpreted programs for
+  long sequences); scratch (interpreter only): a dict that receives the plans' scratch buffers.
   """
-  mode = dict(mode or {})
+  mode, configs = dict(mode or {}), (fwd, bwd)
   if implementation == "interpreter":
-    return _interpreted(q, k, v, do, masks, mode, scale, block_n, bwd, scratch)
+    return _interpreted(q, k, v, do, masks, mode, scale, block_n, configs, scratch)
   if implementation == "torch":
-    return _torch_run(q, k, v, do, masks, mode, scale, block_n, bwd)
+    return _torch_run(q, k, v, do, masks, mode, scale, block_n, configs)
   if implementation in ("xla", "triton"):
-    return _jax_run(implementation, q, k, v, do, masks, mode, scale, block_n, bwd)
+    return _jax_run(implementation, q, k, v, do, masks, mode, scale, block_n, configs)
   raise ValueError(f"implementation must be one of {tuple(_MARKS)}, got {implementation!r}")
 
 

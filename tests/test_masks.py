@@ -10,10 +10,9 @@ inputs with the bounds of tests/test_attention_triton.py (exp2 vs exp last-bit d
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from cases import Masks, implementations, mask_set, qkv, run, zero_empty_rows
+from cases import KERNEL_BOUNDS, KERNELS, Masks, implementations, mask_set, qkv, run, zero_empty_rows
 from conftest import assert_close
 from oracle import attention_grad_oracle, attention_oracle
-from test_numerics_modes import KERNEL_BOUNDS, KERNELS
 
 import jqat
 from jqat.kernels_triton.attention_bwd import BackwardConfig
