@@ -352,3 +352,68 @@ def decode_oracle(q, k, v, kv_len, *, scale, block_n, num_splits=1, is_causal=Tr
             acc = sum(wi[:, None] * r[2] for wi, r in zip(w, runs))
             out[bi, :, h] = np.where(total[:, None] == 0, 0.0, acc / np.where(total == 0, 1.0, total)[:, None])
     return out
+
+
+R_ROW = 6.0 * 448.0  # p_scale="row": fq(P) sees R * exp(S - m), E2M1's max times E4M3's
+
+
+def row_oracle(q, k, v, do, *, scale, block_n, vis):
+    """Float64 p_scale="row" forward and backward: (O, O', lse, m, dQ, dK, dV). vis: [B, Tq, Tk] bool."""
+    q, k, v = (_fq64(np.asarray(t, np.float32)) for t in (q, k, v))
+    do = np.asarray(do, np.float32).astype(np.float64)
+    b, tq, n, d = q.shape
+    tk, kh = k.shape[1], k.shape[2]
+    g = n // kh
+    kr, vr = np.repeat(k, g, axis=2), np.repeat(v, g, axis=2)
+    vis = np.asarray(vis, bool)[:, None]
+    s_all = scale * np.einsum("bqnd,bknd->bnqk", q, kr)
+    m = np.full((b, n, tq), -np.inf)
+    l = np.zeros((b, n, tq))
+    acc = np.zeros((b, n, tq, d))
+    acc_hp = np.zeros((b, n, tq, d))
+    with np.errstate(invalid="ignore"):
+        for start in range(0, tk, block_n):
+            sl = slice(start, min(start + block_n, tk))
+            valid = np.broadcast_to(vis[..., sl], s_all[..., sl].shape)
+            s = np.where(valid, s_all[..., sl], -np.inf)
+            m_new = np.maximum(m, s.max(axis=-1))
+            m_safe = np.where(np.isinf(m_new), 0.0, m_new)
+            pt = np.where(valid, np.exp(s - m_safe[..., None]), 0.0)
+            alpha = np.where(np.isinf(m), 0.0, np.exp(m - m_safe))
+            l = alpha * l + pt.sum(-1)
+            # Row mode's tile is R_ROW * pt: fq(P) and O' both take it, O and O' both divide by R_ROW * l.
+            acc = alpha[..., None] * acc + np.einsum("bnqk,bknd->bnqd", _fq64(R_ROW * pt, mask=valid), vr[:, sl])
+            acc_hp = alpha[..., None] * acc_hp + np.einsum("bnqk,bknd->bnqd", _bf16_round(R_ROW * pt), vr[:, sl])
+            m = m_new
+    empty = l == 0
+    safe_l = np.where(empty, 1.0, l)
+    o = np.where(empty[..., None], 0.0, acc / (R_ROW * safe_l)[..., None]).transpose(0, 2, 1, 3)
+    o_hp = np.where(empty[..., None], 0.0, acc_hp / (R_ROW * safe_l)[..., None]).transpose(0, 2, 1, 3)
+    lse = np.where(empty, -np.inf, m + np.log(safe_l))
+    # Backward, P materialized; O' (bf16-rounded as stored) for delta.
+    valid = np.broadcast_to(vis, s_all.shape)
+    m_safe = np.where(empty, 0.0, m)[..., None]
+    pt = np.where(valid & ~empty[..., None], np.exp(s_all - m_safe), 0.0)
+    p = pt / safe_l[..., None]
+    delta = np.einsum("bqnd,bqnd->bnq", _bf16_round(o_hp), do)[..., None]
+    ds = _bf16_round(p * (np.einsum("bqnd,bknd->bnqk", do, vr) - delta))
+    dq = scale * np.einsum("bnqk,bknd->bqnd", ds, kr)
+    dk = scale * np.einsum("bnqk,bqnd->bknd", ds, q)
+    p_dv = _bf16_round(_fq64(R_ROW * pt, mask=valid) / (R_ROW * safe_l)[..., None])
+    dv = np.einsum("bnqk,bqnd->bknd", p_dv, do)
+    fold = lambda x: x.reshape(b, tk, kh, g, d).sum(axis=3)
+    return o, o_hp, lse, m, dq, fold(dk), fold(dv)
+
+
+def fq_tensor_oracle(x, length=None):
+    """NumPy two-level NVFP4 per (batch, head) of x [B, T, H, D]: (fq(enc * x), 1 / enc) in FP32."""
+    x = np.asarray(x, np.float32)
+    ax = np.abs(x)
+    if length is not None:
+        ax = np.where(np.arange(x.shape[1])[None, :, None, None] < np.asarray(length)[:, None, None, None], ax, 0)
+    with np.errstate(invalid="ignore"):
+        amax = ax.max(axis=(1, 3), keepdims=True, initial=0).astype(np.float32)
+        ok = np.isfinite(amax) & (amax > 0)
+        enc = np.where(ok, np.float32(2688) / np.where(ok, amax, np.float32(1)), np.float32(1)).astype(np.float32)
+        y = fq_oracle((enc * x).astype(np.float32))
+    return y, (np.float32(1) / enc).astype(np.float32)

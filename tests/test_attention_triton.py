@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from cases import poisoned
 from conftest import assert_close
 from oracle import fq_oracle
 
@@ -84,21 +85,13 @@ def _qflags(flags):
   return {k: flags[k] for k in ("HW_E4M3", "HW_E2M1")}
 
 
-def _poisoned(plan, names, device):
-  """Plan buffers filled with NaN (integer ones with -1): any element a kernel forgets to write stays so."""
-  tensors = torch_launch.allocate(plan, names, device)
-  for t in tensors.values():
-    t.fill_(float("nan") if t.is_floating_point() else -1)
-  return tensors
-
-
 def _kernel_forward(q, k, v, *, scale, is_causal, block_n, block_m, cfg):
   """The forward plan executed on torch tensors with a small query tile (``block_m``)."""
   opts = AttentionOptions(scale, is_causal, block_n, cfg)
   plan = plans.attention_forward(*map(torch_launch.describe, (q, k, v)), opts, torch_launch.target(q),
                                  config=ForwardConfig(block_m, 4, 1))
-  tensors = dict(q=q, k=k, v=v, **_poisoned(plan, plan.scratch + ("o", "lse"), q.device))
-  tensors["o_hp"] = _poisoned(plan, ("o_hp",), q.device)["o_hp"]
+  tensors = dict(q=q, k=k, v=v, **poisoned(plan, plan.scratch + ("o", "lse"), q.device))
+  tensors["o_hp"] = poisoned(plan, ("o_hp",), q.device)["o_hp"]
   torch_launch.execute(plan, tensors)
   return tensors["o"], tensors["o_hp"], tensors["lse"]
 
@@ -110,7 +103,7 @@ def _kernel_backward(do, q, k, v, o_for_delta, lse, *, scale, is_causal, blocks,
   plan = plans.attention_backward(*map(torch_launch.describe, (do, q, k, v, o_for_delta, lse)), opts,
                                   torch_launch.target(q), config=BackwardConfig(dq_m, dq_n, 4, 1, kv_n, kv_m, 4, 1))
   tensors = dict(do=do, q=q, k=k, v=v, o_for_delta=o_for_delta, lse=lse,
-                 **_poisoned(plan, plan.scratch + plan.outputs, q.device))
+                 **poisoned(plan, plan.scratch + plan.outputs, q.device))
   torch_launch.execute(plan, tensors)
   return tensors["dq"], tensors["dk"], tensors["dv"]
 
@@ -200,7 +193,7 @@ def test_backward_writes_fq_q_over_o_prime(case):
                                   config=BackwardConfig(16, 16, 4, 1, 32, 16, 4, 1), q_hat_over_out=True)
   assert "q_hat" not in plan.scratch and plan.stored_in["q_hat"] == "o_for_delta"
   tensors = dict(do=do, q=q, k=k, v=v, o_for_delta=o_for_delta, lse=lse,
-                 **_poisoned(plan, plan.scratch + plan.outputs, device))
+                 **poisoned(plan, plan.scratch + plan.outputs, device))
   torch_launch.execute(plan, tensors)
   for name, got, want in zip(("dQ", "dK", "dV"), (tensors["dq"], tensors["dk"], tensors["dv"]), r_grads):
     assert_close(_np(got), want, rel=BOUNDS[name], name=name)

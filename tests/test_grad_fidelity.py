@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 import train_lm  # noqa: E402
 from conftest import assert_close
-from oracle import attention_oracle, fq_oracle, visible_oracle
-from test_numerics_modes import row_oracle
+from oracle import attention_oracle, fq_oracle, row_oracle, visible_oracle
 
 from jqat._src.attention import smooth_keys
 

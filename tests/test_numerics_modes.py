@@ -1,18 +1,23 @@
-"""p_scale="row" (docs/NUMERICS.md) against an independent float64 re-derivation, and the defect it fixes.
+"""The numerics modes of docs/NUMERICS.md on every implementation: p_scale="row", qkv_scale="tensor", smooth_k.
 
-The oracle here is written from the definition with NumPy (the quantizer from ``oracle.fq_oracle``),
-not by calling the reference: R = 6 * 448; the forward accumulates fq(R * exp(S - m_running)) @ V and
-divides by R * l; the backward's dV operand is fq(R * exp(S - m)) / (R * l) with m, l the final row
-max and row sum, and dS keeps the unquantized P.
+The oracles are written from the definitions with NumPy (tests/oracle.py: ``row_oracle``, ``fq_tensor_oracle`` fed to
+``attention_oracle``), not by calling the reference: R = 6 * 448; the forward accumulates fq(R * exp(S - m_running)) @ V
+and divides by R * l; the backward's dV operand is fq(R * exp(S - m)) / (R * l) with m, l the final row max and row
+sum, and dS keeps the unquantized P. Each case runs on every implementation (tests/cases.py); the kernels are also
+held to the XLA reference's tighter bounds, and the interpreter's two-level Q, K, V are checked bit for bit.
 """
 
+import cases
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from conftest import assert_close, assert_reordered_equal
-from oracle import _bf16_round, _fq64, attention_grad_oracle, attention_oracle, bits, fq_oracle, visible_oracle
+from cases import KERNEL_BOUNDS, KERNELS, MODES, Masks, f64, implementations, lengths, run, segments, zero_empty_rows
+from cases import NO_MASKS as FULL
+from cases import qkv as _qkv
+from conftest import HAS_GPU, assert_close, assert_reordered_equal
+from oracle import _fq64, attention_grad_oracle, attention_oracle, bits, fq_tensor_oracle, row_oracle
 
 import jqat
 import jqat.torch
@@ -20,109 +25,72 @@ from jqat._src import attention_reference as reference
 from jqat.ffi.options import QATConfig
 from jqat.flax import make_attention_fn
 
-R = 6.0 * 448.0
 # FP32 work against a float64 oracle: bf16 output rounding (2^-9 relative) plus fq(P) codes flipped
 # where exp's last-bit differences move a value across an E2M1 boundary; the same bounds as the
 # block-mode reference tests.
 OUT_BOUND = 2e-2
 GRAD_BOUND = 2e-2
-
-
-def row_oracle(q, k, v, do, *, scale, block_n, vis):
-  """Float64 row-mode forward and backward: (O, O', lse, m, dQ, dK, dV). vis: [B, Tq, Tk] bool."""
-  q, k, v = (_fq64(np.asarray(t, np.float32)) for t in (q, k, v))
-  do = np.asarray(do, np.float32).astype(np.float64)
-  b, tq, n, d = q.shape
-  tk, kh = k.shape[1], k.shape[2]
-  g = n // kh
-  kr, vr = np.repeat(k, g, axis=2), np.repeat(v, g, axis=2)
-  vis = np.asarray(vis, bool)[:, None]
-  s_all = scale * np.einsum("bqnd,bknd->bnqk", q, kr)
-  m = np.full((b, n, tq), -np.inf)
-  l = np.zeros((b, n, tq))
-  acc = np.zeros((b, n, tq, d))
-  acc_hp = np.zeros((b, n, tq, d))
-  with np.errstate(invalid="ignore"):
-    for start in range(0, tk, block_n):
-      sl = slice(start, min(start + block_n, tk))
-      valid = np.broadcast_to(vis[..., sl], s_all[..., sl].shape)
-      s = np.where(valid, s_all[..., sl], -np.inf)
-      m_new = np.maximum(m, s.max(axis=-1))
-      m_safe = np.where(np.isinf(m_new), 0.0, m_new)
-      pt = np.where(valid, np.exp(s - m_safe[..., None]), 0.0)
-      alpha = np.where(np.isinf(m), 0.0, np.exp(m - m_safe))
-      l = alpha * l + pt.sum(-1)
-      # Row mode's tile is R * pt: fq(P) and O' both take it, O and O' both divide by R * l.
-      acc = alpha[..., None] * acc + np.einsum("bnqk,bknd->bnqd", _fq64(R * pt, mask=valid), vr[:, sl])
-      acc_hp = alpha[..., None] * acc_hp + np.einsum("bnqk,bknd->bnqd", _bf16_round(R * pt), vr[:, sl])
-      m = m_new
-  empty = l == 0
-  safe_l = np.where(empty, 1.0, l)
-  o = np.where(empty[..., None], 0.0, acc / (R * safe_l)[..., None]).transpose(0, 2, 1, 3)
-  o_hp = np.where(empty[..., None], 0.0, acc_hp / (R * safe_l)[..., None]).transpose(0, 2, 1, 3)
-  lse = np.where(empty, -np.inf, m + np.log(safe_l))
-  # Backward, P materialized; O' (bf16-rounded as stored) for delta.
-  valid = np.broadcast_to(vis, s_all.shape)
-  m_safe = np.where(empty, 0.0, m)[..., None]
-  pt = np.where(valid & ~empty[..., None], np.exp(s_all - m_safe), 0.0)
-  p = pt / safe_l[..., None]
-  delta = np.einsum("bqnd,bqnd->bnq", _bf16_round(o_hp), do)[..., None]
-  ds = _bf16_round(p * (np.einsum("bqnd,bknd->bnqk", do, vr) - delta))
-  dq = scale * np.einsum("bnqk,bknd->bqnd", ds, kr)
-  dk = scale * np.einsum("bnqk,bqnd->bknd", ds, q)
-  p_dv = _bf16_round(_fq64(R * pt, mask=valid) / (R * safe_l)[..., None])
-  dv = np.einsum("bnqk,bqnd->bknd", p_dv, do)
-  fold = lambda x: x.reshape(b, tk, kh, g, d).sum(axis=3)
-  return o, o_hp, lse, m, dq, fold(dk), fold(dv)
+ORACLE_BOUNDS = {"O": OUT_BOUND, "O'": OUT_BOUND, "lse": 1e-5, "row_max": 1e-5, "dQ": GRAD_BOUND, "dK": GRAD_BOUND,
+                 "dV": GRAD_BOUND}
+_f = f64
 
 
 def _inputs(b, tq, tk, n, kh, d, seed=0, spread=2.0):
-  rng = np.random.default_rng(seed)
-  q = rng.normal(0, spread, (b, tq, n, d)).astype(np.float32)
-  k = rng.normal(0, 1, (b, tk, kh, d)).astype(np.float32)
-  v = rng.normal(0, 1, (b, tk, kh, d)).astype(np.float32)
-  do = rng.normal(0, 1, (b, tq, n, d)).astype(np.float32)
-  return tuple(jnp.asarray(x, jnp.bfloat16) for x in (q, k, v, do))
+  return _qkv((b, tq, tk, n, kh, d), seed, spread=(spread, 1.0, 1.0, 1.0))
 
 
-MASK_CASES = {
-    "full": {},
-    "causal": dict(is_causal=True),
-    "lengths": dict(query_seq_lengths=np.array([20, 37]), key_value_seq_lengths=np.array([45, 9])),
-    "segments": dict(q_segment_ids=np.repeat([[0, 1, 2]], 2, 0).repeat([15, 15, 7], 1),
-                     kv_segment_ids=np.repeat([[0, 1, 3]], 2, 0).repeat([20, 20, 9], 1)),
+def _reference(implementation, case_run):
+  """The XLA reference on the same case for the kernels (one compile per case), else None."""
+  return case_run("xla") if implementation in KERNELS else None
+
+
+def _assert_kernel_bounds(implementation, got, ref):
+  """Kernels: every output within KERNEL_BOUNDS of the reference (empty rows already zeroed in both)."""
+  for key in got if ref is not None else ():
+    assert_close(got[key], ref[key], rel=KERNEL_BOUNDS[key], name=f"{key} {implementation} vs reference")
+
+
+# (B, Tq, Tk, N, K, D) and masks: partial tiles of 16 rows and 16 or 32 keys, GQA, rows that see no key.
+ROW_CASES = {
+    "full": ((1, 17, 40, 2, 1, 32), FULL),
+    "causal-gqa": ((1, 40, 40, 2, 1, 16), Masks(is_causal=True)),
+    "lengths": ((2, 20, 33, 1, 1, 16), lengths([20, 7], [9, 33])),
+    "segments-empty-rows": ((1, 24, 32, 1, 1, 16), segments([[(0, 8), (1, 8), (5, 8)]], [[(0, 16), (1, 16)]])),
 }
 
 
-def _vis(case, b, tq, tk):
-  kw = MASK_CASES[case]
-  return visible_oracle(b, tq, tk, is_causal=kw.get("is_causal", False), q_len=kw.get("query_seq_lengths"),
-                        kv_len=kw.get("key_value_seq_lengths"), q_seg=kw.get("q_segment_ids"),
-                        kv_seg=kw.get("kv_segment_ids"))
+# jqat.torch on the CPU runs the XLA reference once more (a compile a case): there one row case (rows that see no key)
+# and one tensor case (lengths, GQA); on a GPU (its CUDA kernels) every case.
+TORCH_CASES = ("segments-empty-rows", "lengths-gqa")
 
 
-def _f(x):
-  return np.asarray(jnp.asarray(x, jnp.float32), np.float64)
+def _params(cases, keep=lambda case, impl: True):
+  return [pytest.param(impl.values[0], case, marks=impl.marks, id=f"{case}-{impl.id}")
+          for case in cases for impl in implementations(slow=("interpreter",))
+          if keep(case, impl.values[0]) and (impl.values[0] != "torch" or case in TORCH_CASES or HAS_GPU)]
 
 
-@pytest.mark.parametrize("case", list(MASK_CASES))
-def test_row_mode_reference_matches_float64_oracle(case):
-  b, tq, tk, n, kh, d, block_n = 2, 37, 49, 4, 2, 32, 16
-  q, k, v, do = _inputs(b, tq, tk, n, kh, d)
-  kw = {name: jnp.asarray(x, jnp.int32) if name != "is_causal" else x for name, x in MASK_CASES[case].items()}
-  scale = d**-0.5
-  o, o_hp, lse, m = jqat.attention_forward(q, k, v, block_n=block_n, implementation="xla", p_scale="row", **kw)
-  dq, dk, dv = jqat.attention_backward(do, q, k, v, o_hp, lse, implementation="xla", p_scale="row", row_max=m, **kw)
-  want = row_oracle(q, k, v, do, scale=scale, block_n=block_n, vis=_vis(case, b, tq, tk))
-  w_o, w_ohp, w_lse, w_m, w_dq, w_dk, w_dv = want
-  assert_close(_f(o), w_o, rel=OUT_BOUND, name="O")
-  assert_close(_f(o_hp), w_ohp, rel=OUT_BOUND, name="O'")
-  fin = lambda x: np.where(np.isinf(x), 0.0, x)
-  assert (np.isinf(_f(lse)) == np.isinf(w_lse)).all() and (np.isinf(_f(m)) == np.isinf(w_m)).all()
-  assert_close(fin(_f(lse)), fin(w_lse), rel=1e-5, name="lse")  # FP32 log-sum-exp
-  assert_close(fin(_f(m)), fin(w_m), rel=1e-5, name="row_max")
-  for name, got, exp in (("dQ", dq, w_dq), ("dK", dk, w_dk), ("dV", dv, w_dv)):
-    assert_close(_f(got), exp, rel=GRAD_BOUND, name=name)
+@pytest.mark.parametrize("implementation, case", _params(ROW_CASES))
+def test_row_mode_matches_float64_oracle(implementation, case):
+  """p_scale="row": forward outputs, row_max and gradients against row_oracle; rows that see no key give
+  O = O' = 0 and dQ = 0 exactly."""
+  shape, masks = ROW_CASES[case]
+  b, tq, tk, _, _, d = shape
+  q, k, v, do = _inputs(*shape)
+  case_run = lambda impl: run(impl, q, k, v, do, masks, MODES["row"])
+  got = case_run(implementation)
+  vis = masks.visible(b, tq, tk)
+  want = dict(zip(("O", "O'", "lse", "row_max", "dQ", "dK", "dV"),
+                  row_oracle(q, k, v, do, scale=d**-0.5, block_n=16, vis=vis)))
+  ref = _reference(implementation, case_run)
+  zero_empty_rows(got, want, *[ref] * (ref is not None))
+  for key in got:
+    assert_close(got[key], want[key], rel=ORACLE_BOUNDS[key], name=f"{key} vs float64")
+  rows = ~vis.any(-1)  # [B, Tq]
+  for key in ("O", "O'", "dQ"):
+    if key in got:
+      assert (got[key][rows] == 0).all(), key
+  _assert_kernel_bounds(implementation, got, ref)
 
 
 def test_row_mode_grad_matches_explicit_backward():
@@ -230,9 +198,6 @@ def test_row_mode_through_flax_and_torch():
                            dtype=jnp.bfloat16)
 
 
-OFF = dict(quantize_qkv=False, quantize_p=False, high_precision_delta=True, quantize_p_backward=False)
-
-
 # dQ = bf16(dS) @ K and dK = bf16(dS)^T @ Q (docs/NUMERICS.md, section 5) round dS to bf16 (2^-9 relative) before the
 # sum over keys that would cancel the mean's share exactly: against keys whose common component (3) is 3x
 # their spread, the un-smoothed dQ carries ~3 * 2^-9 of extra rounding (measured 6e-3), dK 5e-4 through
@@ -251,7 +216,7 @@ def test_smooth_k_is_invisible_without_quantization():
   k_nan = k.at[1, 13:].set(jnp.nan)  # never read: must not leak through the mean
   run = lambda k, smooth: jax.vjp(
       lambda q, k, v: jqat.attention(q, k, v, implementation="xla", is_causal=True, key_value_seq_lengths=kv_len,
-                                     smooth_k=smooth, **OFF), q, k, v)
+                                     smooth_k=smooth, **MODES["off"]), q, k, v)
   o_ref, vjp_ref = run(k, False)
   o, vjp = run(k_nan, True)
   assert_close(_f(o), _f(o_ref), rel=1e-5, name="O")
@@ -307,20 +272,6 @@ def test_smooth_k_through_torch():
     assert_close(t.grad.float().numpy(), np.swapaxes(_f(g), 1, 2), rel=1e-2, name=f"torch {name}")
 
 
-def fq_tensor_oracle(x, length=None):
-  """NumPy two-level NVFP4 per (batch, head) of x [B, T, H, D]: (fq(enc * x), 1 / enc) in FP32."""
-  x = np.asarray(x, np.float32)
-  ax = np.abs(x)
-  if length is not None:
-    ax = np.where(np.arange(x.shape[1])[None, :, None, None] < np.asarray(length)[:, None, None, None], ax, 0)
-  with np.errstate(invalid="ignore"):
-    amax = ax.max(axis=(1, 3), keepdims=True, initial=0).astype(np.float32)
-    ok = np.isfinite(amax) & (amax > 0)
-    enc = np.where(ok, np.float32(2688) / np.where(ok, amax, np.float32(1)), np.float32(1)).astype(np.float32)
-    y = fq_oracle((enc * x).astype(np.float32))
-  return y, (np.float32(1) / enc).astype(np.float32)
-
-
 def test_tensor_scale_quantizer_is_bitwise_the_oracle():
   """fq(enc * x) and 1 / enc bit for bit, over magnitudes past 2688 and below the 2^-9 block floor, with
   lengths, a zero slab, and a NaN and an Inf slab."""
@@ -363,40 +314,198 @@ def test_div_rn_is_ieee_division():
                                   err_msg=f"{num} / den")
 
 
-def test_tensor_scale_attention_matches_float64_oracle():
-  """qkv_scale="tensor": forward and gradients against the float64 oracle fed the oracle's two-level Q, K, V
-  (with lengths); NaN in a live key reaches the output. (The Triton kernels: tests/test_numerics_modes_triton.py.)"""
-  rng = np.random.default_rng(9)
-  q = (rng.normal(0, 1, (2, 24, 2, 32)) * 3e3).astype(np.float32)  # past 2688: block scales would saturate
-  k = (rng.normal(0, 1, (2, 40, 1, 32)) * 1e-4).astype(np.float32)  # below the floor: block fq gives 0
-  v = rng.normal(0, 1, (2, 40, 1, 32)).astype(np.float32)
-  do = rng.normal(0, 1, (2, 24, 2, 32)).astype(np.float32)
-  q, k, v, do = (x.astype(jnp.bfloat16).astype(np.float32) for x in (q, k, v, do))
-  kv_len = np.array([40, 29], np.int32)
-  scale = 32**-0.5 * 3.0
-  kw = dict(scale=scale, implementation="xla", qkv_scale="tensor", key_value_seq_lengths=jnp.asarray(kv_len))
-  jq, jk, jv, jdo = (jnp.asarray(x, jnp.bfloat16) for x in (q, k, v, do))
-  o, o_hp, lse = jqat.attention_forward(jq, jk, jv, block_n=16, **kw)
-  dq, dk, dv = jqat.attention_backward(jdo, jq, jk, jv, o_hp, lse, **kw)
-  deq = [np.asarray(y * dec, np.float32) for y, dec in (fq_tensor_oracle(q), fq_tensor_oracle(k, kv_len),
-                                                         fq_tensor_oracle(v, kv_len))]
-  vis = visible_oracle(2, 24, 40, kv_len=kv_len)
-  w_o, w_ohp, w_lse = attention_oracle(*deq, scale=scale, is_causal=False, block_n=16, quantize_qkv=False, vis=vis)
-  assert_close(_f(o), w_o, rel=OUT_BOUND, name="O")
-  assert_close(_f(lse), w_lse, rel=1e-5, name="lse")
-  grads = attention_grad_oracle(do, *deq, _f(o_hp), _f(lse), scale=scale, is_causal=False, quantize_qkv=False,
-                                vis=vis)
-  for name, got, want in zip(("dQ", "dK", "dV"), (dq, dk, dv), grads):
-    assert_close(_f(got), want, rel=GRAD_BOUND, name=name)
-  # NaN in a live key: its (batch, head) slab falls back to block scales and the NaN block reaches O.
-  bad = jk.at[0, 3, 0, 0].set(jnp.nan)
-  assert np.isnan(_f(jqat.attention(jq, bad, jv, **kw))[0]).all()
-  # The torch shim (CPU tensors: the XLA reference) and the Flax adapter pass it through.
-  want = _f(jqat.attention(jq, jk, jv, **kw))
+
+
+# Q past 2688 (block scales would saturate), K below the 2^-9 block floor (block fq would give 0), V moderate.
+TENSOR_SPREAD = (3e3, 1e-4, 1.0, 1.0)
+# (shape, masks, p_scale, scale): scores of order 1, Q.K ~ 3e3 * 1e-4 * sqrt(D).
+TENSOR_CASES = {
+    "lengths-gqa": ((2, 20, 33, 2, 1, 32), lengths([20, 13], [33, 9]), "block", 32**-0.5 * 3.0),
+    "causal-segments-row": ((1, 24, 32, 1, 1, 16),
+                            segments([[(0, 8), (1, 16)]], [[(0, 12), (1, 20)]], is_causal=True), "row", 16**-0.5 * 3.0),
+    # Above D = 128 the forward reads fq(enc * Q) from the pass instead of rounding its own Q tile.
+    "causal-d144": ((1, 19, 21, 1, 1, 144), Masks(is_causal=True, kv_len=np.array([17], np.int32)), "block",
+                    144**-0.5 * 3.0),
+}
+# With p_scale="row" there is no float64 oracle of the two-level inputs: the kernels against the reference only.
+_TENSOR_PARAMS = _params(TENSOR_CASES, lambda case, impl: TENSOR_CASES[case][2] == "block" or impl in KERNELS)
+
+
+def _assert_two_level_bitwise(scratch, arrays, operands):
+  """The kernels' fq(enc * X) and encode scales of Q, K, V are the oracle's bit for bit."""
+  q_len, kv_len = operands[:2]
+  for name, x, length in (("q", arrays[0], q_len), ("k", arrays[1], kv_len), ("v", arrays[2], kv_len)):
+    y, dec = fq_tensor_oracle(np.asarray(x, np.float32), length)
+    np.testing.assert_array_equal(bits(scratch[f"{name}_hat"]), bits(y), err_msg=f"fq(enc * {name})")
+    np.testing.assert_array_equal(bits(np.float32(1) / scratch[f"{name}_enc"]), bits(dec.reshape(dec.shape[0], -1)),
+                                  err_msg=f"{name} decode scale")
+
+
+@pytest.mark.parametrize("implementation, case", _TENSOR_PARAMS)
+def test_tensor_mode_matches_float64_oracle(implementation, case):
+  """qkv_scale="tensor": outputs and gradients against the float64 oracle fed the oracle's two-level Q, K, V
+  (p_scale="block"), the kernels also against the reference, and the interpreter's two-level Q, K, V bitwise."""
+  shape, masks, p_scale, scale = TENSOR_CASES[case]
+  b, tq, tk = shape[:3]
+  q, k, v, do = _qkv(shape, 1, spread=TENSOR_SPREAD)
+  mode = dict(qkv_scale="tensor", p_scale=p_scale)
+  scratch = {} if implementation == "interpreter" else None
+  case_run = lambda impl: run(impl, q, k, v, do, masks, mode, scale=scale, scratch=scratch if impl == implementation
+                              else None)
+  got = case_run(implementation)
+  if scratch is not None:
+    _assert_two_level_bitwise(scratch, (q, k, v), masks.operands())
+  vis = masks.visible(b, tq, tk)
+  want = {}
+  if p_scale == "block":
+    q_len, kv_len = masks.operands()[:2]
+    deq = [y * dec for y, dec in (fq_tensor_oracle(np.asarray(x, np.float32), ln) for x, ln in
+                                  zip((q, k, v), (q_len, kv_len, kv_len)))]
+    kw = dict(scale=scale, is_causal=False, quantize_qkv=False, vis=vis)
+    want.update(zip(("O", "O'", "lse"), attention_oracle(*deq, block_n=16, **kw)))
+    o_hp, lse = got.get("O'", want["O'"]), got.get("lse", want["lse"])
+    want.update(zip(("dQ", "dK", "dV"), attention_grad_oracle(np.asarray(do, np.float32), *deq, o_hp, lse, **kw)))
+  ref = _reference(implementation, case_run)
+  zero_empty_rows(got, want, *[ref] * (ref is not None))
+  for key in want:
+    if key in got:
+      assert_close(got[key], want[key], rel=ORACLE_BOUNDS[key], name=f"{key} vs float64")
+  rows = ~vis.any(-1)
+  for key in ("O", "O'", "dQ"):
+    if key in got:
+      assert (got[key][rows] == 0).all(), key
+  _assert_kernel_bounds(implementation, got, ref)
+
+
+@pytest.mark.parametrize("implementation", implementations("xla", "interpreter", "triton", slow=("interpreter",)))
+def test_tensor_mode_nan_and_inf(implementation):
+  """qkv_scale="tensor" with non-finite inputs (docs/NUMERICS.md): a NaN in a live key makes its slab fall back
+  to block scales and reaches every output of its batch (O, O', lse and all gradients); a NaN in a key past the
+  length stays out of the amax; an Inf in Q saturates its slab's block scales."""
+  shape, masks, _, scale = TENSOR_CASES["lengths-gqa"]  # its shapes and options: the reference compiled for it
+  q, k, v, do = _qkv(shape, 2, spread=(1.0, 0.1, 1.0, 1.0))
+  k = k.at[0, 3, 0, 0].set(jnp.nan)  # live: batch 0 is NaN throughout
+  k = k.at[1, 20, 0, 5].set(jnp.nan)  # past kv_len[1] = 9: no effect
+  q = q.at[1, 2, 1, 7].set(jnp.inf)  # batch 1, head 1: enc = 1, its block saturates at 2688
+  mode = dict(qkv_scale="tensor")
+  scratch = {} if implementation == "interpreter" else None
+  got = run(implementation, q, k, v, do, masks, mode, scale=scale, scratch=scratch)
+  if scratch is not None:
+    _assert_two_level_bitwise(scratch, (q, k, v), masks.operands())
+    assert scratch["k_enc"][0, 0] == 1.0 and scratch["q_enc"][1, 1] == 1.0 and scratch["k_enc"][1, 0] != 1.0
+  for key in ("O", "O'", "lse", "dQ", "dK", "dV"):
+    assert np.isnan(got[key][0]).all(), key
+    assert np.isfinite(got[key][1][~np.isneginf(got[key][1])]).all(), key
+  if implementation in KERNELS:
+    ref = run("xla", q, k, v, do, masks, mode, scale=scale)
+    got, ref = ({key: x[1:] for key, x in d.items()} for d in (got, ref))
+    zero_empty_rows(got, ref)  # batch 1's rows past query_seq_lengths
+    for key in ("O", "O'", "lse", "dQ", "dK", "dV"):
+      assert_close(got[key], ref[key], rel=KERNEL_BOUNDS[key], name=f"{key} batch 1")
+
+
+def test_tensor_mode_through_torch_and_flax():
+  """The torch shim (CPU tensors: the XLA reference) and the Flax adapter pass qkv_scale through: jqat's O."""
+  shape, masks, _, scale = TENSOR_CASES["lengths-gqa"]
+  q, k, v, _ = _qkv(shape, 1, spread=TENSOR_SPREAD)
+  kw = dict(scale=scale, implementation="xla", qkv_scale="tensor")
+  want = _f(jqat.attention(q, k, v, **kw, **masks.keywords()))
+  assert not np.array_equal(want, _f(jqat.attention(q, k, v, scale=scale, implementation="xla",
+                                                    **masks.keywords())))
   to_t = lambda x: torch.from_numpy(np.array(jnp.swapaxes(x, 1, 2).astype(jnp.float32))).to(torch.bfloat16)
-  got = jqat.torch.attention(to_t(jq), to_t(jk), to_t(jv), scale=scale, enable_gqa=True, qkv_scale="tensor",
-                             key_value_seq_lengths=torch.from_numpy(kv_len))
+  got = jqat.torch.attention(to_t(q), to_t(k), to_t(v), scale=scale, enable_gqa=True, qkv_scale="tensor",
+                             **masks.keywords(torch.from_numpy))
   assert_close(np.swapaxes(got.float().numpy(), 1, 2), want, rel=1e-6, name="torch O")
   fn = make_attention_fn(implementation="xla", qkv_scale="tensor")
-  assert_close(_f(fn(jq, jk, jv)), _f(jqat.attention(jq, jk, jv, implementation="xla", qkv_scale="tensor")),
-               rel=1e-6, name="flax O")
+  assert_close(_f(fn(q, k, v)), _f(jqat.attention(q, k, v, implementation="xla", qkv_scale="tensor")), rel=1e-6,
+               name="flax O")
+
+
+# ----------------------------------------------------------------------------- GPU: the public API at full size
+
+
+def _np(t):
+  return t.detach().float().cpu().numpy().astype(np.float64)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_row_triton_matches_xla_gpu(causal):
+  """The public API on the GPU: p_scale="row" forward outputs and gradients, Triton against XLA."""
+  ks = jax.random.split(jax.random.key(0), 4)
+  q = jax.random.normal(ks[0], (2, 1000, 8, 128), jnp.bfloat16) * 2
+  k, v = (jax.random.normal(x, (2, 1000, 2, 128), jnp.bfloat16) for x in ks[1:3])
+  do = jax.random.normal(ks[3], q.shape, jnp.bfloat16)
+  res = {}
+  for impl in ("triton", "xla"):
+    o, o_hp, lse, m = jqat.attention_forward(q, k, v, is_causal=causal, implementation=impl, p_scale="row")
+    grads = jqat.attention_backward(do, q, k, v, o_hp, lse, is_causal=causal, implementation=impl, p_scale="row",
+                                    row_max=m)
+    vjp = jax.vjp(lambda q, k, v, impl=impl: jqat.attention(q, k, v, is_causal=causal, implementation=impl,
+                                                           p_scale="row"),
+                  q, k, v)[1](do)
+    res[impl] = [np.asarray(jnp.asarray(x, jnp.float32), np.float64) for x in (o, o_hp, lse, m, *grads, *vjp)]
+  for name, a, e in zip(("O", "O'", "lse", "row_max", "dQ", "dK", "dV", "vjp dQ", "vjp dK", "vjp dV"),
+                        res["triton"], res["xla"]):
+    assert_close(a, e, rel=KERNEL_BOUNDS.get(name.removeprefix("vjp "), 2e-3), name=name)
+
+
+@pytest.mark.gpu
+def test_row_torch_cuda_matches_cpu_gpu():
+  """jqat.torch.attention(p_scale="row", smooth_k=True): the CUDA kernels (row_max through the custom op's
+  autograd) against the CPU path (the XLA reference through DLPack)."""
+  gen = torch.Generator().manual_seed(0)
+  shapes = ((2, 8, 700, 128), (2, 2, 700, 128), (2, 2, 700, 128), (2, 8, 700, 128))
+  q, k, v, do = (torch.randn(s, generator=gen).to(torch.bfloat16) for s in shapes)
+  res = {}
+  for device in ("cuda", "cpu"):
+    leaves = [t.to(device).requires_grad_() for t in (q, k, v)]
+    out = jqat.torch.attention(*leaves, is_causal=True, enable_gqa=True, p_scale="row", smooth_k=True)
+    out.backward(do.to(device))
+    res[device] = [_np(t) for t in (out, *(x.grad for x in leaves))]
+  for name, a, e in zip(("O", "dQ", "dK", "dV"), res["cuda"], res["cpu"]):
+    assert_close(a, e, rel=KERNEL_BOUNDS[name], name=name)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("p_scale", ["block", "row"])
+def test_tensor_triton_matches_xla_gpu(p_scale):
+  """The public API on the GPU with qkv_scale="tensor" (GQA, causal, lengths, Q past 2688 and K below the block
+  floor): forward outputs, explicit backward and vjp, Triton against XLA."""
+  ks = jax.random.split(jax.random.key(1), 4)
+  q = jax.random.normal(ks[0], (2, 1000, 8, 128), jnp.bfloat16) * 3e3
+  k = jax.random.normal(ks[1], (2, 1000, 2, 128), jnp.bfloat16) * 1e-4
+  v = jax.random.normal(ks[2], (2, 1000, 2, 128), jnp.bfloat16)
+  do = jax.random.normal(ks[3], q.shape, jnp.bfloat16)
+  kw = dict(scale=128**-0.5 * 3.0, is_causal=True, p_scale=p_scale, qkv_scale="tensor",
+            query_seq_lengths=jnp.array([1000, 611]), key_value_seq_lengths=jnp.array([873, 1000]))
+  res = {}
+  for impl in ("triton", "xla"):
+    fwd = jqat.attention_forward(q, k, v, implementation=impl, **kw)
+    grads = jqat.attention_backward(do, q, k, v, fwd[1], fwd[2], implementation=impl,
+                                    row_max=fwd[3] if p_scale == "row" else None, **kw)
+    vjp = jax.vjp(lambda q, k, v, impl=impl: jqat.attention(q, k, v, implementation=impl, **kw), q, k, v)[1](do)
+    res[impl] = [np.asarray(jnp.asarray(x, jnp.float32), np.float64) for x in (*fwd, *grads, *vjp)]
+  names = [n for n in cases.NAMES if p_scale == "row" or n != "row_max"]
+  got, ref = (dict(zip(names + ["vjp dQ", "vjp dK", "vjp dV"], res[i])) for i in ("triton", "xla"))
+  zero_empty_rows(got, ref)
+  for name in got:
+    assert_close(got[name], ref[name], rel=KERNEL_BOUNDS[name.removeprefix("vjp ")], name=name)
+
+
+@pytest.mark.gpu
+def test_tensor_torch_cuda_matches_cpu_gpu():
+  """jqat.torch.attention(qkv_scale="tensor") with key lengths: the CUDA kernels against the CPU path (the XLA
+  reference through DLPack)."""
+  gen = torch.Generator().manual_seed(1)
+  shapes = ((2, 8, 700, 128), (2, 2, 700, 128), (2, 2, 700, 128), (2, 8, 700, 128))
+  q, k, v, do = (torch.randn(s, generator=gen).to(torch.bfloat16) * sp for s, sp in zip(shapes, (1e3, 1e-3, 1, 1)))
+  res = {}
+  for device in ("cuda", "cpu"):
+    leaves = [t.to(device).requires_grad_() for t in (q, k, v)]
+    out = jqat.torch.attention(*leaves, enable_gqa=True, scale=128**-0.5, qkv_scale="tensor",
+                               key_value_seq_lengths=torch.tensor([700, 333], device=device))
+    out.backward(do.to(device))
+    res[device] = [_np(t) for t in (out, *(x.grad for x in leaves))]
+  for name, a, e in zip(("O", "dQ", "dK", "dV"), res["cuda"], res["cpu"]):
+    assert_close(a, e, rel=KERNEL_BOUNDS[name], name=name)

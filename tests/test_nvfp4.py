@@ -1,10 +1,14 @@
-"""The pure-JAX NVFP4 quantizer against the independent NumPy oracle, bit for bit."""
+"""The NVFP4 quantizer against the independent NumPy oracle, bit for bit: the pure-JAX ``jqat.nvfp4`` and, on the
+shared quantizer cases (tests/cases.py), the Triton ``fake_quantize_kernel`` (interpreter on the CPU, compiled on a
+GPU with the hardware and the software E4M3 / E2M1 paths)."""
 
 import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from cases import FQ_CASES, fake_quantize, implementations
+from conftest import HAS_GPU
 from jax.experimental import pallas as pl
 from oracle import E2M1_VALUES, E4M3_VALUES, bits, fq_oracle
 
@@ -20,6 +24,40 @@ def assert_bitwise(actual, expected):
   assert actual.dtype == expected.dtype and actual.shape == expected.shape
   bad = bits(actual) != bits(expected)
   assert not bad.any(), f"{bad.sum()} mismatches, first at {np.argwhere(bad)[:3].tolist()}"
+
+
+def _fq_case(name):
+  make, dtype = FQ_CASES[name]
+  x = make()
+  return np.asarray(x.astype(getattr(ml_dtypes, dtype, dtype)), np.float32), dtype
+
+
+def _assert_case(implementation, name, flags=None):
+  x, dtype = _fq_case(name)
+  got = fake_quantize(implementation, x, dtype, flags)
+  want = fq_oracle(x).astype(getattr(ml_dtypes, dtype, dtype)).astype(np.float32)  # exact in bf16 / fp16
+  bad = np.nonzero(bits(got) != bits(want))
+  assert bad[0].size == 0, f"{bad[0].size} mismatches, first at {tuple(i[0] for i in bad)}: " \
+      f"x={x[tuple(i[0] for i in bad)]} got={got[tuple(i[0] for i in bad)]} want={want[tuple(i[0] for i in bad)]}"
+
+
+@pytest.mark.filterwarnings("ignore:All-NaN slice")  # the interpreter's max over a NaN block
+@pytest.mark.parametrize("implementation", implementations("xla", "interpreter", "triton"))
+@pytest.mark.parametrize("name", sorted(FQ_CASES))
+def test_fake_quantize_matches_oracle(implementation, name):
+  """Every bf16 pattern (in runs and shuffled), every E2M1 boundary under every E4M3 scale, zero / NaN / Inf / huge
+  blocks in each dtype, tails of partial blocks: bit for bit."""
+  _assert_case(implementation, name)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(FQ_CASES))
+def test_fake_quantize_kernel_software_path_gpu(name):
+  """The compiled kernel with the software E4M3 / E2M1 paths (the pre-Blackwell, pre-Hopper code)."""
+  from jqat.kernels_triton import nvfp4 as knv
+
+  assert HAS_GPU
+  _assert_case("triton", name, knv.quant_flags(None))
 
 
 def test_every_bf16_pattern_under_every_scale():

@@ -1,8 +1,10 @@
-"""The Triton NVFP4 quantizer against the NumPy oracle, bit for bit (docs/NUMERICS.md, section 2).
+"""The Triton NVFP4 kernels' own parts against the NumPy oracle, bit for bit (docs/NUMERICS.md, section 2): the
+attention kernels' P quantizers, the compiled E4M3 / E2M1 paths against the software ones, NaN block bits under every
+launch layout, masked columns, ``quant_flags``. (``fake_quantize_kernel`` on the shared quantizer cases, beside the
+XLA quantizer: tests/test_nvfp4.py.)
 
-CPU: the kernel runs under ``TRITON_INTERPRET=1`` on torch CPU tensors, with
-the software E4M3/E2M1 paths. GPU (``@pytest.mark.gpu``): the same checks,
-compiled for the local GPU with the hardware paths ``quant_flags`` picks.
+CPU: the kernels run under ``TRITON_INTERPRET=1`` on torch CPU tensors, with the software E4M3/E2M1 paths. GPU
+(``@pytest.mark.gpu``): compiled for the local GPU with the hardware paths ``quant_flags`` picks.
 """
 
 import os
@@ -19,130 +21,18 @@ torch = pytest.importorskip("torch")
 triton = pytest.importorskip("triton")
 tl = triton.language
 
+from cases import boundary_blocks  # noqa: E402
 from oracle import E2M1_VALUES, E4M3_VALUES, bits, fq_oracle, round_to_table  # noqa: E402
 
 from jqat.kernels_triton import nvfp4 as knv  # noqa: E402
 
 INTERPRET = os.environ["TRITON_INTERPRET"] == "1"
-_TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
-
 
 
 def _flags(device):
   if device == "cpu":
     return knv.quant_flags(None, interpret=True)
   return knv.quant_flags(torch.cuda.get_device_capability(), interpret=False)
-
-
-def _fq_triton(x32: np.ndarray, dtype: str, device: str, flags=None) -> np.ndarray:
-  """fq along the last axis of ``x32`` (FP32 values representable in ``dtype``), via the kernel."""
-  x = torch.from_numpy(np.ascontiguousarray(x32, np.float32)).to(_TORCH_DTYPES[dtype]).to(device)
-  x2 = x.reshape(-1, x.shape[-1])
-  out = torch.full_like(x2, float("nan"))  # poisoned: every element must be written
-  rows, cols = x2.shape
-  block_c = min(128, max(16, triton.next_power_of_2(cols)))
-  grid = (triton.cdiv(rows, 16), triton.cdiv(cols, block_c))
-  knv.fake_quantize_kernel[grid](x2, rows, cols, x2.stride(0), out.stride(0), out, BLOCK_R=16, BLOCK_C=block_c,
-                                 **(flags or _flags(device)))
-  return out.reshape(x.shape).cpu().float().numpy()
-
-
-def _check(x32, dtype="bfloat16", device="cpu", flags=None):
-  got = _fq_triton(x32, dtype, device, flags)
-  want = fq_oracle(x32).astype(np.float32)
-  if dtype != "float32":  # fq(x) is exact in bf16/fp16; the kernel stores the input dtype
-    want = torch.from_numpy(want).to(_TORCH_DTYPES[dtype]).float().numpy()
-  bad = np.nonzero(bits(got) != bits(want))
-  assert bad[0].size == 0, f"{bad[0].size} mismatches, first at {tuple(i[0] for i in bad)}: " \
-      f"x={x32[tuple(i[0] for i in bad)]} got={got[tuple(i[0] for i in bad)]} want={want[tuple(i[0] for i in bad)]}"
-
-
-def _all_bf16_patterns():
-  """All 65536 bf16 bit patterns as FP32, [4096, 16]: each block a run of neighbouring patterns."""
-  u = np.arange(65536, dtype=np.uint32) << 16
-  return u.view(np.float32).reshape(4096, 16)
-
-
-def _all_bf16_patterns_shuffled():
-  """The same patterns in random blocks, so small values share blocks with large ones."""
-  x = _all_bf16_patterns().reshape(-1)
-  x = x[np.random.default_rng(0).permutation(x.size)]
-  x = x[~np.isnan(x)]  # a NaN would turn its whole block NaN and hide the rest
-  return x[: x.size // 16 * 16].reshape(-1, 16)
-
-
-def _boundary_blocks(toward):
-  """For every E4M3 scale s (with 6s finite), a block of 16: 6s (so the block's scale is s), the seven
-  exact E2M1 boundaries b*s, their FP32 neighbours in the direction of ``toward``, and 0."""
-  rows = []
-  for s in E4M3_VALUES[1:]:
-    s = np.float32(s)
-    if s * 6 > 3e38:
-      continue
-    vals = [np.float32(s * b) for b in (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)]
-    rows.append([np.float32(6 * s)] + vals + [np.nextafter(v, np.float32(toward)) for v in vals] + [0.0])
-  return np.array(rows, np.float32)
-
-
-def _midpoints():
-  """Exact E2M1 boundaries b*s (and their float neighbours) for every E4M3 scale of a block with amax 6s."""
-  x = _boundary_blocks(np.inf)
-  return np.concatenate([x, -x])
-
-
-def _special_cases():
-  """Zero blocks, +-0, amax > 2688, Inf, NaN-in-block, the 0.5859375 / 0.46875 midpoint."""
-  blocks = np.zeros((8, 16), np.float32)
-  blocks[1, :] = -0.0
-  blocks[1, 3] = 0.0
-  blocks[2, :8] = [1e5, -3000.0, 2689.0, 1.0, -1.0, 0.1, -0.1, -0.0]
-  blocks[3, :4] = [np.inf, 1.0, -np.inf, -0.0]
-  blocks[4, :3] = [np.nan, 1.0, -2.0]
-  blocks[5, :2] = [0.5859375, 2.8125]  # amax 2.8125 -> scale 0.46875; 0.5859375/0.46875 = 1.25 -> 1.0
-  blocks[6, :3] = [3e38, -3e38, 1e-40]
-  blocks[7, :] = np.float32(2.0**-12) * np.arange(16)
-  return blocks
-
-
-CASES = {
-    "all_bf16_patterns": (_all_bf16_patterns, "bfloat16"),
-    "all_bf16_patterns_shuffled": (_all_bf16_patterns_shuffled, "bfloat16"),
-    "midpoints_fp32": (_midpoints, "float32"),
-    "special_bf16": (_special_cases, "bfloat16"),
-    "special_fp32": (_special_cases, "float32"),
-    "special_fp16": (lambda: np.clip(_special_cases(), -60000, 60000), "float16"),
-    "random_fp32_tail": (lambda: np.random.default_rng(1).standard_normal((5, 37)).astype(np.float32) * 3, "float32"),
-    "random_fp16_tail": (lambda: np.random.default_rng(2).standard_normal((3, 90)).astype(np.float32), "float16"),
-    "single_element": (lambda: np.array([[-0.3]], np.float32), "bfloat16"),
-}
-
-
-def _case(name):
-  make, dtype = CASES[name]
-  x = make()
-  if dtype != "float32":
-    x = torch.from_numpy(x).to(_TORCH_DTYPES[dtype]).float().numpy()
-  return x, dtype
-
-
-@pytest.mark.filterwarnings("ignore:All-NaN slice")  # the interpreter's max over a NaN block
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_fake_quantize_kernel_matches_oracle(name):
-  x, dtype = _case(name)
-  _check(x, dtype, kernel_device())
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", sorted(CASES))
-@pytest.mark.parametrize("path", ["software", "hardware"])
-def test_fake_quantize_kernel_matches_oracle_gpu(name, path):
-  if INTERPRET:
-    pytest.skip("compiled-kernel variant: run with TRITON_INTERPRET=0")
-  device = kernel_device()
-  flags = _flags(device) if path == "hardware" else knv.quant_flags(None)
-  x, dtype = _case(name)
-  _check(x, dtype, device, flags)
 
 
 @triton.jit
@@ -161,7 +51,7 @@ def _fq_probs_kernel(x_ptr, out_ptr, ROWS: tl.constexpr, COLS: tl.constexpr, BLO
 def _probability_cases():
   """Non-negative FP32 [64, 64]: every boundary b*s of every E4M3 scale with both float neighbours
   (blocks of 16 with amax 6s), then random blocks over 12 decades, some with zeros (masked keys)."""
-  x = np.concatenate([_boundary_blocks(np.inf), _boundary_blocks(0.0)]).reshape(-1)
+  x = np.concatenate([boundary_blocks(np.inf), boundary_blocks(0.0)]).reshape(-1)
   rng = np.random.default_rng(4)
   fill = 64 * 64 - x.size
   rand = (rng.random(fill) * 10.0 ** rng.integers(-12, 1, fill)).astype(np.float32)
