@@ -247,7 +247,10 @@ def forward(q, k, v, *, scale, is_causal, block_n, cfg: QATConfig, masks=NO_MASK
     valid = _tile_visible(tq, tk, start, block_n, masks, static)
     s = scale * jnp.einsum("bkgqd,bknd->bkgqn", qh, kb, precision=_HI)
     s = jnp.where(valid, s, -jnp.inf)
-    m_new = jnp.maximum(m, jnp.max(s, axis=-1))  # NaN in a visible score poisons the row
+    # NaN in a visible score poisons the row's max, explicitly: XLA's CPU max reduction may return the other operand
+    # of a NaN (x86 max semantics) once fused into the scan, which left row_max at -inf under a NaN lse.
+    tile_max = jnp.where(jnp.any(jnp.isnan(s), axis=-1), jnp.nan, jnp.max(s, axis=-1))
+    m_new = jnp.where(jnp.isnan(m), m, jnp.maximum(m, tile_max))
     m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # rows with nothing visible yet
     # The row max's p is exactly 1 (every s at or above the running max gives 1): XLA computes s again in the
     # fusion of the exponent and may contract ``scale * (q . k) - m`` into an FMA there, whose exact residual
