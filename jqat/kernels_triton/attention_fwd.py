@@ -376,16 +376,15 @@ def attention_fwd_kernel(
     SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr,
     P_ROW_RANGE: tl.constexpr, QKV_TENSOR: tl.constexpr, SEQ_ALIGN: tl.constexpr, RESIDUALS: tl.constexpr):
   """Forward of docs/NUMERICS.md, section 4, for query rows [i * BLOCK_M, +BLOCK_M) of head j % N, batch j // N, where
-  ``(i, j) = program_tile(...)``.
+  ``(i, j) = program_tile(...)``. The one entry point of the forward: the flags below pick what it reads and
+  writes; an operand it does not read is a placeholder (any buffer), an output it does not write is None (a
+  constexpr: that variant compiles without it).
 
   q: [B, Tq, N, D]; k, v: [B, Tk, K, D] (already fq when QUANTIZE_QKV), N = K * group;
   the last axis of every array is contiguous; D = HEAD_DIM, tiles padded to D_PAD (a power of two) with
   masked loads. Masks (each read only under its flag; any pointer otherwise): q_len, kv_len [B] int32,
   q_seg [B, Tq], kv_seg [B, Tk] int32 dense, seg_sorted [B] int32 (``segments_sorted_kernel``);
   IS_CAUSAL, WINDOW_LEFT/RIGHT (-1: none) and BOTTOM_RIGHT as in ``attention_common.visible``.
-  The one entry point of the forward: the flags below pick what it reads and writes, and an operand it does not
-  read is a placeholder (any buffer), an output it does not write is None (a constexpr: that variant compiles
-  without it).
   Outputs: o, o_hp [B, Tq, N, D] (strides stride_o*), lse [B, N, Tq] fp32 contiguous.
   Grid: (cdiv(Tq, BLOCK_M), B * N), handed out longest walk first when causal (``program_tile``).
   Flags: ``dot_flags`` and ``nvfp4.quant_flags``; SEQ_ALIGN as in ``attention_common.aligned_lengths``.
