@@ -176,16 +176,18 @@ def main(argv=None):
     for launch in plan.launches:
       if "attention" not in launch.name and "decode_split" not in launch.name:
         continue
+      # The forward of fwd_out has the training forward's launch name: keyed apart.
+      name = launch.name + ("_out" if launch.name in report["kernels"] else "")
       kernel = compile_launch(plan, launch, args.arch, args.int_divisibility)
       s = sass_stats(kernel)
       s["ptxas_warnings"] = ptxas_warnings(kernel, args.arch)
       if args.sass_dir:
         os.makedirs(args.sass_dir, exist_ok=True)
-        with open(os.path.join(args.sass_dir, launch.name + ".sass"), "w") as f:
+        with open(os.path.join(args.sass_dir, name + ".sass"), "w") as f:
           f.write(s["sass"])
       del s["sass"]
-      report["kernels"][launch.name] = {**s, "num_warps": launch.num_warps, "num_stages": launch.num_stages}
-      print(f"{launch.name}: {s['registers']} registers, {s['stack_bytes']} B stack, {s['shared_bytes']} B shared, "
+      report["kernels"][name] = {**s, "num_warps": launch.num_warps, "num_stages": launch.num_stages}
+      print(f"{name}: {s['registers']} registers, {s['stack_bytes']} B stack, {s['shared_bytes']} B shared, "
             f"{s['instructions']} instructions, {launch.num_warps} warps, {launch.num_stages} stages; {s['mix']}"
             + "".join(f"\n  ptxas: {w}" for w in s["ptxas_warnings"]))
       for loop in s["loops"]:

@@ -351,16 +351,16 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
   masks: optional mask operands in ``MASK_OPERANDS`` order; the present ones are inputs after q, k, v.
   qkv_scale="tensor" (docs/NUMERICS.md) adds launches before the forward: ``tensor_scale_kernel`` for Q, K, V
   (scratch ``q_enc``, ``k_enc``, ``v_enc``) and ``fake_quantize_scaled_kernel`` for K, V (and Q above D = 128,
-  scratch ``q_hat``), in place of the fake-quantize launches; the forward kernel is then its ``*_tensor`` entry
-  point.
+  scratch ``q_hat``), in place of the fake-quantize launches; the forward kernel then reads the encode scales
+  (``QKV_TENSOR``).
   With a causal mask, a window or segment ids, or D > 32 (and Q dense in storage), fq(Q) comes from the
   fake-quantize pass too (scratch ``q_hat``) and the forward kernel reads it (``QUANTIZE_Q`` off); otherwise the
   kernel rounds its own Q tile.
   keep_quantized: fq(K), fq(V) (:func:`kept_quantized`) are outputs after the others (``k_hat``, ``v_hat``, with
   K's and V's shapes and strides), not scratch: a backward given them (:func:`attention_backward`'s
   ``quantized``) needs no quantize pass for them.
-  residuals=False: ``o`` is the only output (no O', lse or row max, nothing kept), from the kernels'
-  ``attention_fwd_out*`` entry points: the same O without the O' product (for a forward that nothing
+  residuals=False: ``o`` is the only output (no O', lse or row max, nothing kept), from the forward kernel with
+  ``RESIDUALS`` off: the same O without the O' product (for a forward that nothing
   differentiates)."""
   if keep_quantized and not residuals:
     raise ValueError("keep_quantized needs residuals: fq(K), fq(V) are kept for a backward")
@@ -419,18 +419,17 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
   scratch += tuple(launch.outputs[0] for launch in mask_launches)
   launches += mask_launches
   c = config or forward_config(d, residuals)
-  # "block" launches the kernel of docs/NUMERICS.md, section 4; "row" its two-level twin (one more output);
-  # qkv_scale="tensor" the entry points that also read the encode scales.
-  kernels = {(False, False): kfwd.attention_fwd_kernel, (True, False): kfwd.attention_fwd_row_kernel,
-             (False, True): kfwd.attention_fwd_tensor_kernel, (True, True): kfwd.attention_fwd_row_tensor_kernel}
-  flags = dict(P_ROW_RANGE=P_ROW_RANGE) if row else {}
-  if not residuals:  # O alone: one entry point per qkv_scale, p_scale by P_ROW_RANGE (0 for "block")
-    kernels = {(row, False): kfwd.attention_fwd_out_kernel, (row, True): kfwd.attention_fwd_out_tensor_kernel}
-    flags = dict(P_ROW_RANGE=P_ROW_RANGE if row else 0.0)
+  # One kernel for every variant: the flags pick it, the encode scales are placeholders (q) without
+  # qkv_scale="tensor", and an output this plan does not have is None (row max in "block"; without residuals all
+  # but o).
+  absent = () if residuals else ("o_hp_ptr", "lse_ptr")
+  absent += () if row and residuals else ("m_ptr",)
+  flags = dict.fromkeys(absent) | dict(P_ROW_RANGE=P_ROW_RANGE if row else 0.0, QKV_TENSOR=tensor,
+                                       RESIDUALS=residuals)
   flags.update(QUANTIZE_Q=(not tensor_q_pass) if tensor else (cfg.quantize_qkv and not q_pass))
-  enc_args = (Ref("q_enc"), Ref("k_enc"), Ref("v_enc")) if tensor else ()
+  enc_args = (Ref("q_enc"), Ref("k_enc"), Ref("v_enc")) if tensor else (Ref("q"),) * 3
   fwd = Launch(
-      "jqat_attention_fwd", kernels[row, tensor], (triton.cdiv(tq, c.block_m), b * n),
+      "jqat_attention_fwd", kfwd.attention_fwd_kernel, (triton.cdiv(tq, c.block_m), b * n),
       (Ref(qq), Ref(kk), Ref(vv), float(opts.scale), tq, tk, n, n // kh, *mask_args, *enc_args, *_s3(q), *_s3(k),
        *_s3(v), *_s3(o)),
       outputs,
@@ -455,7 +454,7 @@ def attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out_for_d
   Scratch: ``delta`` (``[B, N, Tq]`` fp32) and, with ``quantize_qkv``, fq(Q); fq(K) and fq(V) are written into
   dk's and dv's storage (``Plan.stored_in``), which the dK/dV kernel then overwrites in place. With
   qkv_scale="tensor" these are fq(enc * X), after the encode scales ``q_enc``, ``k_enc``, ``v_enc``
-  (``[B, heads]`` fp32, scratch), and the dQ and dK/dV kernels are their ``*_tensor`` entry points.
+  (``[B, heads]`` fp32, scratch), which the dQ and dK/dV kernels read (``QKV_TENSOR``).
   q_hat_over_out: write fq(Q) over ``o_for_delta``'s storage, which is dead once delta is formed
   (``attention_bwd_delta_fq_kernel`` forms both; ``Plan.stored_in`` says so and the launch aliases it), so
   that fq(Q) needs no scratch. Only for executors whose buffers are values, as XLA's are: XLA orders any
@@ -517,13 +516,11 @@ def attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out_for_d
     delta = Launch("jqat_attention_bwd_delta", kbwd.attention_bwd_delta_kernel, grid, delta_args, ("delta",),
                    delta_flags, kbwd.DELTA_LAUNCH["num_warps"], kbwd.DELTA_LAUNCH["num_stages"])
   c = config or backward_config(d, opts.local_window_size is not None)
-  enc_args = (Ref("q_enc"), Ref("k_enc"), Ref("v_enc")) if tensor else ()
+  enc_args = (Ref("q_enc"), Ref("k_enc"), Ref("v_enc")) if tensor else (Ref(qq),) * 3  # read under QKV_TENSOR
   common = (Ref(qq), Ref(kk), Ref(vv), Ref("do"), Ref("lse"), Ref("delta"), float(opts.scale), tq, tk, n, n // kh,
             *mask_args, *enc_args, *_s3(q), *_s3(k), *_s3(v), *_s3(d_out))
-  flags = dict(**_head_dims(d), **_static_masks(opts), **mask_flags, **target.dot_flags(q.dtype))
-  dq_kernel, dkdv_kernel = ((kbwd.attention_bwd_dq_tensor_kernel, kbwd.attention_bwd_dkdv_tensor_kernel) if tensor
-                            else (kbwd.attention_bwd_dq_kernel, kbwd.attention_bwd_dkdv_kernel))
-  dq = Launch("jqat_attention_bwd_dq", dq_kernel, (triton.cdiv(tq, c.dq_block_m), b * n), common,
+  flags = dict(**_head_dims(d), **_static_masks(opts), **mask_flags, **target.dot_flags(q.dtype), QKV_TENSOR=tensor)
+  dq = Launch("jqat_attention_bwd_dq", kbwd.attention_bwd_dq_kernel, (triton.cdiv(tq, c.dq_block_m), b * n), common,
               ("dq",), dict(BLOCK_M=c.dq_block_m, BLOCK_N=c.dq_block_n, **flags,
                             SEQ_ALIGN=seq_align(tq, tk)),
               c.dq_num_warps, c.dq_num_stages)
@@ -537,7 +534,7 @@ def attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out_for_d
   aliases = tuple((kv_args.index(Ref(name)), ("dk", "dv").index(out)) for name, out in in_grads.items())
   stored_in = {**{hat: grad for hat, grad in in_grads.items() if hat not in given},
                **({qq: "o_for_delta"} if q_over_o else {})}
-  dkdv = Launch("jqat_attention_bwd_dkdv", dkdv_kernel, (triton.cdiv(tk, c.kv_block_n), b * kh),
+  dkdv = Launch("jqat_attention_bwd_dkdv", kbwd.attention_bwd_dkdv_kernel, (triton.cdiv(tk, c.kv_block_n), b * kh),
                 kv_args, ("dk", "dv"),
                 dict(BLOCK_M=c.kv_block_m, BLOCK_N=c.kv_block_n, QUANTIZE_P=cfg.quantize_p_backward, **flags,
                      **target.quant_flags(), P_ROW_RANGE=row_range),

@@ -12,9 +12,9 @@ With ``p_scale="row"`` (``P_ROW_RANGE`` = R = 6 * 448, docs/NUMERICS.md) the dK/
 also reads the forward's row max m and uses bf16(fq(R * exp(S - m)) * (1 / (R * l))),
 l = exp(lse - m), in place of fq(P) for dV; dS keeps P.
 
-With ``qkv_scale="tensor"`` (the ``*_tensor_kernel`` entry points) fq(Q), fq(K), fq(V) are fq(enc * X), one
-FP32 encode scale per (batch, head) (``nvfp4.tensor_scale_kernel``); the decode scales 1 / enc join the
-softmax scale (Q, K), dO . V^T (V), dQ's scale (K) and each query head's dK contribution (Q).
+With ``qkv_scale="tensor"`` (``QKV_TENSOR``; the encode scales are placeholders otherwise) fq(Q), fq(K), fq(V)
+are fq(enc * X), one FP32 encode scale per (batch, head) (``nvfp4.tensor_scale_kernel``); the decode scales
+1 / enc join the softmax scale (Q, K), dO . V^T (V), dQ's scale (K) and each query head's dK contribution (Q).
 
 The dK/dV program of one KV head loops over the query heads that share it
 (GQA), so dK and dV are reduced in a fixed order inside one program. It holds
@@ -33,18 +33,16 @@ import triton.language as tl
 from jqat.kernels_triton.attention_common import (
   LOG2E,
   aligned3,
-  aligned_lengths,
   any_nan,
   bf16_dot,
   cast_out,
+  key_nan_hits,
   kv_tile_range,
   load_kv_tile,
-  mask_limits,
   nan_hits,
   nan_of,
   narrow_to_segments,
-  opaque,
-  program_tile,
+  program_start,
   q_tile_range,
   qk_dot,
   row_tile_visible,
@@ -196,58 +194,24 @@ def _dq_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, of
 def _dq_program(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, scale, tq, tk, n_heads, group,
     q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr,
-    stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
-    stride_db, stride_dt, stride_dn,
-    dq_ptr,
+    dq_ptr, strides,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
     HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
     QK_F32: tl.constexpr, DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr,
     QKV_TENSOR: tl.constexpr, SEQ_ALIGN: tl.constexpr, EXACT: tl.constexpr = False):
-  """One program of ``_attention_bwd_dq``; EXACT: its exact walk (every tile masked, dS = 0 at masked pairs, K's NaN
-  read as 0; stores, then NaN where a visible pair meets a NaN of K). Otherwise the fast walks; returns whether a NaN
-  reached dQ (with a mask that hides pairs: else False). As in the forward (``_fwd_program``) the exact walk
-  recomputes everything from the arguments."""
-  if EXACT:  # recomputed from the arguments, not shared with the fast walks (``opaque``)
-    stride_qb = opaque(stride_qb, SOFT_BF16)
-    stride_qt = opaque(stride_qt, SOFT_BF16)
-    stride_qn = opaque(stride_qn, SOFT_BF16)
-    stride_kb = opaque(stride_kb, SOFT_BF16)
-    stride_kt = opaque(stride_kt, SOFT_BF16)
-    stride_kn = opaque(stride_kn, SOFT_BF16)
-    stride_vb = opaque(stride_vb, SOFT_BF16)
-    stride_vt = opaque(stride_vt, SOFT_BF16)
-    stride_vn = opaque(stride_vn, SOFT_BF16)
-    stride_db = opaque(stride_db, SOFT_BF16)
-    stride_dt = opaque(stride_dt, SOFT_BF16)
-    stride_dn = opaque(stride_dn, SOFT_BF16)
-    tq = opaque(tq, SOFT_BF16)
-    tk = opaque(tk, SOFT_BF16)
-    n_heads = opaque(n_heads, SOFT_BF16)
-    group = opaque(group, SOFT_BF16)
-  # Strides are multiples of 16: visible to the compiler for 16-byte, cp.async-pipelined loads.
-  stride_qb, stride_qt, stride_qn = aligned3(stride_qb, stride_qt, stride_qn)
-  tq, tk = aligned_lengths(tq, tk, SEQ_ALIGN)
-  stride_kb, stride_kt, stride_kn = aligned3(stride_kb, stride_kt, stride_kn)
-  stride_vb, stride_vt, stride_vn = aligned3(stride_vb, stride_vt, stride_vn)
-  stride_db, stride_dt, stride_dn = aligned3(stride_db, stride_dt, stride_dn)
-  pid_m, pid_bh = program_tile(IS_CAUSAL, True)  # causal: the longest walks (last query tiles) first
-  if EXACT:
-    pid_m, pid_bh = opaque(pid_m, SOFT_BF16), opaque(pid_bh, SOFT_BF16)
-  b = pid_bh // n_heads
-  h = pid_bh % n_heads
+  """One program of ``attention_bwd_dq_kernel``; EXACT: its exact walk (every tile masked, dS = 0 at masked pairs,
+  K's NaN read as 0; stores, then NaN where a visible pair meets a NaN of K). Otherwise the fast walks; returns
+  whether a NaN reached dQ (with a mask that hides pairs: else False). As in the forward (``_fwd_program``) the
+  exact walk recomputes everything from the arguments; strides: the kernel's 12, q's, k's, v's and do's, as a tuple
+  (``program_start``)."""
+  (strides, tq, tk, n_heads, group, pid_bh, b, h, start_m, offs_m, offs_n, offs_d, row_ok, q_lim, kv_lim, off, seg_q,
+   kv_seg_base) = program_start(strides, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, BLOCK_M,
+                                BLOCK_N, D_PAD, IS_CAUSAL, BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, True,
+                                SEQ_ALIGN, SOFT_BF16, EXACT)
+  (stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn, stride_db,
+   stride_dt, stride_dn) = strides
   kvh = h // group
-  start_m = pid_m * BLOCK_M
-  offs_m = start_m + tl.arange(0, BLOCK_M)
-  offs_n = tl.arange(0, BLOCK_N)
-  offs_d = tl.arange(0, D_PAD)
-  row_ok = offs_m < tq
-  q_lim, kv_lim, off = mask_limits(b, tq, tk, q_len_ptr, kv_len_ptr, HAS_Q_LEN, HAS_KV_LEN, BOTTOM_RIGHT)
-  seg_q = offs_m
-  kv_seg_base = kv_seg_ptr
-  if HAS_SEG:
-    seg_q = tl.load(q_seg_ptr + b.to(tl.int64) * tq + offs_m, mask=row_ok, other=0)
-    kv_seg_base = kv_seg_ptr + b.to(tl.int64) * tk
   rows = offs_m.to(tl.int64)[:, None]
   ok = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
   q_off = b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qn + rows * stride_qt + offs_d[None, :]
@@ -292,14 +256,9 @@ def _dq_program(
     tl.store(dq_ptr + q_off, cast_out(dq * dq_scale, dq_ptr, SOFT_BF16), mask=ok)
     for c0 in range(0, D_PAD, NAN_CHANNELS):  # NaN where a visible pair meets a NaN of K, 16 channels at a time
       offs_c = c0 + tl.arange(0, NAN_CHANNELS)
-      hits = tl.zeros([BLOCK_M, NAN_CHANNELS], tl.float32)
-      for i in range(0, hi - lo, BLOCK_N):
-        kn = lo + i + offs_n
-        k = tl.load(k_base + kn.to(tl.int64)[:, None] * stride_kt + offs_c[None, :],
-                    mask=(kn[:, None] < kv_lim) & (offs_c[None, :] < HEAD_DIM), other=0.0)
-        valid = row_tile_visible(offs_m, kn, seg_q, kv_seg_base, q_lim, kv_lim, off, IS_CAUSAL, WINDOW_LEFT,
-                                 WINDOW_RIGHT, HAS_SEG)
-        hits += nan_hits(valid, nan_of(k), DOT_BF16, DOT_PREC).to(tl.float32)
+      hits = key_nan_hits(k_base, stride_kt, offs_c, lo, hi, offs_m, offs_n, seg_q, kv_seg_base, q_lim, kv_lim, off,
+                          HEAD_DIM, BLOCK_M, BLOCK_N, NAN_CHANNELS, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG,
+                          DOT_BF16, DOT_PREC)
       c_off = b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qn + rows * stride_qt + offs_c[None, :]
       tl.store(dq_ptr + c_off, cast_out(tl.full([BLOCK_M, NAN_CHANNELS], float("nan"), tl.float32), dq_ptr,
                                         SOFT_BF16), mask=row_ok[:, None] & (offs_c[None, :] < HEAD_DIM) & (hits > 0.0))
@@ -334,7 +293,7 @@ def _dq_program(
 
 
 @triton.jit
-def _attention_bwd_dq(
+def attention_bwd_dq_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, scale, tq, tk, n_heads, group,
     q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr,
     stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
@@ -351,68 +310,25 @@ def _attention_bwd_dq(
   [B, Tk, K, D]; do: [B, Tq, N, D] (strides stride_d*); lse, delta: [B, N, Tq]
   fp32 contiguous. D and the masks (seg_sorted included) as in ``attention_fwd_kernel``.
   QKV_TENSOR: q, k, v hold fq(enc * X) and q_enc [B, N], k_enc, v_enc [B, K] fp32 their encode scales (read
-  only then); the decode scales 1 / enc join the softmax scale (Q, K), dO . V^T (V) and dQ's scale (K).
+  only then: placeholders, any buffer, otherwise); the decode scales 1 / enc join the softmax scale (Q, K),
+  dO . V^T (V) and dQ's scale (K).
   Grid: (cdiv(Tq, BLOCK_M), B * N), longest walk first when causal (``program_tile``). SEQ_ALIGN as in
   ``attention_common.aligned_lengths``.
   """
+  strides = (stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
+             stride_db, stride_dt, stride_dn)
   leaked = _dq_program(
       q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, scale, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr,
-      q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr, stride_qb, stride_qt, stride_qn,
-      stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn, stride_db, stride_dt, stride_dn, dq_ptr,
-      HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN,
-      HAS_SEG, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, QKV_TENSOR, SEQ_ALIGN, EXACT=False)
+      q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr, dq_ptr, strides, HEAD_DIM, D_PAD,
+      BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, QK_F32,
+      DOT_BF16, SOFT_BF16, DOT_PREC, QKV_TENSOR, SEQ_ALIGN, EXACT=False)
   HIDES: tl.constexpr = IS_CAUSAL or WINDOW_LEFT >= 0 or WINDOW_RIGHT >= 0 or HAS_SEG or HAS_Q_LEN or HAS_KV_LEN
   if HIDES:
     if leaked:  # a NaN reached dQ: the exact walk (_dq_program)
-      _dq_program(
-          q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, scale, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr,
-          q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr, stride_qb, stride_qt, stride_qn,
-          stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn, stride_db, stride_dt, stride_dn, dq_ptr,
-          HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN,
-          HAS_SEG, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, QKV_TENSOR, SEQ_ALIGN, EXACT=True)
-
-
-@triton.jit
-def attention_bwd_dq_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, scale, tq, tk, n_heads, group,
-    q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr,
-    stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
-    stride_db, stride_dt, stride_dn,
-    dq_ptr,
-    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
-    HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
-    QK_F32: tl.constexpr, DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr,
-    SEQ_ALIGN: tl.constexpr):
-  """dQ with qkv_scale="block" (docs/NUMERICS.md, section 5). See ``_attention_bwd_dq``."""
-  _attention_bwd_dq(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, scale, tq, tk, n_heads, group, q_len_ptr,
-                    kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, lse_ptr, lse_ptr, lse_ptr, stride_qb, stride_qt,
-                    stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn, stride_db, stride_dt,
-                    stride_dn, dq_ptr, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT,
-                    BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, False,
-                    SEQ_ALIGN)
-
-
-@triton.jit
-def attention_bwd_dq_tensor_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, scale, tq, tk, n_heads, group,
-    q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr,
-    stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
-    stride_db, stride_dt, stride_dn,
-    dq_ptr,
-    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
-    HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
-    QK_F32: tl.constexpr, DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr,
-    SEQ_ALIGN: tl.constexpr):
-  """dQ with qkv_scale="tensor": q, k, v are fq(enc * X), q_enc/k_enc/v_enc their encode scales."""
-  _attention_bwd_dq(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, scale, tq, tk, n_heads, group, q_len_ptr,
-                    kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr, stride_qb,
-                    stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn, stride_db,
-                    stride_dt, stride_dn, dq_ptr, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT,
-                    WINDOW_RIGHT, BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC,
-                    True, SEQ_ALIGN)
-
+      _dq_program(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, scale, tq, tk, n_heads, group, q_len_ptr,
+                  kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr, dq_ptr, strides,
+                  HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, BOTTOM_RIGHT, HAS_Q_LEN,
+                  HAS_KV_LEN, HAS_SEG, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, QKV_TENSOR, SEQ_ALIGN, EXACT=True)
 
 @triton.jit
 def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, m_base, start_m, kn, offs_m, offs_d, seg_k,
@@ -490,58 +406,24 @@ def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, m_base, star
 def _dkdv_program(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, m_ptr, scale, tq, tk, n_heads, group,
     q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr,
-    stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
-    stride_db, stride_dt, stride_dn,
-    dk_ptr, dv_ptr,
+    dk_ptr, dv_ptr, strides,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
     HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
     QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr,
     DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr, P_ROW_RANGE: tl.constexpr,
     QKV_TENSOR: tl.constexpr, EXACT: tl.constexpr = False):
-  """One program of ``_attention_bwd_dkdv``; EXACT: its exact walk (every query tile masked, dS and fq(P) 0 at masked
-  pairs, Q's and dO's NaN read as 0; stores, then NaN where a visible pair meets a NaN of Q (dK) or dO (dV)).
+  """One program of ``attention_bwd_dkdv_kernel``; EXACT: its exact walk (every query tile masked, dS and fq(P) 0 at
+  masked pairs, Q's and dO's NaN read as 0; stores, then NaN where a visible pair meets a NaN of Q (dK) or dO (dV)).
   Otherwise the fast walks; returns whether a NaN reached dK or dV (with a mask that hides pairs: else False). As in
-  the forward (``_fwd_program``) the exact walk recomputes everything from the arguments."""
-  if EXACT:  # recomputed from the arguments, not shared with the fast walks (``opaque``)
-    stride_qb = opaque(stride_qb, SOFT_BF16)
-    stride_qt = opaque(stride_qt, SOFT_BF16)
-    stride_qn = opaque(stride_qn, SOFT_BF16)
-    stride_kb = opaque(stride_kb, SOFT_BF16)
-    stride_kt = opaque(stride_kt, SOFT_BF16)
-    stride_kn = opaque(stride_kn, SOFT_BF16)
-    stride_vb = opaque(stride_vb, SOFT_BF16)
-    stride_vt = opaque(stride_vt, SOFT_BF16)
-    stride_vn = opaque(stride_vn, SOFT_BF16)
-    stride_db = opaque(stride_db, SOFT_BF16)
-    stride_dt = opaque(stride_dt, SOFT_BF16)
-    stride_dn = opaque(stride_dn, SOFT_BF16)
-    tq = opaque(tq, SOFT_BF16)
-    tk = opaque(tk, SOFT_BF16)
-    n_heads = opaque(n_heads, SOFT_BF16)
-    group = opaque(group, SOFT_BF16)
-  # Strides are multiples of 16: visible to the compiler for 16-byte, cp.async-pipelined loads.
-  stride_qb, stride_qt, stride_qn = aligned3(stride_qb, stride_qt, stride_qn)
-  stride_kb, stride_kt, stride_kn = aligned3(stride_kb, stride_kt, stride_kn)
-  stride_vb, stride_vt, stride_vn = aligned3(stride_vb, stride_vt, stride_vn)
-  stride_db, stride_dt, stride_dn = aligned3(stride_db, stride_dt, stride_dn)
-  n_kv = n_heads // group
-  pid_n, pid_bk = program_tile(IS_CAUSAL, False)  # causal: the longest walks (first key tiles) first
-  if EXACT:
-    pid_n, pid_bk = opaque(pid_n, SOFT_BF16), opaque(pid_bk, SOFT_BF16)
-  b = pid_bk // n_kv
-  kvh = pid_bk % n_kv
-  start_n = pid_n * BLOCK_N
-  kn = start_n + tl.arange(0, BLOCK_N)
-  offs_m = tl.arange(0, BLOCK_M)
-  offs_d = tl.arange(0, D_PAD)
-  key_ok = kn < tk
-  q_lim, kv_lim, off = mask_limits(b, tq, tk, q_len_ptr, kv_len_ptr, HAS_Q_LEN, HAS_KV_LEN, BOTTOM_RIGHT)
-  seg_k = kn
-  q_seg_base = q_seg_ptr
-  if HAS_SEG:
-    seg_k = tl.load(kv_seg_ptr + b.to(tl.int64) * tk + kn, mask=key_ok, other=0)
-    q_seg_base = q_seg_ptr + b.to(tl.int64) * tq
+  the forward (``_fwd_program``) the exact walk recomputes everything from the arguments; strides: the kernel's 12,
+  q's, k's, v's and do's, as a tuple (``program_start``)."""
+  (strides, tq, tk, n_heads, group, pid_bk, b, kvh, start_n, kn, offs_m, offs_d, key_ok, q_lim, kv_lim, off, seg_k,
+   q_seg_base) = program_start(strides, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, BLOCK_N,
+                               BLOCK_M, D_PAD, IS_CAUSAL, BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, False, 1,
+                               SOFT_BF16, EXACT)
+  (stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn, stride_db,
+   stride_dt, stride_dn) = strides
   keys = kn.to(tl.int64)[:, None]
   ok = key_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
   k_off = b.to(tl.int64) * stride_kb + kvh.to(tl.int64) * stride_kn + keys * stride_kt + offs_d[None, :]
@@ -656,7 +538,7 @@ def _dkdv_program(
 
 
 @triton.jit
-def _attention_bwd_dkdv(
+def attention_bwd_dkdv_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, m_ptr, scale, tq, tk, n_heads, group,
     q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr,
     stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
@@ -675,64 +557,20 @@ def _attention_bwd_dkdv(
   BLOCK_N % 16 == 0.
   P_ROW_RANGE: 0 (p_scale="block"; ``m_ptr`` is not read) or R = 6 * 448 ("row": m [B, N, Tq] fp32, the
   forward's row max in natural units, contiguous like lse).
-  QKV_TENSOR: as in ``_attention_bwd_dq`` (the enc pointers are read only then).
+  QKV_TENSOR: as in ``attention_bwd_dq_kernel`` (the enc pointers are read only then).
   """
+  strides = (stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
+             stride_db, stride_dt, stride_dn)
   leaked = _dkdv_program(
       q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, m_ptr, scale, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr,
-      q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr, stride_qb, stride_qt, stride_qn,
-      stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn, stride_db, stride_dt, stride_dn, dk_ptr,
-      dv_ptr, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, BOTTOM_RIGHT, HAS_Q_LEN,
-      HAS_KV_LEN, HAS_SEG, QUANTIZE_P, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE,
-      QKV_TENSOR, EXACT=False)
+      q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr, dk_ptr, dv_ptr, strides, HEAD_DIM,
+      D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN, HAS_SEG,
+      QUANTIZE_P, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, QKV_TENSOR, EXACT=False)
   HIDES: tl.constexpr = IS_CAUSAL or WINDOW_LEFT >= 0 or WINDOW_RIGHT >= 0 or HAS_SEG or HAS_Q_LEN or HAS_KV_LEN
   if HIDES:
     if leaked:  # a NaN reached dK or dV: the exact walk (_dkdv_program)
-      _dkdv_program(
-          q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, m_ptr, scale, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr,
-          q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr, stride_qb, stride_qt, stride_qn,
-          stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn, stride_db, stride_dt, stride_dn, dk_ptr,
-          dv_ptr, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, BOTTOM_RIGHT, HAS_Q_LEN,
-          HAS_KV_LEN, HAS_SEG, QUANTIZE_P, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE,
-          QKV_TENSOR, EXACT=True)
-
-
-@triton.jit
-def attention_bwd_dkdv_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, m_ptr, scale, tq, tk, n_heads, group,
-    q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr,
-    stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
-    stride_db, stride_dt, stride_dn,
-    dk_ptr, dv_ptr,
-    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
-    HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
-    QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr,
-    DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr, P_ROW_RANGE: tl.constexpr):
-  """dK, dV with qkv_scale="block" (docs/NUMERICS.md, section 5). See ``_attention_bwd_dkdv``."""
-  _attention_bwd_dkdv(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, m_ptr, scale, tq, tk, n_heads, group,
-                      q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, lse_ptr, lse_ptr, lse_ptr,
-                      stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt,
-                      stride_vn, stride_db, stride_dt, stride_dn, dk_ptr, dv_ptr, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N,
-                      IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, QUANTIZE_P,
-                      QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, False)
-
-
-@triton.jit
-def attention_bwd_dkdv_tensor_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, m_ptr, scale, tq, tk, n_heads, group,
-    q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr,
-    stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
-    stride_db, stride_dt, stride_dn,
-    dk_ptr, dv_ptr,
-    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
-    HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
-    QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr,
-    DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr, P_ROW_RANGE: tl.constexpr):
-  """dK, dV with qkv_scale="tensor": q, k, v are fq(enc * X), q_enc/k_enc/v_enc their encode scales."""
-  _attention_bwd_dkdv(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, m_ptr, scale, tq, tk, n_heads, group,
-                      q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr,
-                      stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt,
-                      stride_vn, stride_db, stride_dt, stride_dn, dk_ptr, dv_ptr, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N,
-                      IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, QUANTIZE_P,
-                      QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, True)
+      _dkdv_program(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, m_ptr, scale, tq, tk, n_heads, group, q_len_ptr,
+                    kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr, dk_ptr, dv_ptr,
+                    strides, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, BOTTOM_RIGHT,
+                    HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, QUANTIZE_P, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3,
+                    HW_E2M1, P_ROW_RANGE, QKV_TENSOR, EXACT=True)

@@ -83,6 +83,67 @@ def program_tile(HEAVIEST_FIRST: tl.constexpr, DESCENDING: tl.constexpr):
   return pid0, pid1
 
 
+@triton.jit
+def program_start(strides, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr,
+                  BLOCK_OWN: tl.constexpr, BLOCK_OTHER: tl.constexpr, D_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr,
+                  BOTTOM_RIGHT: tl.constexpr, HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr,
+                  HAS_SEG: tl.constexpr, QUERY_MAJOR: tl.constexpr, SEQ_ALIGN: tl.constexpr, SOFT_BF16: tl.constexpr,
+                  EXACT: tl.constexpr):
+  """The start of an attention program of a grid ``(tiles, B * heads)``: its arguments in the form its loads need,
+  which tile it owns and what the masks say of it. QUERY_MAJOR (forward, dQ): a tile of BLOCK_OWN query rows of one
+  query head, walking key tiles of BLOCK_OTHER; otherwise (dK/dV) a tile of BLOCK_OWN keys of one KV head, walking
+  query tiles of BLOCK_OTHER.
+
+  strides: the 12 strides (batch, sequence, head) of the program's four ``[B, T, heads, D]`` tensors, multiples of
+  16 (``aligned3``); ``tq, tk`` as in ``aligned_lengths`` (SEQ_ALIGN 1: none). EXACT (an exact walk): the arguments
+  and the program ids go through ``opaque`` first, so that the walk recomputes everything from its arguments
+  instead of sharing values with the fast walks (which kept them live across those walks).
+
+  Returns ``(strides, tq, tk, n_heads, group, pid_bh, b, head, start, offs_own, offs_other, offs_d, own_ok, q_lim,
+  kv_lim, off, seg_own, other_seg_base)``: the arguments, the batch * head index, batch, head, first own index, the
+  own, walked and channel offsets, which own indices lie below their length, ``mask_limits``, the own indices'
+  segment ids (``offs_own`` without HAS_SEG) and this batch's segment ids of the walked axis (its pointer as given
+  without HAS_SEG). Tiles are handed out longest walk first when causal (``program_tile``)."""
+  s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11 = strides
+  if EXACT:
+    s0, s1, s2 = opaque(s0, SOFT_BF16), opaque(s1, SOFT_BF16), opaque(s2, SOFT_BF16)
+    s3, s4, s5 = opaque(s3, SOFT_BF16), opaque(s4, SOFT_BF16), opaque(s5, SOFT_BF16)
+    s6, s7, s8 = opaque(s6, SOFT_BF16), opaque(s7, SOFT_BF16), opaque(s8, SOFT_BF16)
+    s9, s10, s11 = opaque(s9, SOFT_BF16), opaque(s10, SOFT_BF16), opaque(s11, SOFT_BF16)
+    tq, tk, n_heads, group = opaque(tq, SOFT_BF16), opaque(tk, SOFT_BF16), opaque(n_heads, SOFT_BF16), opaque(
+        group, SOFT_BF16)
+  # jax-triton does not specialize integer arguments: without these hints the compiler cannot vectorize the tile
+  # loads (it emitted 2-byte LDG.E.U16) nor pipeline them through cp.async.
+  s0, s1, s2 = aligned3(s0, s1, s2)
+  s3, s4, s5 = aligned3(s3, s4, s5)
+  s6, s7, s8 = aligned3(s6, s7, s8)
+  s9, s10, s11 = aligned3(s9, s10, s11)
+  tq, tk = aligned_lengths(tq, tk, SEQ_ALIGN)
+  heads = n_heads
+  n_own, n_other, own_seg_ptr, other_seg_ptr = tq, tk, q_seg_ptr, kv_seg_ptr
+  if not QUERY_MAJOR:
+    heads = n_heads // group
+    n_own, n_other, own_seg_ptr, other_seg_ptr = tk, tq, kv_seg_ptr, q_seg_ptr
+  pid_t, pid_bh = program_tile(IS_CAUSAL, QUERY_MAJOR)  # causal: the longest walks first
+  if EXACT:
+    pid_t, pid_bh = opaque(pid_t, SOFT_BF16), opaque(pid_bh, SOFT_BF16)
+  b = pid_bh // heads
+  head = pid_bh % heads
+  start = pid_t * BLOCK_OWN
+  offs_own = start + tl.arange(0, BLOCK_OWN)
+  offs_other = tl.arange(0, BLOCK_OTHER)
+  offs_d = tl.arange(0, D_PAD)
+  own_ok = offs_own < n_own
+  q_lim, kv_lim, off = mask_limits(b, tq, tk, q_len_ptr, kv_len_ptr, HAS_Q_LEN, HAS_KV_LEN, BOTTOM_RIGHT)
+  seg_own = offs_own
+  other_seg_base = other_seg_ptr
+  if HAS_SEG:
+    seg_own = tl.load(own_seg_ptr + b.to(tl.int64) * n_own + offs_own, mask=own_ok, other=0)
+    other_seg_base = other_seg_ptr + b.to(tl.int64) * n_other
+  return ((s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11), tq, tk, n_heads, group, pid_bh, b, head, start,
+          offs_own, offs_other, offs_d, own_ok, q_lim, kv_lim, off, seg_own, other_seg_base)
+
+
 def seq_align(tq: int, tk: int) -> int:
   """The ``SEQ_ALIGN`` constexpr of the attention kernels for query and key lengths ``tq``, ``tk``."""
   return 16 if tq % 16 == 0 and tk % 16 == 0 else 1
@@ -267,6 +328,25 @@ def row_tile_visible(offs_m, kn, seg_q, kv_seg_base, q_lim, kv_lim, off, IS_CAUS
 
 
 @triton.jit
+def key_nan_hits(x_base, stride_xt, offs_c, lo, hi, offs_m, offs_n, seg_q, kv_seg_base, q_lim, kv_lim, off,
+                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHANNELS: tl.constexpr,
+                 IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
+                 HAS_SEG: tl.constexpr, DOT_BF16: tl.constexpr, DOT_PREC: tl.constexpr):
+  """``[BLOCK_M, CHANNELS]`` fp32, > 0 where row ``offs_m`` meets a NaN in channel ``offs_c`` of a key-major
+  tensor (K or V of one head at ``x_base``, row stride ``stride_xt``) through a visible pair of the key tiles
+  ``[lo, hi)``: the query-major exact walks' NaN pass (``nan_hits``)."""
+  hits = tl.zeros([BLOCK_M, CHANNELS], tl.float32)
+  for i in range(0, hi - lo, BLOCK_N):
+    kn = lo + i + offs_n
+    x = tl.load(x_base + kn.to(tl.int64)[:, None] * stride_xt + offs_c[None, :],
+                mask=(kn[:, None] < kv_lim) & (offs_c[None, :] < HEAD_DIM), other=0.0)
+    valid = row_tile_visible(offs_m, kn, seg_q, kv_seg_base, q_lim, kv_lim, off, IS_CAUSAL, WINDOW_LEFT,
+                             WINDOW_RIGHT, HAS_SEG)
+    hits += nan_hits(valid, nan_of(x), DOT_BF16, DOT_PREC).to(tl.float32)
+  return hits
+
+
+@triton.jit
 def _clamp(x, lo, hi):
   return tl.minimum(tl.maximum(x, lo), hi)
 
@@ -341,19 +421,21 @@ def segments_sorted_kernel(q_seg_ptr, kv_seg_ptr, tq, tk, out_ptr, BLOCK: tl.con
   b = tl.program_id(0).to(tl.int64)
   offs = tl.arange(0, BLOCK)
   bad = tl.sum(tl.zeros([BLOCK], tl.int32))
-  for start in range(0, tq - 1, BLOCK):
-    i = start + offs
-    m = i < tq - 1
-    x = tl.load(q_seg_ptr + b * tq + i, mask=m, other=0)
-    y = tl.load(q_seg_ptr + b * tq + i + 1, mask=m, other=0)
-    bad += tl.sum((m & (x > y)).to(tl.int32))
-  for start in range(0, tk - 1, BLOCK):
-    j = start + offs
-    m = j < tk - 1
-    x = tl.load(kv_seg_ptr + b * tk + j, mask=m, other=0)
-    y = tl.load(kv_seg_ptr + b * tk + j + 1, mask=m, other=0)
-    bad += tl.sum((m & (x > y)).to(tl.int32))
+  bad = _descents(q_seg_ptr + b * tq, tq, bad, offs, BLOCK)
+  bad = _descents(kv_seg_ptr + b * tk, tk, bad, offs, BLOCK)
   tl.store(out_ptr + b, (bad == 0).to(tl.int32))
+
+
+@triton.jit
+def _descents(ids, n, bad, offs, BLOCK: tl.constexpr):
+  """``bad`` plus the number of ``i < n - 1`` with ``ids[i] > ids[i + 1]``."""
+  for start in range(0, n - 1, BLOCK):
+    i = start + offs
+    m = i < n - 1
+    x = tl.load(ids + i, mask=m, other=0)
+    y = tl.load(ids + i + 1, mask=m, other=0)
+    bad += tl.sum((m & (x > y)).to(tl.int32))
+  return bad
 
 
 SEARCH_FANOUT = tl.constexpr(128)  # ids read at once per step of ``_search``

@@ -8,11 +8,11 @@ quantized probabilities depend on the running max at each tile). It writes
 - ``O'`` = (sum over tiles of bf16(p_tilde) @ V_hat) / l (for the backward's delta),
 - ``lse`` = m + log(l), natural log, FP32, ``[B, N, Tq]``.
 
-With ``p_scale="row"`` (``attention_fwd_row_kernel``, docs/NUMERICS.md) the quantized path
+With ``p_scale="row"`` (``P_ROW_RANGE`` > 0, docs/NUMERICS.md) the quantized path
 accumulates fq(R * p_tilde) @ V_hat, R = ``P_ROW_RANGE`` = 6 * 448, and divides by R * l; the
 kernel also writes the final row max m (natural units) for the backward.
 
-With ``qkv_scale="tensor"`` (``attention_fwd_tensor_kernel`` / ``attention_fwd_row_tensor_kernel``) Q, K, V are
+With ``qkv_scale="tensor"`` (``QKV_TENSOR``) Q, K, V are
 two-level: fq(enc * X) with one FP32 encode scale per (batch, head) (``nvfp4.tensor_scale_kernel``), the
 decode scales 1 / enc folded into the softmax scale (Q, K) and the final normalization (V).
 
@@ -35,20 +35,16 @@ from jqat.kernels_triton.attention_common import (
   LN2,
   LOG2_P_ROW_RANGE,
   LOG2E,
-  aligned3,
-  aligned_lengths,
   any_nan,
   bf16_dot,
   cast_out,
+  key_nan_hits,
   kv_tile_range,
   load_kv_tile,
-  mask_limits,
   mul_rn,
-  nan_hits,
   nan_of,
   narrow_to_segments,
-  opaque,
-  program_tile,
+  program_start,
   qk_dot,
   row_tile_visible,
 )
@@ -75,7 +71,7 @@ class ForwardConfig:
 # docs/PERFORMANCE.md, section 3). D <= 64: 64 rows on 4 warps; O alone then takes 163 registers, so three
 # programs (12 warps) share an SM, where 128 rows on 8 warps (172) left one (16-18% faster at D = 64).
 FORWARD_CONFIGS = {64: ForwardConfig(64, 4, 3), 128: ForwardConfig(64, 4, 3), 256: ForwardConfig(64, 8, 2)}
-# O alone (the primal's ``attention_fwd_out*`` entry points). At 32 < D <= 64, reading fq(Q) from the pass, it takes
+# O alone (``RESIDUALS`` off: the primal's forward). At 32 < D <= 64, reading fq(Q) from the pass, it takes
 # 140 registers (three programs per SM); capped at 128 it keeps its loops free of spills (4 B of stack outside them)
 # and four programs share an SM: 1.5% faster at (2, 16, 4096, 64) and 2.3% at 16k on the H200, the same bits. The
 # training forward stays uncapped: at 128 ptxas serializes its wgmma and it spills in every mask case.
@@ -115,7 +111,7 @@ def _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs
              k_desc=None, v_desc=None, USE_TMA: tl.constexpr = False, O_ONLY: tl.constexpr = False,
              EXACT: tl.constexpr = False):
   """One KV tile of the online softmax; MASKED for tiles that a mask hides in part (``visible``).
-  EXACT (with MASKED): the exact walk's tile (``_attention_fwd``): V's NaN read as 0 in the products, so that no
+  EXACT (with MASKED): the exact walk's tile (``attention_fwd_kernel``): V's NaN read as 0 in the products, so that no
   masked pair adds 0 * NaN (the walk's caller then sets the NaN that visible pairs carry).
   O_ONLY (with QUANTIZE_P): O' is not wanted; ``acc_hp`` is returned untouched (no P V_hat product).
   USE_TMA: K and V from the tensor descriptors ``k_desc``, ``v_desc`` (``kv_descriptors``; the copy fills rows past
@@ -172,59 +168,28 @@ def _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs
 def _fwd_program(
     q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group,
     q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr,
-    stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
-    stride_ob, stride_ot, stride_on,
-    o_ptr, o_hp_ptr, lse_ptr, m_ptr,
+    o_ptr, o_hp_ptr, lse_ptr, m_ptr, strides,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
     HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
     QUANTIZE_Q: tl.constexpr, QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr,
     SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr,
-    P_ROW_RANGE: tl.constexpr, QKV_TENSOR: tl.constexpr, SEQ_ALIGN: tl.constexpr, RESIDUALS: tl.constexpr = True,
-    EXACT: tl.constexpr = False):
-  """One program of ``_attention_fwd``; EXACT: its exact walk (docs/NUMERICS.md, section 4, NaN): every tile
+    P_ROW_RANGE: tl.constexpr, QKV_TENSOR: tl.constexpr, SEQ_ALIGN: tl.constexpr, RESIDUALS: tl.constexpr,
+    EXACT: tl.constexpr):
+  """One program of ``attention_fwd_kernel``; EXACT: its exact walk (docs/NUMERICS.md, section 4, NaN): every tile
   masked, V's NaN read as 0, the results stored, then NaN stored where a visible pair meets a NaN of V. Otherwise
   the fast walks; returns whether a NaN reached a live row (with a mask that hides pairs: else False), i.e.
   whether the exact walk must follow. The exact walk recomputes everything from the arguments, so that nothing of
-  it stays live across the fast walks (values kept for it pushed the fast loops into spills)."""
-  # Every stride is a multiple of 16 (rows of D % 16 == 0 contiguous elements).
-  # jax-triton does not specialize integer arguments, so without these hints the
-  # compiler cannot vectorize the tile loads (it emitted 2-byte LDG.E.U16) nor
-  # pipeline them through cp.async.
-  if EXACT:  # recomputed from the arguments, not shared with the fast walks (``opaque``)
-    stride_qb, stride_qt, stride_qn = opaque(stride_qb, SOFT_BF16), opaque(stride_qt, SOFT_BF16), opaque(stride_qn,
-                                                                                                      SOFT_BF16)
-    stride_kb, stride_kt, stride_kn = opaque(stride_kb, SOFT_BF16), opaque(stride_kt, SOFT_BF16), opaque(stride_kn,
-                                                                                                      SOFT_BF16)
-    stride_vb, stride_vt, stride_vn = opaque(stride_vb, SOFT_BF16), opaque(stride_vt, SOFT_BF16), opaque(stride_vn,
-                                                                                                      SOFT_BF16)
-    stride_ob, stride_ot, stride_on = opaque(stride_ob, SOFT_BF16), opaque(stride_ot, SOFT_BF16), opaque(stride_on,
-                                                                                                      SOFT_BF16)
-    tq, tk, n_heads, group = opaque(tq, SOFT_BF16), opaque(tk, SOFT_BF16), opaque(n_heads, SOFT_BF16), opaque(
-        group, SOFT_BF16)
-  stride_qb, stride_qt, stride_qn = aligned3(stride_qb, stride_qt, stride_qn)
-  stride_kb, stride_kt, stride_kn = aligned3(stride_kb, stride_kt, stride_kn)
-  stride_vb, stride_vt, stride_vn = aligned3(stride_vb, stride_vt, stride_vn)
-  stride_ob, stride_ot, stride_on = aligned3(stride_ob, stride_ot, stride_on)
-  tq, tk = aligned_lengths(tq, tk, SEQ_ALIGN)
-  pid_m, pid_bh = program_tile(IS_CAUSAL, True)  # causal: the longest walks (last query tiles) first
-  if EXACT:
-    pid_m, pid_bh = opaque(pid_m, SOFT_BF16), opaque(pid_bh, SOFT_BF16)
-  b = pid_bh // n_heads
-  h = pid_bh % n_heads
+  it stays live across the fast walks (values kept for it pushed the fast loops into spills). strides: the kernel's
+  12 strides, q's, k's, v's and o's, as a tuple (``program_start``)."""
+  (strides, tq, tk, n_heads, group, pid_bh, b, h, start_m, offs_m, offs_n, offs_d, row_ok, q_lim, kv_lim, off, seg_q,
+   kv_seg_base) = program_start(strides, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, BLOCK_M,
+                                BLOCK_N, D_PAD, IS_CAUSAL, BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, True,
+                                SEQ_ALIGN, SOFT_BF16, EXACT)
+  (stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn, stride_ob,
+   stride_ot, stride_on) = strides
   kvh = h // group
-  start_m = pid_m * BLOCK_M
-  offs_m = start_m + tl.arange(0, BLOCK_M)
-  offs_n = tl.arange(0, BLOCK_N)
-  offs_d = tl.arange(0, D_PAD)
-  row_ok = offs_m < tq
   d_ok = offs_d < HEAD_DIM
-  q_lim, kv_lim, off = mask_limits(b, tq, tk, q_len_ptr, kv_len_ptr, HAS_Q_LEN, HAS_KV_LEN, BOTTOM_RIGHT)
-  seg_q = offs_m
-  kv_seg_base = kv_seg_ptr
-  if HAS_SEG:
-    seg_q = tl.load(q_seg_ptr + b.to(tl.int64) * tq + offs_m, mask=row_ok, other=0)
-    kv_seg_base = kv_seg_ptr + b.to(tl.int64) * tk
 
   q_ptrs = (q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qn
             + offs_m.to(tl.int64)[:, None] * stride_qt + offs_d[None, :])
@@ -273,10 +238,11 @@ def _fwd_program(
                                       tl.load(seg_sorted_ptr + b), BLOCK_N)
   # NaN at a masked pair. The walks multiply every pair of a tile, and a masked pair's p is exactly 0: a NaN of V
   # there adds 0 * NaN = NaN to a row that does not see it. Such a leak can only add a NaN, so a program whose live
-  # rows end without one is exact as it is. Otherwise (a NaN input nearby) the exact walk follows (``_attention_fwd``):
-  # its tiles masked, V's NaN read as 0 (``EXACT``); it stores those results, then NaN where a visible pair meets a
-  # NaN of V (a walk of ``nan_hits`` alone, so that no tile holds the NaN counts beside its accumulators: that
-  # pressure serialized the kernel's wgmma). Where no NaN reaches them its results are the fast walks' bit for bit.
+  # rows end without one is exact as it is. Otherwise (a NaN input nearby) the exact walk follows
+  # (``attention_fwd_kernel``): its tiles masked, V's NaN read as 0 (``EXACT``); it stores those results, then NaN
+  # where a visible pair meets a NaN of V (a walk of ``nan_hits`` alone, so that no tile holds the NaN counts beside
+  # its accumulators: that pressure serialized the kernel's wgmma). Where no NaN reaches them its results are the
+  # fast walks' bit for bit.
   # Without a mask no pair is hidden (padding keys read as 0): nothing to check. Cost when there is no NaN: one
   # compare per element of an accumulator and a reduction, once per program.
   HIDES: tl.constexpr = IS_CAUSAL or WINDOW_LEFT >= 0 or WINDOW_RIGHT >= 0 or HAS_SEG or HAS_Q_LEN or HAS_KV_LEN
@@ -298,14 +264,9 @@ def _fwd_program(
     # values spilled the capped O-only kernel's fast loops.
     for c0 in range(0, D_PAD, NAN_CHANNELS):
       offs_c = c0 + tl.arange(0, NAN_CHANNELS)
-      hits = tl.zeros([BLOCK_M, NAN_CHANNELS], tl.float32)
-      for i in range(0, hi - lo, BLOCK_N):
-        kn = lo + i + offs_n
-        v = tl.load(v_base + kn.to(tl.int64)[:, None] * stride_vt + offs_c[None, :],
-                    mask=(kn[:, None] < kv_lim) & (offs_c[None, :] < HEAD_DIM), other=0.0)
-        valid = row_tile_visible(offs_m, kn, seg_q, kv_seg_base, q_lim, kv_lim, off, IS_CAUSAL, WINDOW_LEFT,
-                                 WINDOW_RIGHT, HAS_SEG)
-        hits += nan_hits(valid, nan_of(v), DOT_BF16, DOT_PREC).to(tl.float32)
+      hits = key_nan_hits(v_base, stride_vt, offs_c, lo, hi, offs_m, offs_n, seg_q, kv_seg_base, q_lim, kv_lim, off,
+                          HEAD_DIM, BLOCK_M, BLOCK_N, NAN_CHANNELS, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG,
+                          DOT_BF16, DOT_PREC)
       c_off = (b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_on
                + offs_m.to(tl.int64)[:, None] * stride_ot + offs_c[None, :])
       c_ok = row_ok[:, None] & (offs_c[None, :] < HEAD_DIM) & (hits > 0.0)
@@ -364,60 +325,6 @@ def _fwd_program(
 
 
 @triton.jit
-def _attention_fwd(
-    q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group,
-    q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr,
-    stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
-    stride_ob, stride_ot, stride_on,
-    o_ptr, o_hp_ptr, lse_ptr, m_ptr,
-    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
-    HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
-    QUANTIZE_Q: tl.constexpr, QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr,
-    SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr,
-    P_ROW_RANGE: tl.constexpr, QKV_TENSOR: tl.constexpr, SEQ_ALIGN: tl.constexpr, RESIDUALS: tl.constexpr = True):
-  """Forward of docs/NUMERICS.md, section 4, for query rows [i * BLOCK_M, +BLOCK_M) of head j % N, batch j // N, where
-  ``(i, j) = program_tile(...)``.
-
-  q: [B, Tq, N, D]; k, v: [B, Tk, K, D] (already fq when QUANTIZE_QKV), N = K * group;
-  the last axis of every array is contiguous; D = HEAD_DIM, tiles padded to D_PAD (a power of two) with
-  masked loads. Masks (each read only under its flag; any pointer otherwise): q_len, kv_len [B] int32,
-  q_seg [B, Tq], kv_seg [B, Tk] int32 dense, seg_sorted [B] int32 (``segments_sorted_kernel``);
-  IS_CAUSAL, WINDOW_LEFT/RIGHT (-1: none) and BOTTOM_RIGHT as in ``attention_common.visible``.
-  Outputs: o, o_hp [B, Tq, N, D] (strides stride_o*), lse [B, N, Tq] fp32 contiguous.
-  Grid: (cdiv(Tq, BLOCK_M), B * N), handed out longest walk first when causal (``program_tile``).
-  Flags: ``dot_flags`` and ``nvfp4.quant_flags``; SEQ_ALIGN as in ``attention_common.aligned_lengths``.
-  P_ROW_RANGE: 0 ("block"), or R > 0 ("row": fq(R p), O = acc / (R l), and m [B, N, Tq] fp32 (natural
-  units, -inf for an empty row) stored through ``m_ptr``, which is not touched otherwise).
-  QKV_TENSOR (qkv_scale="tensor"): k, v hold fq(enc * K), fq(enc * V) (``fake_quantize_scaled_kernel``) and
-  q_enc [B, N], k_enc, v_enc [B, K] fp32 (``tensor_scale_kernel``) the encode scales; Q is quantized here as
-  fq(enc * Q) (QUANTIZE_Q; else q holds it, from the same pass as K and V), the decode scales 1 / enc of Q and K
-  are folded into the softmax scale and V's into the final normalization (FP32 rounding only, docs/NUMERICS.md).
-  The enc pointers are not read otherwise.
-  RESIDUALS off (the primal of ``jqat.attention``, where nothing differentiates): only o is stored (o_hp, lse and m
-  are not touched), and with QUANTIZE_P the O' accumulator and its P V_hat product are dropped; O's arithmetic is
-  the same, so are its bits.
-  """
-  leaked = _fwd_program(
-      q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr,
-      q_enc_ptr, k_enc_ptr, v_enc_ptr, stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb,
-      stride_vt, stride_vn, stride_ob, stride_ot, stride_on, o_ptr, o_hp_ptr, lse_ptr, m_ptr, HEAD_DIM, D_PAD, BLOCK_M,
-      BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, QUANTIZE_Q,
-      QUANTIZE_P, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, QKV_TENSOR, SEQ_ALIGN,
-      RESIDUALS, EXACT=False)
-  HIDES: tl.constexpr = IS_CAUSAL or WINDOW_LEFT >= 0 or WINDOW_RIGHT >= 0 or HAS_SEG or HAS_Q_LEN or HAS_KV_LEN
-  if HIDES:
-    if leaked:  # a NaN reached a live row: the exact walk (_fwd_program)
-      _fwd_program(
-          q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr,
-          seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr, stride_qb, stride_qt, stride_qn, stride_kb, stride_kt,
-          stride_kn, stride_vb, stride_vt, stride_vn, stride_ob, stride_ot, stride_on, o_ptr, o_hp_ptr, lse_ptr,
-          m_ptr, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, BOTTOM_RIGHT, HAS_Q_LEN,
-          HAS_KV_LEN, HAS_SEG, QUANTIZE_Q, QUANTIZE_P, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1,
-          P_ROW_RANGE, QKV_TENSOR, SEQ_ALIGN, RESIDUALS, EXACT=True)
-
-
-@triton.jit
 def _store_outputs(acc, acc_hp, m, l, v_dec, offs_m, offs_d, row_ok, d_ok, q_lim, b, h, pid_bh, tq, stride_ob,
                    stride_ot, stride_on, o_ptr, o_hp_ptr, lse_ptr, m_ptr, QUANTIZE_P: tl.constexpr,
                    P_ROW_RANGE: tl.constexpr, QKV_TENSOR: tl.constexpr, SOFT_BF16: tl.constexpr,
@@ -438,7 +345,10 @@ def _store_outputs(acc, acc_hp, m, l, v_dec, offs_m, offs_d, row_ok, d_ok, q_lim
   o_off = (b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_on
            + offs_m.to(tl.int64)[:, None] * stride_ot + offs_d[None, :])
   out_ok = row_ok[:, None] & d_ok[None, :]
-  out_hp = cast_out(acc_hp * inv[:, None], o_hp_ptr, SOFT_BF16)
+  hp_ptr = o_ptr  # O' in O's dtype (o_hp_ptr is None without RESIDUALS)
+  if RESIDUALS:
+    hp_ptr = o_hp_ptr
+  out_hp = cast_out(acc_hp * inv[:, None], hp_ptr, SOFT_BF16)
   if RESIDUALS:
     tl.store(o_hp_ptr + o_off, out_hp, mask=out_ok)
   if QUANTIZE_P:
@@ -455,72 +365,6 @@ def _store_outputs(acc, acc_hp, m, l, v_dec, offs_m, offs_d, row_ok, d_ok, q_lim
 @triton.jit
 def attention_fwd_kernel(
     q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group,
-    q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr,
-    stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
-    stride_ob, stride_ot, stride_on,
-    o_ptr, o_hp_ptr, lse_ptr,
-    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
-    HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
-    QUANTIZE_Q: tl.constexpr, QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr,
-    SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr,
-    SEQ_ALIGN: tl.constexpr):
-  """The forward with p_scale="block" (docs/NUMERICS.md, section 4): outputs o, o_hp, lse. See ``_attention_fwd``."""
-  _attention_fwd(q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr,
-                 seg_sorted_ptr, lse_ptr, lse_ptr, lse_ptr, stride_qb, stride_qt, stride_qn, stride_kb, stride_kt,
-                 stride_kn, stride_vb, stride_vt, stride_vn, stride_ob, stride_ot, stride_on, o_ptr, o_hp_ptr, lse_ptr,
-                 lse_ptr, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, BOTTOM_RIGHT,
-                 HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, QUANTIZE_Q, QUANTIZE_P, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC,
-                 HW_E4M3, HW_E2M1, 0.0, False, SEQ_ALIGN)
-
-
-@triton.jit
-def attention_fwd_row_kernel(
-    q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group,
-    q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr,
-    stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
-    stride_ob, stride_ot, stride_on,
-    o_ptr, o_hp_ptr, lse_ptr, m_ptr,
-    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
-    HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
-    QUANTIZE_Q: tl.constexpr, QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr,
-    SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr,
-    P_ROW_RANGE: tl.constexpr, SEQ_ALIGN: tl.constexpr):
-  """The forward with p_scale="row" (P_ROW_RANGE = 6 * 448): outputs o, o_hp, lse and the row max m."""
-  _attention_fwd(q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr,
-                 seg_sorted_ptr, lse_ptr, lse_ptr, lse_ptr, stride_qb, stride_qt, stride_qn, stride_kb, stride_kt,
-                 stride_kn, stride_vb, stride_vt, stride_vn, stride_ob, stride_ot, stride_on, o_ptr, o_hp_ptr, lse_ptr,
-                 m_ptr, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, BOTTOM_RIGHT,
-                 HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, QUANTIZE_Q, QUANTIZE_P, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC,
-                 HW_E4M3, HW_E2M1, P_ROW_RANGE, False, SEQ_ALIGN)
-
-
-@triton.jit
-def attention_fwd_tensor_kernel(
-    q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group,
-    q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr,
-    stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
-    stride_ob, stride_ot, stride_on,
-    o_ptr, o_hp_ptr, lse_ptr,
-    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
-    HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
-    QUANTIZE_Q: tl.constexpr, QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr,
-    SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr,
-    SEQ_ALIGN: tl.constexpr):
-  """The forward with qkv_scale="tensor", p_scale="block": outputs o, o_hp, lse. See ``_attention_fwd``."""
-  _attention_fwd(q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr,
-                 seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr, stride_qb, stride_qt, stride_qn, stride_kb,
-                 stride_kt, stride_kn, stride_vb, stride_vt, stride_vn, stride_ob, stride_ot, stride_on, o_ptr,
-                 o_hp_ptr, lse_ptr, lse_ptr, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT,
-                 BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, QUANTIZE_Q, QUANTIZE_P, QK_F32, DOT_BF16, SOFT_BF16,
-                 DOT_PREC, HW_E4M3, HW_E2M1, 0.0, True, SEQ_ALIGN)
-
-
-@triton.jit
-def attention_fwd_row_tensor_kernel(
-    q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group,
     q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr,
     stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
     stride_ob, stride_ot, stride_on,
@@ -530,57 +374,43 @@ def attention_fwd_row_tensor_kernel(
     HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
     QUANTIZE_Q: tl.constexpr, QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr,
     SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr,
-    P_ROW_RANGE: tl.constexpr, SEQ_ALIGN: tl.constexpr):
-  """The forward with qkv_scale="tensor", p_scale="row": outputs o, o_hp, lse and the row max m."""
-  _attention_fwd(q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr,
-                 seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr, stride_qb, stride_qt, stride_qn, stride_kb,
-                 stride_kt, stride_kn, stride_vb, stride_vt, stride_vn, stride_ob, stride_ot, stride_on, o_ptr,
-                 o_hp_ptr, lse_ptr, m_ptr, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT,
-                 BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, QUANTIZE_Q, QUANTIZE_P, QK_F32, DOT_BF16, SOFT_BF16,
-                 DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, True, SEQ_ALIGN)
+    P_ROW_RANGE: tl.constexpr, QKV_TENSOR: tl.constexpr, SEQ_ALIGN: tl.constexpr, RESIDUALS: tl.constexpr):
+  """Forward of docs/NUMERICS.md, section 4, for query rows [i * BLOCK_M, +BLOCK_M) of head j % N, batch j // N, where
+  ``(i, j) = program_tile(...)``. The one entry point of the forward: the flags below pick what it reads and
+  writes; an operand it does not read is a placeholder (any buffer), an output it does not write is None (a
+  constexpr: that variant compiles without it).
 
-
-@triton.jit
-def attention_fwd_out_kernel(
-    q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group,
-    q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr,
-    stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
-    stride_ob, stride_ot, stride_on,
-    o_ptr,
-    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
-    HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
-    QUANTIZE_Q: tl.constexpr, QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr,
-    SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr,
-    P_ROW_RANGE: tl.constexpr, SEQ_ALIGN: tl.constexpr):
-  """O alone (RESIDUALS off), p_scale="block" (P_ROW_RANGE 0) or "row": the O of ``attention_fwd_kernel`` or
-  ``attention_fwd_row_kernel``, without O', lse or the row max."""
-  _attention_fwd(q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr,
-                 seg_sorted_ptr, o_ptr, o_ptr, o_ptr, stride_qb, stride_qt, stride_qn, stride_kb, stride_kt,
-                 stride_kn, stride_vb, stride_vt, stride_vn, stride_ob, stride_ot, stride_on, o_ptr, o_ptr, o_ptr,
-                 o_ptr, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, BOTTOM_RIGHT,
-                 HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, QUANTIZE_Q, QUANTIZE_P, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC,
-                 HW_E4M3, HW_E2M1, P_ROW_RANGE, False, SEQ_ALIGN, False)
-
-
-@triton.jit
-def attention_fwd_out_tensor_kernel(
-    q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group,
-    q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr,
-    stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
-    stride_ob, stride_ot, stride_on,
-    o_ptr,
-    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
-    HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
-    QUANTIZE_Q: tl.constexpr, QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr,
-    SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr,
-    P_ROW_RANGE: tl.constexpr, SEQ_ALIGN: tl.constexpr):
-  """O alone with qkv_scale="tensor" (either p_scale): the O of the ``*_tensor_kernel`` entry points, without O',
-  lse or the row max."""
-  _attention_fwd(q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr,
-                 seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr, stride_qb, stride_qt, stride_qn, stride_kb,
-                 stride_kt, stride_kn, stride_vb, stride_vt, stride_vn, stride_ob, stride_ot, stride_on, o_ptr,
-                 o_ptr, o_ptr, o_ptr, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT,
-                 BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, QUANTIZE_Q, QUANTIZE_P, QK_F32, DOT_BF16, SOFT_BF16,
-                 DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, True, SEQ_ALIGN, False)
+  q: [B, Tq, N, D]; k, v: [B, Tk, K, D] (already fq when QUANTIZE_QKV), N = K * group;
+  the last axis of every array is contiguous; D = HEAD_DIM, tiles padded to D_PAD (a power of two) with
+  masked loads. Masks (each read only under its flag; any pointer otherwise): q_len, kv_len [B] int32,
+  q_seg [B, Tq], kv_seg [B, Tk] int32 dense, seg_sorted [B] int32 (``segments_sorted_kernel``);
+  IS_CAUSAL, WINDOW_LEFT/RIGHT (-1: none) and BOTTOM_RIGHT as in ``attention_common.visible``.
+  Outputs: o, o_hp [B, Tq, N, D] (strides stride_o*), lse [B, N, Tq] fp32 contiguous.
+  Grid: (cdiv(Tq, BLOCK_M), B * N), handed out longest walk first when causal (``program_tile``).
+  Flags: ``dot_flags`` and ``nvfp4.quant_flags``; SEQ_ALIGN as in ``attention_common.aligned_lengths``.
+  P_ROW_RANGE: 0 ("block"), or R > 0 ("row": fq(R p), O = acc / (R l), and m [B, N, Tq] fp32 (natural
+  units, -inf for an empty row) stored through ``m_ptr``, which is None otherwise).
+  QKV_TENSOR (qkv_scale="tensor"): k, v hold fq(enc * K), fq(enc * V) (``fake_quantize_scaled_kernel``) and
+  q_enc [B, N], k_enc, v_enc [B, K] fp32 (``tensor_scale_kernel``) the encode scales; Q is quantized here as
+  fq(enc * Q) (QUANTIZE_Q; else q holds it, from the same pass as K and V), the decode scales 1 / enc of Q and K
+  are folded into the softmax scale and V's into the final normalization (FP32 rounding only, docs/NUMERICS.md).
+  The enc pointers are placeholders otherwise.
+  RESIDUALS off (the primal of ``jqat.attention``, where nothing differentiates): only o is stored (o_hp_ptr,
+  lse_ptr and m_ptr are None), and with QUANTIZE_P the O' accumulator and its P V_hat product are dropped; O's
+  arithmetic is the same, so are its bits.
+  """
+  strides = (stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
+             stride_ob, stride_ot, stride_on)
+  leaked = _fwd_program(
+      q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr,
+      q_enc_ptr, k_enc_ptr, v_enc_ptr, o_ptr, o_hp_ptr, lse_ptr, m_ptr, strides, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N,
+      IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, QUANTIZE_Q, QUANTIZE_P,
+      QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, QKV_TENSOR, SEQ_ALIGN, RESIDUALS, False)
+  HIDES: tl.constexpr = IS_CAUSAL or WINDOW_LEFT >= 0 or WINDOW_RIGHT >= 0 or HAS_SEG or HAS_Q_LEN or HAS_KV_LEN
+  if HIDES:
+    if leaked:  # a NaN reached a live row: the exact walk (_fwd_program)
+      _fwd_program(q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr,
+                   seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr, o_ptr, o_hp_ptr, lse_ptr, m_ptr, strides, HEAD_DIM,
+                   D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN,
+                   HAS_SEG, QUANTIZE_Q, QUANTIZE_P, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1,
+                   P_ROW_RANGE, QKV_TENSOR, SEQ_ALIGN, RESIDUALS, True)
