@@ -250,9 +250,11 @@ def from_keywords(cls=AttentionOptions, *, head_dim: int, **keywords):
   return cls(**check_keywords(cls, head_dim=head_dim, **keywords))
 
 
-def check_keywords(cls=AttentionOptions, *, head_dim: int | None = None, **keywords) -> dict:
+def check_keywords(cls=AttentionOptions, *, head_dim: int | None = None, _config_as_dict: bool = False,
+                   **keywords) -> dict:
   """:func:`from_keywords`'s canonical values as a dict of ``cls``'s fields, for a caller that checks keywords
-  before the shapes are known (``head_dim=None``: ``scale`` is left unresolved)."""
+  before the shapes are known (``head_dim=None``: ``scale`` is left unresolved). ``_config_as_dict``: the switches
+  as a dict instead of a :class:`QATConfig` (:func:`keyword_scalars`)."""
   unknown = [name for name in keywords if name not in cls._public_names and name != "config"]
   if unknown:
     raise TypeError(f"unknown option(s) {unknown}; the options are {cls._public_names} (or config=)")
@@ -263,7 +265,8 @@ def check_keywords(cls=AttentionOptions, *, head_dim: int | None = None, **keywo
   values = {}
   for name, opt, _ in cls._schema:
     if opt.check is check_config and "config" not in keywords:
-      values[name] = QATConfig(**{n: o.check(n, keywords.get(n, o.default)) for n, o, _ in QATConfig._schema})
+      switches = {n: o.check(n, keywords.get(n, o.default)) for n, o, _ in QATConfig._schema}
+      values[name] = switches if _config_as_dict else QATConfig(**switches)
     else:
       values[name] = opt.check(name, keywords.get(name, opt.default))
   if head_dim is not None and values.get("scale", 0.0) is None:
@@ -285,11 +288,24 @@ def scalar_fields(cls=AttentionOptions) -> tuple[tuple[str, type], ...]:
 
 def to_scalars(opts) -> tuple:
   """``opts`` as the values of :func:`scalar_fields` (plain Python bool/int/float/str)."""
+  return _encode(type(opts), {name: getattr(opts, name) for name, _, _ in opts._schema})
+
+
+def keyword_scalars(cls=AttentionOptions, *, head_dim: int, **keywords) -> tuple:
+  """``to_scalars(from_keywords(cls, ...))`` without building the dataclasses: the torch binding checks its
+  keywords inside code that ``torch.compile`` traces, and not every torch release can trace the construction of a
+  frozen dataclass that holds another one."""
+  values = check_keywords(cls, head_dim=head_dim, _config_as_dict=True, **keywords)
+  return _encode(cls, values)
+
+
+def _encode(cls, values: dict) -> tuple:
   out = []
-  for name, opt, _ in opts._schema:
-    value = getattr(opts, name)
+  for name, opt, _ in cls._schema:
+    value = values[name]
     if opt.check is check_config:
-      out += to_scalars(value)
+      switches = value if isinstance(value, dict) else {n: getattr(value, n) for n, _, _ in QATConfig._schema}
+      out += [switches[n] for n, _, _ in QATConfig._schema]
     else:
       out += opt.encode(value) if opt.encode else (value,)
   return tuple(out)

@@ -358,7 +358,9 @@ def _store_outputs(acc, acc_hp, m, l, v_dec, offs_m, offs_d, row_ok, d_ok, q_lim
   if RESIDUALS:
     tl.store(lse_ptr + pid_bh.to(tl.int64) * tq + offs_m, lse, mask=row_ok)
   if RESIDUALS and P_ROW_RANGE > 0:
-    tl.store(m_ptr + pid_bh.to(tl.int64) * tq + offs_m, tl.where(empty, float("-inf"), m * LN2), mask=row_ok)
+    # A NaN score reaches the row max as it reaches lse: the compiled max drops a NaN operand, its l does not.
+    row_max = tl.where(lse != lse, lse, m * LN2)
+    tl.store(m_ptr + pid_bh.to(tl.int64) * tq + offs_m, tl.where(empty, float("-inf"), row_max), mask=row_ok)
   return o_off, out_ok
 
 

@@ -362,7 +362,7 @@ def attention(q, k, v, is_causal=False, scale=None, enable_gqa=False, *, block_n
   requires grad) it is ``torch.ops.jqat.attention_out``, the same O without the backward's residuals.
   """
   check_inputs(q, k, v, enable_gqa=validate.flag("enable_gqa", enable_gqa))
-  opts = validate.attention_options(
+  static = options.keyword_scalars(
       head_dim=q.shape[-1], scale=scale, is_causal=is_causal, block_n=block_n, quantize_qkv=quantize_qkv,
       quantize_p=quantize_p, high_precision_delta=high_precision_delta, quantize_p_backward=quantize_p_backward,
       local_window_size=local_window_size, causal_alignment=causal_alignment, p_scale=p_scale, qkv_scale=qkv_scale)
@@ -374,7 +374,7 @@ def attention(q, k, v, is_causal=False, scale=None, enable_gqa=False, *, block_n
   masks = int32_masks(masks)
   if validate.flag("smooth_k", smooth_k):
     k = smooth_keys(k, masks[1])
-  args = (q, k, v, *masks, *options.to_scalars(opts))
+  args = (q, k, v, *masks, *static)
   if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
     return attention_fwd_op(*args)[0]
   return attention_out_op(*args)  # nothing to differentiate: O alone, without the backward's residuals
