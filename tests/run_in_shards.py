@@ -24,18 +24,18 @@ import time
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
-# Seconds per file on CI's 2 cores with both shards running (the sum of its tests' --durations, 2026-12-02, a fresh
-# clone of 0e08bc5; the files on tests/cases.py's harness re-measured on 2026-12-03 and scaled by the same run's ratio
-# on their unchanged tests). The 8-device children of test_parallel.py and test_shard_map_xla.py run beside both shards
-# and are not counted. Re-measure when a file's cost moves by more than ~30 s.
+# Seconds per file on a 2-core machine with both shards running (the sum of its tests' --durations=0). The
+# 8-device children of test_parallel.py and test_shard_map_xla.py run beside both shards and are not counted.
+# Re-measure when a file's cost moves by more than ~30 s.
 SECONDS = {
-    "test_attention_reference.py": 281, "test_nan.py": 180, "test_callback_launch.py": 123, "test_decode.py": 110,
-    "test_masks.py": 100, "test_nvfp4.py": 96, "test_attention_triton.py": 93, "test_numerics_modes.py": 85,
-    "test_torch.py": 66, "test_rope_qdq.py": 60, "test_tile_ranges.py": 58, "test_flax.py": 55,
-    "test_nvfp4_pallas.py": 49, "test_grad_fidelity.py": 48, "test_qat_matmul.py": 40, "test_ffi.py": 38,
-    "test_properties.py": 36, "test_parallel.py": 34, "test_train_lm.py": 31, "test_nvfp4_triton.py": 15,
-    "test_validation.py": 9, "test_bench_numerics.py": 8, "test_packaging.py": 7,
-    "test_bench_fastvideo.py": 3, "test_parallel_masks.py": 1, "test_plan.py": 1, "test_shard_map_xla.py": 1,
+    "test_attention_reference.py": 232, "test_callback_launch.py": 163, "test_numerics_modes.py": 153,
+    "test_masks.py": 133, "test_attention_triton.py": 123, "test_nan.py": 117, "test_torch.py": 84,
+    "test_decode.py": 83, "test_rope_qdq.py": 75, "test_nvfp4.py": 70, "test_tile_ranges.py": 63,
+    "test_large_logits.py": 55, "test_grad_fidelity.py": 48, "test_nvfp4_pallas.py": 47, "test_qat_matmul.py": 44,
+    "test_flax.py": 44, "test_properties.py": 39, "test_parallel.py": 35, "test_train_lm.py": 25, "test_ffi.py": 24,
+    "test_validation.py": 13, "test_nvfp4_triton.py": 6, "test_bench_numerics.py": 6, "test_packaging.py": 5,
+    "test_bench_fastvideo.py": 3, "test_plan.py": 1, "test_parallel_masks.py": 1, "test_shard_map_xla.py": 1,
+    "test_report.py": 1,
 }
 NEW_FILE_SECONDS = 30
 NO_TESTS_COLLECTED = 5
