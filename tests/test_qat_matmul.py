@@ -85,7 +85,7 @@ def assert_product(actual, exact, abs_sum, k, name):
   ok = ~nan
   # A planted Inf in x and in w fake-quantizes to +-2688 each: their product overflows FP16 and must round to +-Inf.
   # (No exact value sits in the ambiguous band between the largest finite value and twice it.)
-  top = float(np.finfo(a.dtype).max)
+  top = float(ml_dtypes.finfo(a.dtype).max)
   over = ok & (np.abs(exact) > 2 * top)
   assert not (ok & (np.abs(exact) > top) & ~over).any(), f"{name}: an exact value near the overflow threshold"
   np.testing.assert_array_equal(got[over], np.sign(exact[over]) * np.inf, err_msg=f"{name}: overflow to +-Inf")

@@ -870,7 +870,7 @@ def test_cuda_rope_prepared_never_compiles_in_execute_gpu(monkeypatch, mode):
   aligned and the any-offset kernels and execute launches one of them: the wrapper's bits, no compile."""
   x, cache, pos = _rope_inputs(mode, device="cuda")
   op = jt.RopeQDQInplace(x, cache, pos, quantization=mode[0], group_size=mode[1], scale_format=mode[2]).compile()
-  cases = [(x, cache, pos), (x[:2].contiguous(), cache, pos[:2].contiguous()),  # a new token count
+  cases = [(x, cache, pos), (x[:2].clone(), cache, pos[:2].clone()),  # a new token count (not a view of x)
            (_at_offset(x, 1), _at_offset(cache, 1), _at_offset(pos, 1)),  # pointers off 16-byte alignment
            (_at_offset(x[:1].contiguous(), 3), cache[:5].contiguous(), _at_offset(pos[:1].contiguous(), 1))]
   wants = []
