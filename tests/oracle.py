@@ -109,6 +109,46 @@ def _visible(b, tq, tk, is_causal, vis):
     return np.asarray(vis, bool)[:, None]
 
 
+def _forward_walk(s_all, v, vis, *, block_n, quantize_p=True, p_range=1.0):
+    """The forward's walk over KV tiles of ``block_n`` keys (docs/NUMERICS.md, section 4), float64.
+
+    s_all: [B, N, Tq, Tk] scaled scores; v: [B, Tk, N, D] (KV heads repeated); vis: [B, 1, Tq, Tk] bool.
+    p_range: the factor fq(P) and O' see the tile at (1, or R_ROW for p_scale="row"); O and O' divide by
+    ``p_range * l``. Returns (O, O' [B, Tq, N, D], lse, m, l [B, N, Tq]).
+    """
+    b, n, tq, tk = s_all.shape
+    d = v.shape[-1]
+    m = np.full((b, n, tq), -np.inf)
+    l = np.zeros((b, n, tq))
+    acc = np.zeros((b, n, tq, d))
+    acc_hp = np.zeros((b, n, tq, d))
+    with np.errstate(invalid="ignore"):
+        for start in range(0, tk, block_n):
+            sl = slice(start, min(start + block_n, tk))
+            valid = np.broadcast_to(vis[..., sl], s_all[..., sl].shape)
+            s = np.where(valid, s_all[..., sl], -np.inf)
+            m_new = np.maximum(m, s.max(axis=-1))
+            m_safe = np.where(np.isinf(m_new), 0.0, m_new)
+            pt = np.where(valid, np.exp(s - m_safe[..., None]), 0.0)
+            pf = _fq64(p_range * pt, mask=valid) if quantize_p else _bf16_round(p_range * pt)
+            alpha = np.where(np.isinf(m), 0.0, np.exp(m - m_safe))
+            l = alpha * l + pt.sum(-1)
+            acc = alpha[..., None] * acc + np.einsum("bnqk,bknd->bnqd", pf, v[:, sl])
+            acc_hp = alpha[..., None] * acc_hp + np.einsum("bnqk,bknd->bnqd", _bf16_round(p_range * pt), v[:, sl])
+            m = m_new
+    empty = l == 0
+    safe_l = np.where(empty, 1.0, l)
+    out = lambda a: np.where(empty[..., None], 0.0, a / (p_range * safe_l)[..., None]).transpose(0, 2, 1, 3)
+    lse = np.where(empty, -np.inf, m + np.log(safe_l))
+    return out(acc), out(acc_hp), lse, m, l
+
+
+def _repeat_kv(k, v, n):
+    """K and V [B, Tk, K, D] with each KV head repeated for its ``n // K`` query heads."""
+    g = n // k.shape[2]
+    return np.repeat(k, g, axis=2), np.repeat(v, g, axis=2)
+
+
 def attention_oracle(q, k, v, *, scale, is_causal, block_n, quantize_qkv=True, quantize_p=True, vis=None):
     """Float64 re-derivation of the forward of docs/NUMERICS.md, section 4: (O, O', lse) with O, O' float64.
 
@@ -120,34 +160,10 @@ def attention_oracle(q, k, v, *, scale, is_causal, block_n, quantize_qkv=True, q
         q, k, v = (fq_oracle(t) for t in (q, k, v))
     q, k, v = (t.astype(np.float64) for t in (q, k, v))
     b, tq, n, d = q.shape
-    tk, kh = k.shape[1], k.shape[2]
-    k = np.repeat(k, n // kh, axis=2)
-    v = np.repeat(v, n // kh, axis=2)
+    k, v = _repeat_kv(k, v, n)
     s_all = scale * np.einsum("bqnd,bknd->bnqk", q, k)
-    vis = _visible(b, tq, tk, is_causal, vis)
-    m = np.full((b, n, tq), -np.inf)
-    l = np.zeros((b, n, tq))
-    acc = np.zeros((b, n, tq, d))
-    acc_hp = np.zeros((b, n, tq, d))
-    with np.errstate(invalid="ignore"):
-        for start in range(0, tk, block_n):
-            sl = slice(start, min(start + block_n, tk))
-            valid = vis[..., sl]
-            s = np.where(valid, s_all[..., sl], -np.inf)
-            m_new = np.maximum(m, s.max(axis=-1))
-            m_safe = np.where(np.isinf(m_new), 0.0, m_new)
-            pt = np.where(valid, np.exp(s - m_safe[..., None]), 0.0)
-            pf = _fq64(pt, mask=np.broadcast_to(valid, pt.shape)) if quantize_p else _bf16_round(pt)
-            alpha = np.where(np.isinf(m), 0.0, np.exp(m - m_safe))
-            l = alpha * l + pt.sum(-1)
-            acc = alpha[..., None] * acc + np.einsum("bnqk,bknd->bnqd", pf, v[:, sl])
-            acc_hp = alpha[..., None] * acc_hp + np.einsum("bnqk,bknd->bnqd", _bf16_round(pt), v[:, sl])
-            m = m_new
-    empty = l == 0
-    inv = np.where(empty, 0.0, 1.0 / np.where(empty, 1.0, l))[..., None]
-    lse = np.where(empty, -np.inf, m + np.log(np.where(empty, 1.0, l)))
-    to_btnh = lambda x: (x * inv).transpose(0, 2, 1, 3)
-    return to_btnh(acc), to_btnh(acc_hp), lse
+    vis = _visible(b, tq, k.shape[1], is_causal, vis)
+    return _forward_walk(s_all, v, vis, block_n=block_n, quantize_p=quantize_p)[:3]
 
 
 def attention_grad_oracle(do, q, k, v, o_for_delta, lse, *, scale, is_causal, quantize_qkv=True,
@@ -364,36 +380,16 @@ def row_oracle(q, k, v, do, *, scale, block_n, vis):
     b, tq, n, d = q.shape
     tk, kh = k.shape[1], k.shape[2]
     g = n // kh
-    kr, vr = np.repeat(k, g, axis=2), np.repeat(v, g, axis=2)
+    kr, vr = _repeat_kv(k, v, n)
     vis = np.asarray(vis, bool)[:, None]
     s_all = scale * np.einsum("bqnd,bknd->bnqk", q, kr)
-    m = np.full((b, n, tq), -np.inf)
-    l = np.zeros((b, n, tq))
-    acc = np.zeros((b, n, tq, d))
-    acc_hp = np.zeros((b, n, tq, d))
-    with np.errstate(invalid="ignore"):
-        for start in range(0, tk, block_n):
-            sl = slice(start, min(start + block_n, tk))
-            valid = np.broadcast_to(vis[..., sl], s_all[..., sl].shape)
-            s = np.where(valid, s_all[..., sl], -np.inf)
-            m_new = np.maximum(m, s.max(axis=-1))
-            m_safe = np.where(np.isinf(m_new), 0.0, m_new)
-            pt = np.where(valid, np.exp(s - m_safe[..., None]), 0.0)
-            alpha = np.where(np.isinf(m), 0.0, np.exp(m - m_safe))
-            l = alpha * l + pt.sum(-1)
-            # Row mode's tile is R_ROW * pt: fq(P) and O' both take it, O and O' both divide by R_ROW * l.
-            acc = alpha[..., None] * acc + np.einsum("bnqk,bknd->bnqd", _fq64(R_ROW * pt, mask=valid), vr[:, sl])
-            acc_hp = alpha[..., None] * acc_hp + np.einsum("bnqk,bknd->bnqd", _bf16_round(R_ROW * pt), vr[:, sl])
-            m = m_new
+    # Row mode's tile is R_ROW * pt: fq(P) and O' both take it, O and O' both divide by R_ROW * l.
+    o, o_hp, lse, m, l = _forward_walk(s_all, vr, vis, block_n=block_n, p_range=R_ROW)
+    # Backward, P materialized; O' (bf16-rounded as stored) for delta.
     empty = l == 0
     safe_l = np.where(empty, 1.0, l)
-    o = np.where(empty[..., None], 0.0, acc / (R_ROW * safe_l)[..., None]).transpose(0, 2, 1, 3)
-    o_hp = np.where(empty[..., None], 0.0, acc_hp / (R_ROW * safe_l)[..., None]).transpose(0, 2, 1, 3)
-    lse = np.where(empty, -np.inf, m + np.log(safe_l))
-    # Backward, P materialized; O' (bf16-rounded as stored) for delta.
     valid = np.broadcast_to(vis, s_all.shape)
-    m_safe = np.where(empty, 0.0, m)[..., None]
-    pt = np.where(valid & ~empty[..., None], np.exp(s_all - m_safe), 0.0)
+    pt = np.where(valid & ~empty[..., None], np.exp(s_all - np.where(empty, 0.0, m)[..., None]), 0.0)
     p = pt / safe_l[..., None]
     delta = np.einsum("bqnd,bqnd->bnq", _bf16_round(o_hp), do)[..., None]
     ds = _bf16_round(p * (np.einsum("bqnd,bknd->bnqk", do, vr) - delta))
