@@ -30,6 +30,7 @@ import dataclasses
 import triton
 import triton.language as tl
 
+from jqat.kernels_triton import attention_common as common
 from jqat.kernels_triton.attention_common import (
   LOG2E,
   aligned3,
@@ -205,19 +206,15 @@ def _dq_program(
   whether a NaN reached dQ (with a mask that hides pairs: else False). As in the forward (``_fwd_program``) the
   exact walk recomputes everything from the arguments; strides: the kernel's 12, q's, k's, v's and do's, as a tuple
   (``program_start``)."""
-  (strides, tq, tk, n_heads, group, pid_bh, b, h, start_m, offs_m, offs_n, offs_d, row_ok, q_lim, kv_lim, off, seg_q,
-   kv_seg_base) = program_start(strides, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, BLOCK_M,
-                                BLOCK_N, D_PAD, IS_CAUSAL, BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, True,
-                                SEQ_ALIGN, SOFT_BF16, EXACT)
-  (stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn, stride_db,
-   stride_dt, stride_dn) = strides
-  kvh = h // group
-  rows = offs_m.to(tl.int64)[:, None]
+  (strides, tq, tk, n_heads, group, pid_bh, b, h, kvh, start_m, offs_m, offs_n, offs_d, row_ok, q_lim, kv_lim, off,
+   seg_q, kv_seg_base, stride_kt, stride_vt) = common.query_program_start(
+       strides, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, BLOCK_M, BLOCK_N, D_PAD,
+       IS_CAUSAL, BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, SEQ_ALIGN, SOFT_BF16, EXACT)
   ok = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
-  q_off = b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qn + rows * stride_qt + offs_d[None, :]
+  q_rows = common.tile_rows(strides, 0, b, h, offs_m)
+  q_off = q_rows + offs_d[None, :]
   q = tl.load(q_ptr + q_off, mask=ok, other=0.0)
-  do = tl.load(do_ptr + b.to(tl.int64) * stride_db + h.to(tl.int64) * stride_dn + rows * stride_dt + offs_d[None, :],
-               mask=ok, other=0.0)
+  do = tl.load(do_ptr + common.tile_rows(strides, 3, b, h, offs_m) + offs_d[None, :], mask=ok, other=0.0)
   # Padded query rows read lse = -inf: the unmasked tiles do not hide them, a zero P does.
   lse = tl.load(lse_ptr + pid_bh.to(tl.int64) * tq + offs_m, mask=offs_m < q_lim, other=float("-inf"))
   delta = tl.load(delta_ptr + pid_bh.to(tl.int64) * tq + offs_m, mask=row_ok, other=0.0)
@@ -232,8 +229,7 @@ def _dq_program(
     qk_scale = scale * tl.div_rn(1.0, tl.load(q_enc_ptr + pid_bh)) * k_dec * LOG2E
     dq_scale = scale * k_dec
     v_dec = tl.div_rn(1.0, tl.load(v_enc_ptr + kv_bh))
-  k_base = k_ptr + b.to(tl.int64) * stride_kb + kvh.to(tl.int64) * stride_kn
-  v_base = v_ptr + b.to(tl.int64) * stride_vb + kvh.to(tl.int64) * stride_vn
+  k_base, v_base = common.kv_bases(k_ptr, v_ptr, strides, b, kvh)
 
   dq = tl.zeros([BLOCK_M, D_PAD], tl.float32)
   # The forward's tiling: [lo, a) and [c, hi) masked, [a, c) unmasked, the rest hidden and skipped.
@@ -259,7 +255,7 @@ def _dq_program(
       hits = key_nan_hits(k_base, stride_kt, offs_c, lo, hi, offs_m, offs_n, seg_q, kv_seg_base, q_lim, kv_lim, off,
                           HEAD_DIM, BLOCK_M, BLOCK_N, NAN_CHANNELS, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG,
                           DOT_BF16, DOT_PREC)
-      c_off = b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qn + rows * stride_qt + offs_c[None, :]
+      c_off = q_rows + offs_c[None, :]
       tl.store(dq_ptr + c_off, cast_out(tl.full([BLOCK_M, NAN_CHANNELS], float("nan"), tl.float32), dq_ptr,
                                         SOFT_BF16), mask=row_ok[:, None] & (offs_c[None, :] < HEAD_DIM) & (hits > 0.0))
   else:

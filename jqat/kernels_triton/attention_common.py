@@ -144,6 +144,43 @@ def program_start(strides, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr, q_seg_
           offs_own, offs_other, offs_d, own_ok, q_lim, kv_lim, off, seg_own, other_seg_base)
 
 
+@triton.jit
+def query_program_start(strides, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr,
+                        BOTTOM_RIGHT: tl.constexpr, HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr,
+                        HAS_SEG: tl.constexpr, SEQ_ALIGN: tl.constexpr, SOFT_BF16: tl.constexpr, EXACT: tl.constexpr):
+  """``program_start`` of a query-major program (the forward, dQ: a tile of BLOCK_M query rows of one head walking
+  key tiles of BLOCK_N) over q, k, v and a fourth tensor (o, dO), whose strides ``strides`` lists in turn.
+
+  Returns ``(strides, tq, tk, n_heads, group, pid_bh, b, h, kvh, start_m, offs_m, offs_n, offs_d, row_ok, q_lim,
+  kv_lim, off, seg_q, kv_seg_base, stride_kt, stride_vt)``: ``program_start``'s values with the KV head ``kvh`` and
+  the key and value sequence strides (``kv_bases`` gives where the KV head begins)."""
+  (strides, tq, tk, n_heads, group, pid_bh, b, h, start_m, offs_m, offs_n, offs_d, row_ok, q_lim, kv_lim, off, seg_q,
+   kv_seg_base) = program_start(strides, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, BLOCK_M,
+                                BLOCK_N, D_PAD, IS_CAUSAL, BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, True,
+                                SEQ_ALIGN, SOFT_BF16, EXACT)
+  return (strides, tq, tk, n_heads, group, pid_bh, b, h, h // group, start_m, offs_m, offs_n, offs_d, row_ok, q_lim,
+          kv_lim, off, seg_q, kv_seg_base, strides[4], strides[7])
+
+
+@triton.jit
+def kv_bases(k_ptr, v_ptr, strides, b, kvh):
+  """Pointers to the first key and value of batch ``b``, KV head ``kvh`` (strides as in ``query_program_start``).
+  Called where they are first needed, not in ``query_program_start``: computed before the query tile's loads, they
+  changed the dQ kernel's register allocation (10 more instructions in its masked loop)."""
+  return (k_ptr + b.to(tl.int64) * strides[3] + kvh.to(tl.int64) * strides[5],
+          v_ptr + b.to(tl.int64) * strides[6] + kvh.to(tl.int64) * strides[8])
+
+
+@triton.jit
+def tile_rows(strides, TENSOR: tl.constexpr, b, head, offs):
+  """Element offsets (int64, ``[len(offs), 1]``) of rows ``offs`` of batch ``b``, head ``head`` in tensor number
+  TENSOR (0-3) of a program's four ``[B, T, heads, D]`` tensors, whose (batch, sequence, head) strides ``strides``
+  lists in turn."""
+  return (b.to(tl.int64) * strides[3 * TENSOR] + head.to(tl.int64) * strides[3 * TENSOR + 2]
+          + offs.to(tl.int64)[:, None] * strides[3 * TENSOR + 1])
+
+
 def seq_align(tq: int, tk: int) -> int:
   """The ``SEQ_ALIGN`` constexpr of the attention kernels for query and key lengths ``tq``, ``tk``."""
   return 16 if tq % 16 == 0 and tk % 16 == 0 else 1

@@ -31,6 +31,7 @@ import dataclasses
 import triton
 import triton.language as tl
 
+from jqat.kernels_triton import attention_common as common
 from jqat.kernels_triton.attention_common import (
   LN2,
   LOG2_P_ROW_RANGE,
@@ -44,7 +45,6 @@ from jqat.kernels_triton.attention_common import (
   mul_rn,
   nan_of,
   narrow_to_segments,
-  program_start,
   qk_dot,
   row_tile_visible,
 )
@@ -182,17 +182,13 @@ def _fwd_program(
   whether the exact walk must follow. The exact walk recomputes everything from the arguments, so that nothing of
   it stays live across the fast walks (values kept for it pushed the fast loops into spills). strides: the kernel's
   12 strides, q's, k's, v's and o's, as a tuple (``program_start``)."""
-  (strides, tq, tk, n_heads, group, pid_bh, b, h, start_m, offs_m, offs_n, offs_d, row_ok, q_lim, kv_lim, off, seg_q,
-   kv_seg_base) = program_start(strides, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, BLOCK_M,
-                                BLOCK_N, D_PAD, IS_CAUSAL, BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, True,
-                                SEQ_ALIGN, SOFT_BF16, EXACT)
-  (stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn, stride_ob,
-   stride_ot, stride_on) = strides
-  kvh = h // group
+  (strides, tq, tk, n_heads, group, pid_bh, b, h, kvh, start_m, offs_m, offs_n, offs_d, row_ok, q_lim, kv_lim, off,
+   seg_q, kv_seg_base, stride_kt, stride_vt) = common.query_program_start(
+       strides, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, BLOCK_M, BLOCK_N, D_PAD,
+       IS_CAUSAL, BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, SEQ_ALIGN, SOFT_BF16, EXACT)
   d_ok = offs_d < HEAD_DIM
 
-  q_ptrs = (q_ptr + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qn
-            + offs_m.to(tl.int64)[:, None] * stride_qt + offs_d[None, :])
+  q_ptrs = q_ptr + common.tile_rows(strides, 0, b, h, offs_m) + offs_d[None, :]
   q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
   if QKV_TENSOR:
     q_enc = tl.load(q_enc_ptr + pid_bh)
@@ -202,8 +198,7 @@ def _fwd_program(
   elif QUANTIZE_Q:
     q = cast_fq(fq_tile(q.to(tl.float32), row_ok[:, None] & d_ok[None, :], BLOCK_M, D_PAD, HW_E4M3, HW_E2M1),
                 q.dtype, HW_E4M3)  # exact: fq values fit the input dtype
-  k_base = k_ptr + b.to(tl.int64) * stride_kb + kvh.to(tl.int64) * stride_kn
-  v_base = v_ptr + b.to(tl.int64) * stride_vb + kvh.to(tl.int64) * stride_vn
+  k_base, v_base = common.kv_bases(k_ptr, v_ptr, strides, b, kvh)
   qk_scale = scale * LOG2E
   if QKV_TENSOR:
     kv_bh = b * (n_heads // group) + kvh
@@ -257,9 +252,8 @@ def _fwd_program(
                                    IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N,
                                    QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE,
                                    O_ONLY=not RESIDUALS, EXACT=True)
-    _store_outputs(acc, acc_hp, m, l, v_dec, offs_m, offs_d, row_ok, d_ok, q_lim, b, h, pid_bh, tq, stride_ob,
-                   stride_ot, stride_on, o_ptr, o_hp_ptr, lse_ptr, m_ptr, QUANTIZE_P, P_ROW_RANGE, QKV_TENSOR,
-                   SOFT_BF16, RESIDUALS)
+    _store_outputs(acc, acc_hp, m, l, v_dec, offs_m, offs_d, row_ok, d_ok, q_lim, b, h, pid_bh, tq, strides, o_ptr,
+                   o_hp_ptr, lse_ptr, m_ptr, QUANTIZE_P, P_ROW_RANGE, QKV_TENSOR, SOFT_BF16, RESIDUALS)
     # NaN where a visible pair meets a NaN of V, 16 channels at a time: a [BLOCK_M, D] count beside the walk's other
     # values spilled the capped O-only kernel's fast loops.
     for c0 in range(0, D_PAD, NAN_CHANNELS):
@@ -267,8 +261,7 @@ def _fwd_program(
       hits = key_nan_hits(v_base, stride_vt, offs_c, lo, hi, offs_m, offs_n, seg_q, kv_seg_base, q_lim, kv_lim, off,
                           HEAD_DIM, BLOCK_M, BLOCK_N, NAN_CHANNELS, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG,
                           DOT_BF16, DOT_PREC)
-      c_off = (b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_on
-               + offs_m.to(tl.int64)[:, None] * stride_ot + offs_c[None, :])
+      c_off = common.tile_rows(strides, 3, b, h, offs_m) + offs_c[None, :]
       c_ok = row_ok[:, None] & (offs_c[None, :] < HEAD_DIM) & (hits > 0.0)
       nan_out = tl.full([BLOCK_M, NAN_CHANNELS], float("nan"), tl.float32)
       if RESIDUALS:
@@ -318,17 +311,15 @@ def _fwd_program(
         checked = acc
       leaked = any_nan(checked, offs_m < q_lim)
     if leaked == 0:  # else the exact walk stores
-      _store_outputs(acc, acc_hp, m, l, v_dec, offs_m, offs_d, row_ok, d_ok, q_lim, b, h, pid_bh, tq, stride_ob,
-                     stride_ot, stride_on, o_ptr, o_hp_ptr, lse_ptr, m_ptr, QUANTIZE_P, P_ROW_RANGE, QKV_TENSOR,
-                     SOFT_BF16, RESIDUALS)
+      _store_outputs(acc, acc_hp, m, l, v_dec, offs_m, offs_d, row_ok, d_ok, q_lim, b, h, pid_bh, tq, strides,
+                     o_ptr, o_hp_ptr, lse_ptr, m_ptr, QUANTIZE_P, P_ROW_RANGE, QKV_TENSOR, SOFT_BF16, RESIDUALS)
   return leaked
 
 
 @triton.jit
-def _store_outputs(acc, acc_hp, m, l, v_dec, offs_m, offs_d, row_ok, d_ok, q_lim, b, h, pid_bh, tq, stride_ob,
-                   stride_ot, stride_on, o_ptr, o_hp_ptr, lse_ptr, m_ptr, QUANTIZE_P: tl.constexpr,
-                   P_ROW_RANGE: tl.constexpr, QKV_TENSOR: tl.constexpr, SOFT_BF16: tl.constexpr,
-                   RESIDUALS: tl.constexpr):
+def _store_outputs(acc, acc_hp, m, l, v_dec, offs_m, offs_d, row_ok, d_ok, q_lim, b, h, pid_bh, tq, strides, o_ptr,
+                   o_hp_ptr, lse_ptr, m_ptr, QUANTIZE_P: tl.constexpr, P_ROW_RANGE: tl.constexpr,
+                   QKV_TENSOR: tl.constexpr, SOFT_BF16: tl.constexpr, RESIDUALS: tl.constexpr):
   """The forward's epilogue: normalizes and stores O (and with RESIDUALS O', lse and, in row mode, m) of this
   program's rows; returns the outputs' offsets and store mask."""
   # No visible key (or a padded query row, which the unmasked tiles do not hide): O = O' = 0, lse = -inf.
@@ -342,8 +333,7 @@ def _store_outputs(acc, acc_hp, m, l, v_dec, offs_m, offs_d, row_ok, d_ok, q_lim
   if QUANTIZE_P and P_ROW_RANGE > 0:  # l sums R * p here: 1 / l is already 1 / (R * sum p)
     log_l = log_l - LOG2_P_ROW_RANGE
   lse = tl.where(empty, float("-inf"), (m + log_l) * LN2)
-  o_off = (b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_on
-           + offs_m.to(tl.int64)[:, None] * stride_ot + offs_d[None, :])
+  o_off = common.tile_rows(strides, 3, b, h, offs_m) + offs_d[None, :]
   out_ok = row_ok[:, None] & d_ok[None, :]
   hp_ptr = o_ptr  # O' in O's dtype (o_hp_ptr is None without RESIDUALS)
   if RESIDUALS:
