@@ -7,8 +7,9 @@ ragged lengths, contiguous and paged, causal and not, one split and several, p_s
 relative (Frobenius) distance of the Gluon kernel's O from the Triton kernel's and the share of elements that differ,
 and where the case is small, the distance of each from the float64 oracle (tests/oracle.py) against the decode tests'
 bound. Time: the split (and combine) launches of each kernel on full caches, caches cycled over at least 512 MB so
-that no launch finds its cache in the L2; CUDA events over 50 launches, median of 7; TB/s counts the packed cache
-bytes read. ``--compile-only`` builds every case's Gluon launch for sm_90 without a GPU.
+that no launch finds its cache in the L2; CUDA events around the replay of a CUDA graph of 40 calls, median of 7
+replays; TB/s counts the packed cache bytes read. ``--compile-only`` builds every case's Gluon launch for sm_90
+without a GPU.
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ TIMES = [
     (8, 32, 8, 32768, 128, 1, 0),
     (8, 32, 8, 32768, 128, 1, 64),
     (8, 32, 8, 32768, 128, 4, 0),
-    (32, 32, 8, 8192, 128, 1, 0),
     (64, 8, 1, 4096, 128, 1, 0),
+    (32, 32, 8, 8192, 128, 1, 0),
     (8, 32, 8, 32768, 64, 1, 0),
 ]
 
@@ -58,7 +59,23 @@ def describe(shape, dtype):
   return plans.Tensor.dense(shape, dtype)
 
 
+# Gluon launch parameters measured beside the default (decode_gluon.stages): two and three stages.
+VARIANTS = {"gluon": None, "gluon_stages2": 2, "gluon_stages3": 3}
+
+
 def make_plan(b, tq, n, kh, t, d, splits, page, causal, p_scale, kernel, target):
+  """The plan of one case; ``kernel`` "triton" or a key of VARIANTS."""
+  from jqat.kernels_triton import decode_gluon
+
+  saved, decode_gluon.STAGES = decode_gluon.STAGES, VARIANTS.get(kernel)
+  try:
+    return _make_plan(b, tq, n, kh, t, d, splits, page, causal, p_scale, "triton" if kernel == "triton" else "gluon",
+                      target)
+  finally:
+    decode_gluon.STAGES = saved
+
+
+def _make_plan(b, tq, n, kh, t, d, splits, page, causal, p_scale, kernel, target):
   q = describe((b, tq, n, d), "bfloat16")
   lead = (b * t // page + 1, page) if page else (b, t)
   kc, ks = describe(lead + (kh, d // 2), "uint8"), describe(lead + (kh, d // 16), "float8_e4m3fn")
@@ -92,24 +109,23 @@ def compile_only():
 
 def random_cache(b, t, kh, d, page, seed, device):
   """Codes (every byte value) and E4M3 scales (2**-9 .. 2**3, one in 32 subnormal) of K and V, and a shuffled page
-  table; as torch tensors on ``device``."""
+  table; as torch tensors, drawn on ``device``."""
   import torch
 
-  g = torch.Generator(device="cpu").manual_seed(seed)
+  g = torch.Generator(device=device).manual_seed(seed)
   lead = (b * t // page + 1, page) if page else (b, t)
+  draw = lambda lo, hi, shape: torch.randint(lo, hi, shape, generator=g, device=device, dtype=torch.int32)
 
   def scales():
-    e = torch.randint(1, 11, lead + (kh, d // 16), generator=g)
-    mant = torch.randint(0, 8, lead + (kh, d // 16), generator=g)
-    byte = (e << 3) | mant
-    sub = torch.randint(0, 32, byte.shape, generator=g) == 0
-    byte = torch.where(sub, torch.randint(1, 8, byte.shape, generator=g), byte)
-    return byte.to(torch.uint8).view(torch.float8_e4m3fn).to(device)
+    shape = lead + (kh, d // 16)
+    byte = (draw(1, 11, shape) << 3) | draw(0, 8, shape)
+    byte = torch.where(draw(0, 32, shape) == 0, draw(1, 8, shape), byte)
+    return byte.to(torch.uint8).view(torch.float8_e4m3fn)
 
-  codes = lambda: torch.randint(0, 256, lead + (kh, d // 2), generator=g, dtype=torch.int32).to(torch.uint8).to(device)
+  codes = lambda: draw(0, 256, lead + (kh, d // 2)).to(torch.uint8)
   table = None
   if page:
-    table = (torch.randperm(b * t // page, generator=g) + 1).reshape(b, t // page).to(torch.int32).to(device)
+    table = (torch.randperm(b * t // page, generator=g, device=device) + 1).reshape(b, t // page).to(torch.int32)
   return (codes(), scales()), (codes(), scales()), table
 
 
@@ -143,7 +159,7 @@ def rel(a, b):
   return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-def check(results):
+def check(results, variants=("gluon",)):
   import torch
 
   target = plans.Target(tuple(torch.cuda.get_device_capability()))
@@ -155,27 +171,32 @@ def check(results):
     lengths[0] = t
     lengths = lengths.cuda()
     outs = {}
-    for kernel in ("triton", "gluon"):
+    for kernel in ("triton", *variants):
       plan = make_plan(b, tq, n, kh, t, d, splits, page, causal, p_scale, kernel, target)
-      assert plan.launches[0].name.endswith("gluon") == (kernel == "gluon")
+      assert plan.launches[0].name.endswith("gluon") == (kernel != "triton")
       outs[kernel] = run_plan(plan, q, kc, vc, lengths, table).float().cpu().numpy()
-    g, tr = outs["gluon"], outs["triton"]
-    row = dict(case=[b, tq, n, kh, t, d, splits, page, causal, p_scale], finite=bool(np.isfinite(g).all()),
-               gluon_vs_triton=rel(g, tr), differing=float((g != tr).mean()), max_abs=float(np.abs(g - tr).max()))
+    want = None
     if p_scale == "block" and b * n * t <= 2 ** 20:
       from oracle import decode_oracle
 
       want = decode_oracle(q.float().cpu().numpy(), oracle_values(kc, table, b, t), oracle_values(vc, table, b, t),
                            lengths.cpu().numpy(), scale=d ** -0.5, block_n=64, num_splits=splits, is_causal=causal)
-      row.update(gluon_vs_oracle=rel(g, want), triton_vs_oracle=rel(tr, want))
-      row["ok"] = row["finite"] and row["gluon_vs_oracle"] < O_BOUND
-    else:
-      row["ok"] = row["finite"] and row["gluon_vs_triton"] < 1e-2
-    results["check"].append(row)
-    print(json.dumps(row), flush=True)
+    tr = outs["triton"]
+    for kernel in variants:
+      g = outs[kernel]
+      row = dict(case=[b, tq, n, kh, t, d, splits, page, causal, p_scale], kernel=kernel,
+                 finite=bool(np.isfinite(g).all()), gluon_vs_triton=rel(g, tr), differing=float((g != tr).mean()),
+                 max_abs=float(np.abs(g - tr).max()))
+      if want is not None:
+        row.update(gluon_vs_oracle=rel(g, want), triton_vs_oracle=rel(tr, want))
+        row["ok"] = row["finite"] and row["gluon_vs_oracle"] < O_BOUND
+      else:
+        row["ok"] = row["finite"] and row["gluon_vs_triton"] < 1e-2
+      results["check"].append(row)
+      print(json.dumps(row), flush=True)
 
 
-def time_case(b, n, kh, t, d, tq, page, kernels=("triton", "gluon", "gluon2"), copies_bytes=512 << 20):
+def time_case(b, n, kh, t, d, tq, page, kernels=("triton", *VARIANTS), copies_bytes=512 << 20):
   import torch
 
   target = plans.Target(tuple(torch.cuda.get_device_capability()))
@@ -187,16 +208,9 @@ def time_case(b, n, kh, t, d, tq, page, kernels=("triton", "gluon", "gluon2"), c
   splits = default_num_splits(b, kh, t, 64)
   row = dict(B=b, N=n, K=kh, T=t, D=d, Tq=tq, page_size=page, splits=splits, cache_bytes=packed)
   from jqat.ffi import torch_launch
-  from jqat.kernels_triton import decode_gluon
 
   for kernel in kernels:
-    stages = decode_gluon.STAGES
-    if kernel == "gluon2":  # two stages (one tile's copies in flight) instead of the default
-      decode_gluon.STAGES = 2
-    try:
-      plan = make_plan(b, tq, n, kh, t, d, splits, page, True, "block", kernel[:5], target)
-    finally:
-      decode_gluon.STAGES = stages
+    plan = make_plan(b, tq, n, kh, t, d, splits, page, True, "block", kernel, target)
     sets = []
     for kc, vc, table in caches:
       tensors = dict(q=q, k_codes=kc[0], k_scales=kc[1], v_codes=vc[0], v_scales=vc[1], kv_len=lengths)
@@ -204,19 +218,26 @@ def time_case(b, n, kh, t, d, tq, page, kernels=("triton", "gluon", "gluon2"), c
         tensors["page_table"] = table
       tensors.update(torch_launch.allocate(plan, plan.scratch + ("o",), q.device))
       sets.append(tensors)
-    for s in sets:
+    for s in sets:  # compiles
       torch_launch.execute(plan, s)
+    torch.cuda.synchronize()
+    # A CUDA graph of 40 calls cycling through the copies: the replay times the kernels, not Python's launches.
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+      for i in range(40):
+        torch_launch.execute(plan, sets[i % len(sets)])
+    graph.replay()
     torch.cuda.synchronize()
     times = []
     for _ in range(7):
       start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
       start.record()
-      for i in range(50):
-        torch_launch.execute(plan, sets[i % len(sets)])
+      graph.replay()
       end.record()
       end.synchronize()
-      times.append(start.elapsed_time(end) / 50)
+      times.append(start.elapsed_time(end) / 40)
     ms = statistics.median(times)
+    del graph
     row[f"{kernel}_ms"] = ms
     row[f"{kernel}_tbps"] = packed / ms / 1e9
   if "triton_ms" in row and "gluon_ms" in row:
@@ -231,6 +252,7 @@ def main():
   ap.add_argument("--check-only", action="store_true")
   ap.add_argument("--time-only", action="store_true")
   ap.add_argument("--compile-only", action="store_true")
+  ap.add_argument("--choice", default=None, help="write there the environment of the variant the tests should run")
   args = ap.parse_args()
   if args.compile_only:
     compile_only()
@@ -248,15 +270,19 @@ def main():
   finally:
     with open(args.out, "w") as f:
       json.dump(results, f, indent=1)
-  print("case | gluon vs triton | differing | gluon vs oracle | triton vs oracle | ok")
+  print("case | kernel | gluon vs triton | differing | gluon vs oracle | triton vs oracle | ok")
   for r in results["check"]:
-    print(r["case"], f"{r['gluon_vs_triton']:.2e}", f"{r['differing']:.3f}", r.get("gluon_vs_oracle"),
+    print(r["case"], r["kernel"], f"{r['gluon_vs_triton']:.2e}", f"{r['differing']:.5f}", r.get("gluon_vs_oracle"),
           r.get("triton_vs_oracle"), r["ok"])
-  print("B, N, K, T, D, Tq, page | triton ms | gluon ms | gluon (2 stages) ms | speedup | gluon TB/s")
+  print("B, N, K, T, D, Tq, page | triton ms | " + " | ".join(f"{v} ms" for v in VARIANTS) + " | speedup | TB/s")
   for r in results["time"]:
     print(r["B"], r["N"], r["K"], r["T"], r["D"], r["Tq"], r["page_size"], f"{r['triton_ms']:.4f}",
-          f"{r['gluon_ms']:.4f}", f"{r.get('gluon2_ms', float('nan')):.4f}", f"{r['speedup']:.2f}x",
-          f"{r['gluon_tbps']:.2f}")
+          *(f"{r[v + '_ms']:.4f}" for v in VARIANTS), f"{r['speedup']:.2f}x", f"{r['gluon_tbps']:.2f}")
+  ok = {v: all(r["ok"] for r in results["check"] if r["kernel"] == v) for v in VARIANTS}
+  print("all checks ok:", ok)
+  if args.choice:  # the environment of the variant to test further: the default where it passed
+    with open(args.choice, "w") as f:
+      f.write("" if ok.get("gluon", True) else "JQAT_DECODE_KERNEL=triton")
 
 
 if __name__ == "__main__":

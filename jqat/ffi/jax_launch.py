@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import warnings
 
 import jax
@@ -223,6 +224,8 @@ def _no_vmap(fun, op: str):
 @functools.cache
 def _decode_fn(opts, config, paged: bool, launcher: str, kernel: str):
   def run(q, kc, ks, vc, vs, kv_len, *table):  # on the local shard
+    if launcher == "callback":  # buffer_callback takes no float8 buffer: the scales as bytes (the kernels read bytes)
+      ks, vs = (jax.lax.bitcast_convert_type(x, jnp.uint8) for x in (ks, vs))
     plan = plans.decode_attention(dense(q), dense(kc), dense(ks), dense(vc), dense(vs), dense(kv_len), opts,
                                   target(launcher), page_table=dense(table[0]) if paged else None, config=config,
                                   kernel=kernel)
@@ -236,12 +239,15 @@ def decode_attention(query, k_cache, v_cache, kv_lengths, opts, page_table=None)
 
   query [B, Tq, N, D]; k_cache, v_cache: ``(codes, scales)``; kv_lengths [B] int32; page_table [B, P] int32 or None.
   The Gluon split kernel (``jqat.ffi.plan.decode_kernel``) runs through the callback launcher (jax-triton compiles
-  Triton kernels only), so that op has no partitioning rule, as under ``JQAT_JAX_LAUNCHER=callback``.
+  Triton kernels only), so that op has no partitioning rule, as under ``JQAT_JAX_LAUNCHER=callback``: with more than
+  one device the automatic choice keeps the Triton kernel and its rule (``JQAT_DECODE_KERNEL=gluon`` forces it).
   """
   rows = query.shape[2] // k_cache[0].shape[2] * query.shape[1]
   launcher = callback_launch.launcher()
   kernel = plans.decode_kernel(dense(query), *map(dense, (*k_cache, *v_cache)), opts, target(launcher),
                                paged=page_table is not None)
+  if kernel == "gluon" and jax.device_count() > 1 and os.environ.get(plans.DECODE_KERNEL_ENV, "auto") in ("", "auto"):
+    kernel = "triton"
   fn = _decode_fn(opts, plans.decode_config(rows), page_table is not None,
                   "callback" if kernel == "gluon" else launcher, kernel)
   table = () if page_table is None else (page_table,)

@@ -722,7 +722,7 @@ def decode_attention(q: Tensor, k_codes: Tensor, k_scales: Tensor, v_codes: Tens
       SCALE_ALIGN=_pow2_divisor(k_scales.strides[:3] + v_scales.strides[:3]), CVT=bool(c.cvt) or gluon)
   if gluon:  # the token strides as constants (immediate offsets of each thread's rows), and the pipeline depth
     constexprs.update(KC_T=k_codes.strides[1], KS_T=k_scales.strides[1], VC_T=v_codes.strides[1],
-                      VS_T=v_scales.strides[1], STAGES=kdg.STAGES)
+                      VS_T=v_scales.strides[1], STAGES=kdg.stages(d, block_m))
   split = Launch(
       "jqat_decode_split_gluon" if gluon else "jqat_decode_split",
       kdg.decode_split_kernel if gluon else kdec.decode_split_kernel, (programs, splits),

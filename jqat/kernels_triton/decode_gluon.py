@@ -10,23 +10,27 @@ gives them into the tensor cores' operand layouts through shared memory (docs/PE
 tensor has an explicit layout, chosen so that each thread loads exactly the code bytes of its own MMA operand
 fragments and no value moves between threads or through shared memory inside the KV loop.
 
-One warp per program; per 64-key tile:
+One warp per program; KV tiles of 64 keys copied into shared memory by cp.async, two or three stages deep
+(:func:`stages`), in layouts whose reads do not conflict (:func:`codes_smem_layout`). Per tile:
 
-- ``S = Q K^T`` (m16n8k16, FP16): Q is the A operand (the G * Tq query rows padded to 16), K^T the B operand. The
-  channels (the reduction axis) are permuted, the same way for Q and K, so that a thread's operand registers are the
-  16 (D = 128) or 8 (D = 64) consecutive code bytes of each of its keys: one 16- or 8-byte load per key and tile.
-- The accumulator layout of S is, transposed, the B operand layout of ``O^T = V^T P^T`` (the FlashAttention-2
-  correspondence, here with P as the B operand), so P never moves; the S columns are a permutation of the tile's keys
-  chosen so that each thread holds one whole fq(P) block of 16 keys of its row: the block maximum, the E4M3 scale and
-  the E2M1 rounding run in registers, without shuffles, and the row softmax has 16 rows' worth of work only where
-  there are 16 rows (``O^T``'s N is 8 rows for up to 8 query rows).
-- V^T is the A operand: its register pairs are two adjacent keys of one channel, so one byte permute per two code
-  words interleaves the bytes of the two keys before the conversion; each thread reads 8 (4) consecutive code bytes of
-  16 keys.
+- ``S^T = K Q^T`` (m16n8k16, FP16): the tile's keys are the M rows (in the order ``kappa``, :func:`k_words_layout`),
+  the query rows the N columns (8 for up to 8 rows, else 16: no softmax work on 16 padded rows), Q^T a loop-invariant
+  B operand. The channels (the reduction axis) are permuted, the same way for Q and K (:func:`_k_order`), so that a
+  thread's K registers are 16 (D = 128) or 8 (D = 64) consecutive code bytes of each of its 8 keys.
+- The softmax and fq(P) run on S^T's accumulators; a thread's 8 keys are half an fq(P) block (one shuffle for the
+  block maximum). One ``movmatrix.trans`` per 8 x 8 block turns them into the B operand of ``O^T = V^T P^T``, whose
+  accumulators hold the same query rows per thread as S^T's (alpha needs no exchange).
+- V^T is the A operand: its register pairs are two keys of one channel, so one byte permute per two code words
+  interleaves the two keys' bytes before the conversion; a thread reads 8 (4) consecutive code bytes of 16 keys.
 - A code byte becomes two FP16 values by bit operations to E4M3 bytes (``E2M1 * 2**-6``, as the Triton kernel's
   E4M3-conversion path reads them), one ``cvt.rn.f16x2.e4m3x2`` per two values and one FP16 multiply by the block
   scale per two values (exact: at most 6 significant bits); the factor 2**6 goes into the softmax scale and the final
   normalization, as in the Triton kernel.
+
+Every relabelling of indices between those layouts is a reshape and permute of the tensors (so the values computed do
+not depend on the layouts), and every layout conversion inside the KV loop is asserted free when the kernel is
+traced; only the inline assembly (the dequantization, ``movmatrix``) relies on its register packing, two or eight
+consecutive elements a call, which its docstring states.
 
 Rounding is the Triton kernel's wherever it is defined (fq(Q) by ``fq_tile``, fq(P) by ``fq_probs`` on the same
 keys, the same FP32 softmax expressions, the same ``m``/``l`` partials); the summation order inside the products and
@@ -45,7 +49,15 @@ from jqat.kernels_triton.nvfp4 import fq_probs, fq_tile
 BLOCK_N = 64  # keys per tile: the only tile the layouts below are written for
 HEAD_DIMS = (64, 128)
 MAX_ROWS = 16
-STAGES = 3  # KV tiles in shared memory: copies of two in flight while one is computed
+STAGES = None  # KV tiles in shared memory; None: stages(); set for measurements (benchmarks/decode_gluon.py)
+
+
+def stages(head_dim: int, rows: int) -> int:
+  """KV tiles a program keeps in shared memory: 3 (two tiles' copies in flight) at D = 128 with up to 8 rows, else 2;
+  the faster of the two at each shape of benchmarks/decode_gluon.py on the H200 (docs/BENCHMARKS.md)."""
+  if STAGES is not None:
+    return STAGES
+  return 3 if head_dim == 128 and rows <= 8 else 2
 
 
 def supported(head_dim: int, rows: int, block_n: int, page_size: int, quantize_q: bool, quantize_p: bool,
@@ -366,6 +378,63 @@ def _issue_tile(kc_s, ks_s, vc_s, vs_s, kc_ptr, ks_ptr, vc_ptr, vs_ptr, kc_at, k
 
 
 @gluon.jit
+def _scores(kc_s, ks_s, qt, HEAD_DIM: gl.constexpr, R: gl.constexpr):
+  """``S^T = K Q^T`` of the tile in shared memory ``kc_s``/``ks_s`` (FP32 ``[64, R]``; row m is key ``kappa(m)``):
+  K dequantized into the A operand, Q^T the B operand."""
+  NB: gl.constexpr = HEAD_DIM // 16
+  MMA: gl.constexpr = mma_layout()
+  KW3: gl.constexpr = k_words_layout(HEAD_DIM, True)
+  kw = gl.convert_layout(gl.reshape(kc_s.load(k_words_layout(HEAD_DIM, False)), [64, NB, 2]), KW3, assert_trivial=True)
+  ksc = gl.convert_layout(_e4m3_to_f16(ks_s.load(k_scales_layout(HEAD_DIM))), gl.SliceLayout(2, KW3),
+                          assert_trivial=True)
+  ksc = gl.broadcast(gl.expand_dims(ksc, 2), gl.full([64, NB, 2], 0, gl.float16, layout=KW3))[0]
+  kk = _keys_to_rows(_k_order(_values(_dequant_pairs(kw, ksc)), HEAD_DIM))
+  kk = gl.convert_layout(kk, gl.DotOperandLayout(0, MMA, 2), assert_trivial=True)
+  return mma_v2(kk, qt, gl.zeros([64, R], gl.float32, layout=MMA))
+
+
+@gluon.jit
+def _probs(s, tile, kappa, limit, m, qk_scale, R: gl.constexpr, P_ROW_RANGE: gl.constexpr, HW_E4M3: gl.constexpr,
+           HW_E2M1: gl.constexpr):
+  """The tile's softmax step and fq(P), as the Triton kernel computes them (on S^T: keys along axis 0): returns the
+  new running max, the rescale ``alpha`` of the old state, the probabilities (FP32, for l) and fq(P) as the B operand
+  of ``O^T = V^T P^T``."""
+  s = s * qk_scale
+  kn = tile * 64 + kappa
+  s = gl.where(kn[:, None] < limit[None, :], s, float("-inf"))
+  m_new = gl.maximum(m, gl.max(s, axis=0))
+  m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+  if P_ROW_RANGE > 0:
+    gl.static_assert(P_ROW_RANGE == 6.0 * 448.0, "LOG2_P_ROW_RANGE is log2(6 * 448)")
+    p = gl.exp2(s - (m_safe - LOG2_P_ROW_RANGE)[None, :])
+  else:
+    p = gl.exp2(s - m_safe[None, :])
+  alpha = gl.exp2(m - m_safe)
+  pq = gl.permute(_rows_to_keys(p), [1, 0])  # [R, 64 keys]: fq_probs' blocks of 16 keys
+  pq = fq_probs(pq, R, 64, HW_E4M3, HW_E2M1).to(gl.float16)  # exact
+  pq = _keys_to_rows(gl.permute(pq, [1, 0]))
+  return m_new, alpha, p, gl.convert_layout(_transpose8(pq), gl.DotOperandLayout(1, mma_layout(), 2),
+                                            assert_trivial=True)
+
+
+@gluon.jit
+def _pv(vc_s, vs_s, pt, acc, alpha, HEAD_DIM: gl.constexpr):
+  """``acc * alpha + V^T P^T`` for the tile in shared memory ``vc_s``/``vs_s``: V^T dequantized into the A operand."""
+  NB: gl.constexpr = HEAD_DIM // 16
+  NW: gl.constexpr = HEAD_DIM // 8
+  VP4: gl.constexpr = v_pairs_layout(HEAD_DIM, True)
+  vw = gl.convert_layout(_v_pairs(vc_s.load(v_words_layout(HEAD_DIM))), v_pairs_layout(HEAD_DIM, False),
+                         assert_trivial=True)
+  vsc = _v_pairs(_e4m3_to_f16(vs_s.load(v_scales_layout(HEAD_DIM))))
+  vsc = gl.convert_layout(vsc, gl.SliceLayout(2, VP4), assert_trivial=True)
+  vsc = gl.broadcast(gl.expand_dims(vsc, 2), gl.full([32, NB, 2, 2], 0, gl.float16, layout=VP4))[0]
+  vsc = gl.reshape(vsc, [32, NW, 2])
+  vt = _v_transposed(_values(_dequant_pairs(vw, vsc)), HEAD_DIM)
+  vt = gl.convert_layout(vt, gl.DotOperandLayout(0, mma_layout(), 2), assert_trivial=True)
+  return mma_v2(vt, pt, acc * alpha[None, :])
+
+
+@gluon.jit
 def decode_split_kernel(
     q_ptr, kc_ptr, ks_ptr, vc_ptr, vs_ptr, kv_len_ptr, pt_ptr,
     scale, tq, group, kv_heads, rows, row_blocks, capacity, pages_per_seq, num_pages,
@@ -393,13 +462,7 @@ def decode_split_kernel(
   NW: gl.constexpr = HEAD_DIM // 8
   R: gl.constexpr = BLOCK_M
   MMA: gl.constexpr = mma_layout()
-  A_OP: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
   B_OP: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)
-  KW: gl.constexpr = k_words_layout(HEAD_DIM, False)
-  KW3: gl.constexpr = k_words_layout(HEAD_DIM, True)
-  VW: gl.constexpr = v_words_layout(HEAD_DIM)
-  VP3: gl.constexpr = v_pairs_layout(HEAD_DIM, False)
-  VP4: gl.constexpr = v_pairs_layout(HEAD_DIM, True)
   ROW: gl.constexpr = gl.SliceLayout(0, MMA)  # per query row, in the accumulators' layout
   KEY: gl.constexpr = gl.SliceLayout(1, MMA)
   stride_qb, stride_qt, stride_qn = stride_qb // 16 * 16, stride_qt // 16 * 16, stride_qn // 16 * 16
@@ -475,48 +538,15 @@ def decode_split_kernel(
     async_copy.wait_group(STAGES - 2)  # tile i is in shared memory (this thread's copies) ...
     gl.thread_barrier()  # ... and every thread's; and every thread is done reading the stage refilled below
     st = (i + STAGES - 1) % STAGES
-    _issue_tile(kc_s.index(st), ks_s.index(st), vc_s.index(st), vs_s.index(st), kw_ptr, ks_ptr, vw_ptr, vs_ptr, kc_at,
-                ks_at, vc_at, vs_at, kc_key, ks_key, kc_key, ks_key, b, kvh, tile + STAGES - 1, t_hi, kv_len, pt_ptr,
-                pages_per_seq, num_pages, stride_kcp, stride_kck, stride_ksp, stride_ksk, stride_vcp, stride_vck,
-                stride_vsp, stride_vsk, KC_T, KS_T, VC_T, VS_T, PAGE_SIZE)
+    _issue_tile(kc_s.index(st), ks_s.index(st), vc_s.index(st), vs_s.index(st), kw_ptr, ks_ptr, vw_ptr, vs_ptr,
+                kc_at, ks_at, vc_at, vs_at, kc_key, ks_key, kc_key, ks_key, b, kvh, tile + STAGES - 1, t_hi, kv_len,
+                pt_ptr, pages_per_seq, num_pages, stride_kcp, stride_kck, stride_ksp, stride_ksk, stride_vcp,
+                stride_vck, stride_vsp, stride_vsk, KC_T, KS_T, VC_T, VS_T, PAGE_SIZE)
     cur = i % STAGES
-
-    # K, the A operand of S^T = K Q^T (rows: the tile's keys in the order kappa).
-    kw = gl.convert_layout(gl.reshape(kc_s.index(cur).load(KW), [64, NB, 2]), KW3, assert_trivial=True)
-    ksc = gl.convert_layout(_e4m3_to_f16(ks_s.index(cur).load(k_scales_layout(HEAD_DIM))), gl.SliceLayout(2, KW3),
-                            assert_trivial=True)
-    ksc = gl.broadcast(gl.expand_dims(ksc, 2), gl.full([64, NB, 2], 0, gl.float16, layout=KW3))[0]
-    kk = _keys_to_rows(_k_order(_values(_dequant_pairs(kw, ksc)), HEAD_DIM))
-    kk = gl.convert_layout(kk, A_OP, assert_trivial=True)
-    s = mma_v2(kk, qt, gl.zeros([64, R], gl.float32, layout=MMA))
-
-    # The tile's softmax and fq(P), as the Triton kernel computes them (on S^T: keys along axis 0).
-    s = s * qk_scale
-    kn = tile * BLOCK_N + kappa
-    s = gl.where(kn[:, None] < limit[None, :], s, float("-inf"))
-    m_new = gl.maximum(m, gl.max(s, axis=0))
-    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-    if P_ROW_RANGE > 0:
-      gl.static_assert(P_ROW_RANGE == 6.0 * 448.0, "LOG2_P_ROW_RANGE is log2(6 * 448)")
-      p = gl.exp2(s - (m_safe - LOG2_P_ROW_RANGE)[None, :])
-    else:
-      p = gl.exp2(s - m_safe[None, :])
-    alpha = gl.exp2(m - m_safe)
+    s = _scores(kc_s.index(cur), ks_s.index(cur), qt, HEAD_DIM, R)
+    m_new, alpha, p, pt = _probs(s, tile, kappa, limit, m, qk_scale, R, P_ROW_RANGE, HW_E4M3, HW_E2M1)
     l = l * alpha + gl.sum(p, axis=0)
-    p = gl.permute(_rows_to_keys(p), [1, 0])  # [R, 64 keys]: fq_probs' blocks of 16 keys
-    p = fq_probs(p, R, 64, HW_E4M3, HW_E2M1).to(gl.float16)  # exact
-    p = _keys_to_rows(gl.permute(p, [1, 0]))
-    pt = gl.convert_layout(_transpose8(p), B_OP, assert_trivial=True)
-
-    # V^T, the A operand of O^T = V^T P^T.
-    vw = gl.convert_layout(_v_pairs(vc_s.index(cur).load(VW)), VP3, assert_trivial=True)
-    vsc = _v_pairs(_e4m3_to_f16(vs_s.index(cur).load(v_scales_layout(HEAD_DIM))))
-    vsc = gl.convert_layout(vsc, gl.SliceLayout(2, VP4), assert_trivial=True)
-    vsc = gl.broadcast(gl.expand_dims(vsc, 2), gl.full([32, NB, 2, 2], 0, gl.float16, layout=VP4))[0]
-    vsc = gl.reshape(vsc, [32, NW, 2])
-    vt = _v_transposed(_values(_dequant_pairs(vw, vsc)), HEAD_DIM)
-    vt = gl.convert_layout(vt, A_OP, assert_trivial=True)
-    acc = mma_v2(vt, pt, acc * alpha[None, :])
+    acc = _pv(vc_s.index(cur), vs_s.index(cur), pt, acc, alpha, HEAD_DIM)
     m = m_new
 
   async_copy.wait_group(0)  # nothing in flight at exit
