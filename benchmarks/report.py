@@ -4,7 +4,8 @@
       [--rows 0,3]
 
 Knows the JSON of attention.py (its rows, or ``--memory-only``), masks.py, kernel_times.py, sharding.py,
-rope_qdq.py, torch_rope_qdq.py, qat_matmul.py, compile_time.py, numerics_modes.py and decode.py, by their keys. Prints a
+rope_qdq.py, torch_rope_qdq.py, qat_matmul.py, compile_time.py, numerics_modes.py, decode.py and decode_gluon.py, by
+their keys. Prints a
 provenance line (the command, date, machine and software given, plus the device the JSON names) and the
 table; times in ms unless a header says otherwise. ``--rows`` keeps the rows of attention.py's JSON with those
 ``row`` indices. Nothing is computed that the JSON does not hold, except
@@ -162,6 +163,33 @@ def decode(d):
   return lines
 
 
+def decode_gluon(d):
+  """benchmarks/decode_gluon.py: the Gluon split kernel's variants against the Triton kernel: the check (O's distance
+  from the Triton kernel's and from the oracle) and the times."""
+  lines = []
+  if d.get("check"):
+    header = ["B, Tq, N, K, T, D", "splits", "layout", "causal", "p_scale", "variant", "vs Triton kernel",
+              "elements differing", "vs oracle", "Triton kernel vs oracle", "within bound"]
+    lines += _table(header, [[", ".join(map(str, r["case"][:6])), r["case"][6],
+                              f"paged {r['case'][7]}" if r["case"][7] else "contiguous", _num(r["case"][8]),
+                              r["case"][9], r["kernel"], f"{r['gluon_vs_triton']:.1e}", f"{r['differing']:.1e}",
+                              "-" if r.get("gluon_vs_oracle") is None else f"{r['gluon_vs_oracle']:.2e}",
+                              "-" if r.get("triton_vs_oracle") is None else f"{r['triton_vs_oracle']:.2e}",
+                              _num(r["ok"])] for r in d["check"]])
+  if d.get("time"):
+    variants = [k[:-3] for k in d["time"][0] if k.endswith("_ms") and k != "triton_ms"]
+    header = (["B, N, K, T, D", "Tq", "layout", "splits", "Triton kernel"] + variants
+              + [f"Triton / {v}" for v in variants] + [f"{v} TB/s" for v in variants])
+    rows = []
+    for r in d["time"]:
+      rows.append([f"{r['B']}, {r['N']}, {r['K']}, {r['T']}, {r['D']}", r["Tq"],
+                   f"paged {r['page_size']}" if r["page_size"] else "contiguous", r["splits"], _num(r["triton_ms"])]
+                  + [_num(r[f"{v}_ms"]) for v in variants] + [_ratio(r["triton_ms"] / r[f"{v}_ms"]) for v in variants]
+                  + [_fixed(r[f"{v}_tbps"], 2) for v in variants])
+    lines += ([""] if lines else []) + _table(header, rows)
+  return lines
+
+
 def compile_time(d):
   """benchmarks/compile_time.py: seconds from a new process to its first gradient, per cache state."""
   header = ["start", "first gradient, s", "of which the first run, s", "process, s", "kernels compiled",
@@ -193,7 +221,7 @@ def kind(d):
                      ("masks", "baseline_ms" in rows[0]), ("kernel_times", "cases" in d),
                      ("sharding", "speedup_vs_1" in rows[0] or "config" in rows[0]),
                      ("qat_matmul", "qat_fwdbwd_ms" in rows[0]), ("numerics_modes", "err_dv" in rows[0]),
-                     ("decode", "jqat_decode_ms" in rows[0]),
+                     ("decode", "jqat_decode_ms" in rows[0]), ("decode_gluon", d.get("benchmark") == "decode_gluon"),
                      ("torch_rope_qdq", "copy_fraction" in results[0]),
                      ("rope_qdq", "speedup_vs_reference" in results[0]), ("compile_time", "warm" in d)]:
     if test:
@@ -203,7 +231,7 @@ def kind(d):
 
 RENDER = dict(attention=attention, memory=memory, masks=masks, kernel_times=kernel_times, sharding=sharding,
               rope_qdq=rope_qdq, torch_rope_qdq=torch_rope_qdq, qat_matmul=qat_matmul, compile_time=compile_time,
-              numerics_modes=numerics_modes, decode=decode)
+              numerics_modes=numerics_modes, decode=decode, decode_gluon=decode_gluon)
 
 
 def report(d, command=None, date=None, machine=None, software=None, rows=None):

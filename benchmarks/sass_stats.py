@@ -70,7 +70,10 @@ def compile_launch(plan: P.Plan, launch: P.Launch, arch: int, int_divisibility: 
         attrs[(names.index(name),)] = [["tt.divisibility", 16]]
   for name, value in launch.constexprs.items():
     signature[name], constants[name] = "constexpr", value
-  return triton.compile(ASTSource(fn, signature, constants, attrs), target=GPUTarget("cuda", arch, 32),
+  source = ASTSource
+  if getattr(fn, "is_gluon", lambda: False)():  # the Gluon decode kernel
+    from triton.experimental.gluon._runtime import GluonASTSource as source  # noqa: PLC0415, N813
+  return triton.compile(source(fn, signature, constants, attrs), target=GPUTarget("cuda", arch, 32),
                         options=launch.options())
 
 

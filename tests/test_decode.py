@@ -217,6 +217,79 @@ def test_kernels_match_oracle(kernels, paged):
     _check_decode(q, kc, vc, jnp.array([192, 65], jnp.int32), table, impl=kernels, num_splits=splits)
 
 
+def test_decode_kernel_choice(monkeypatch):
+  """auto: the Gluon split kernel on sm_90 where it takes the launch, else the Triton kernel (the interpreter always);
+  gluon: the Gluon kernel or a ValueError naming what it takes; an unknown name raises."""
+  from jqat.ffi import plan as plans
+  from jqat.ffi.options import DecodeOptions, QATConfig
+
+  dense = plans.Tensor.dense
+  sm90, ada, cpu = plans.Target((9, 0)), plans.Target((8, 9)), plans.Target(None, interpret=True)
+
+  def choose(d=128, tq=1, n=32, kh=8, page=0, target=sm90, choice=None, code_strides=None, **opts):
+    lead = (64, page) if page else (2, 4096)
+    codes = dense(lead + (kh, d // 2), "uint8")
+    if code_strides:
+      codes = plans.Tensor(codes.shape, "uint8", code_strides)
+    scales = dense(lead + (kh, d // 16), "float8_e4m3fn")
+    return plans.decode_kernel(dense((2, tq, n, d), "bfloat16"), codes, scales, codes, scales,
+                               DecodeOptions(scale=0.1, **opts), target, paged=bool(page), choice=choice)
+
+  monkeypatch.delenv(plans.DECODE_KERNEL_ENV, raising=False)
+  assert choose() == "gluon" and choose(d=64, tq=4, n=16) == "gluon" and choose(page=128) == "gluon"
+  assert choose(page=16) == "triton" and choose(d=256) == "triton" and choose(tq=5) == "triton"
+  assert choose(block_n=32) == "triton" and choose(config=QATConfig(False, False, True, True)) == "triton"
+  assert choose(code_strides=(4096 * 8 * 72, 8 * 72, 72, 1)) == "triton"  # rows of 72 bytes: no 16-byte copies
+  assert choose(target=ada) == "triton" and choose(target=cpu) == "triton"
+  assert choose(target=ada, choice="gluon") == "gluon" and choose(target=cpu, choice="gluon") == "triton"
+  assert choose(choice="triton") == "triton"
+  with pytest.raises(ValueError, match="at most 16 query rows"):
+    choose(tq=8, choice="gluon")
+  monkeypatch.setenv(plans.DECODE_KERNEL_ENV, "triton")
+  assert choose() == "triton"
+  monkeypatch.setenv(plans.DECODE_KERNEL_ENV, "cuda")
+  with pytest.raises(ValueError, match="JQAT_DECODE_KERNEL must be one of"):
+    choose()
+
+
+@pytest.mark.fresh_process  # a real compile: not in a process where the interpreter has run
+def test_gluon_kernel_builds_for_sm90(monkeypatch, tmp_path):
+  """The Gluon split kernel builds for sm_90 at D = 64 and 128, 8 and 16 rows, contiguous and paged, with no spills;
+  its layout conversions inside the KV loop are asserted free (``assert_trivial``) when it is traced, so a build
+  proves that no operand moves between threads there."""
+  import re
+  import subprocess
+
+  import triton
+
+  from jqat.ffi import callback_launch
+  from jqat.ffi import plan as plans
+  from jqat.ffi.options import DecodeOptions
+
+  monkeypatch.setenv("JQAT_CACHE_DIR", str(tmp_path))
+  monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+  dense = plans.Tensor.dense
+  for d, tq, page in ((128, 1, 0), (128, 4, 64), (64, 2, 0)):
+    lead = (33, page) if page else (2, 1024)
+    codes, scales = dense(lead + (8, d // 2), "uint8"), dense(lead + (8, d // 16), "float8_e4m3fn")
+    table = dense((2, 16), "int32") if page else None
+    plan = plans.decode_attention(dense((2, tq, 32, d), "bfloat16"), codes, scales, codes, scales,
+                                  dense((2,), "int32"), DecodeOptions(scale=0.1, num_splits=2), plans.Target((9, 0)),
+                                  page_table=table, kernel="gluon")
+    launch = plan.launches[0]
+    assert launch.name == "jqat_decode_split_gluon" and launch.constexprs["BLOCK_M"] == (8 if 4 * tq <= 8 else 16)
+    types = tuple("*" + callback_launch._POINTER_TYPES[plan.buffers[a.name].dtype] if isinstance(a, plans.Ref)
+                  else "fp32" if isinstance(a, float) else "i32" for a in launch.args)
+    types += tuple("*" + callback_launch._POINTER_TYPES[plan.buffers[o].dtype] for o in launch.outputs)
+    kernel = callback_launch.build(launch.kernel, types, (), tuple(launch.constexprs.items()), launch.num_warps,
+                                   launch.num_stages, (9, 0))
+    path = tmp_path / "k.cubin"
+    path.write_bytes(kernel.asm["cubin"])
+    cuobjdump = str(triton.__path__[0]) + "/backends/nvidia/bin/cuobjdump"
+    usage = subprocess.run([cuobjdump, "-res-usage", str(path)], capture_output=True, text=True, check=True).stdout
+    assert re.search(r"STACK:0\b", usage), (d, tq, page, usage)
+
+
 def test_default_splits_are_a_function_of_shapes():
   from jqat.ffi.options import default_num_splits
 
@@ -299,8 +372,7 @@ def test_out_of_range_writes_are_dropped_under_jit():
 # ----------------------------------------------------------------------------- GPU
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("case", [
+_GPU_CASES = [
     # (B, Tq, N, K, T, D, splits, paged page size, switches)
     (4, 1, 32, 8, 4096, 128, 8, None, {}),
     (4, 4, 32, 8, 4096, 128, 4, 128, {}),
@@ -309,13 +381,73 @@ def test_out_of_range_writes_are_dropped_under_jit():
     (2, 2, 4, 4, 1024, 256, 1, None, {}),
     (2, 1, 16, 4, 2048, 96, 3, 16, {}),
     (2, 3, 8, 2, 2048, 128, 4, None, dict(quantize_qkv=False, quantize_p=False)),
-])
-def test_kernels_match_oracle_gpu(case):
+]
+# The cases the Gluon split kernel takes (D 64 or 128, at most 16 query rows, pages of a multiple of 64), and more of
+# its own: 16 rows, D = 64 paged, not causal, p_scale="row" (checked against the Triton kernel: the oracle has no
+# row scaling).
+_GLUON_CASES = [c for c in _GPU_CASES if c[5] in (64, 128) and c[2] // c[3] * c[1] <= 16 and not c[8]] + [
+    (2, 4, 16, 4, 2048, 128, 1, None, {}),
+    (3, 2, 16, 2, 1984, 64, 3, 64, {}),
+    (2, 1, 32, 8, 1536, 128, 2, None, dict(is_causal=False)),
+]
+
+
+@pytest.fixture
+def decode_kernel(monkeypatch):
+  """Forces the decode split kernel (``JQAT_DECODE_KERNEL``) for one test."""
+  from jqat.ffi import plan as plans
+
+  def force(name):
+    monkeypatch.setenv(plans.DECODE_KERNEL_ENV, name)
+  return force
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", _GPU_CASES)
+def test_kernels_match_oracle_gpu(case, decode_kernel):
+  """The Triton split kernel (forced) against the oracle."""
+  decode_kernel("triton")
+  _check_gpu_case(case)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", _GLUON_CASES)
+def test_gluon_kernel_matches_oracle_gpu(case, decode_kernel):
+  """The Gluon split kernel (forced) against the oracle, within the Triton kernel's bound."""
+  decode_kernel("gluon")
+  _check_gpu_case(case)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("p_scale", ["block", "row"])
+def test_gluon_kernel_matches_triton_kernel_gpu(paged, p_scale, decode_kernel):
+  """The two split kernels compute the same function: O within FP32 summation order of each other (the products' and
+  l's sums run in another order; fq(P) codes on a rounding boundary may flip, as between any two schedules), with
+  p_scale="row" too, which the oracle does not model."""
+  b, tq, n, kh, t, d = 3, 2, 16, 4, 2048, 128
+  kc, vc, table = _filled(_values((b, t, kh, d), 1), _values((b, t, kh, d), 2), page_size=64 if paged else None,
+                          impl="triton")
+  q = _values((b, tq, n, d), 3)
+  lengths = jnp.array([t, 1000, 65], jnp.int32)
+  outs = {}
+  for name in ("triton", "gluon"):
+    decode_kernel(name)
+    outs[name] = np.asarray(jqat.decode_attention(q, kc, vc, lengths, page_table=table, num_splits=4, p_scale=p_scale,
+                                                  implementation="triton"), np.float32)
+  assert np.isfinite(outs["gluon"]).all()
+  assert_close(outs["gluon"], outs["triton"], rel=O_BOUND / 4, name=f"gluon vs triton ({p_scale}, paged {paged})")
+
+
+def _check_gpu_case(case):
   b, tq, n, kh, t, d, splits, page_size, switches = case
+  switches = dict(switches)
+  causal = switches.pop("is_causal", True)
   kc, vc, table = _filled(_values((b, t, kh, d), 1), _values((b, t, kh, d), 2), page_size=page_size,
                           impl="triton")
   lengths = jnp.asarray(np.random.default_rng(5).integers(tq, t + 1, b).astype(np.int32)).at[0].set(t)
-  _check_decode(_values((b, tq, n, d), 3), kc, vc, lengths, table, impl="triton", num_splits=splits, **switches)
+  _check_decode(_values((b, tq, n, d), 3), kc, vc, lengths, table, impl="triton", num_splits=splits,
+                is_causal=causal, **switches)
 
 
 @pytest.mark.gpu
@@ -387,13 +519,15 @@ def test_torch_matches_jax_on_cpu():
 
 
 @pytest.mark.gpu
-def test_torch_kernels_and_cuda_graph_gpu():
+@pytest.mark.parametrize("kernel", ["triton", "gluon"])
+def test_torch_kernels_and_cuda_graph_gpu(kernel, decode_kernel):
   """jqat.torch on CUDA: the kernels against the oracle, and a captured decode step (write + attend) replayed with
   new inputs gives the eager result."""
   import torch
 
   import jqat.torch as jt
 
+  decode_kernel(kernel)
   b, t, kh, d, n = 4, 2048, 8, 128, 32
   dev = "cuda"
   k, v = _values((b, t, kh, d), 1), _values((b, t, kh, d), 2)

@@ -215,6 +215,9 @@ def build(fn, arg_types: tuple[str, ...], ones: tuple[int, ...], constexprs: tup
   from triton.backends.compiler import GPUTarget  # noqa: PLC0415
   from triton.compiler import ASTSource, make_backend  # noqa: PLC0415
 
+  if getattr(fn, "is_gluon", lambda: False)():  # a Gluon kernel is compiled from its own source type
+    from triton.experimental.gluon._runtime import GluonASTSource as ASTSource  # noqa: PLC0415, N814
+
   _triton_cache_dir()
   target = GPUTarget("cuda", 10 * compute_capability[0] + compute_capability[1], 32)
   backend = make_backend(target)

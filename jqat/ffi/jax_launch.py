@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import warnings
 
 import jax
@@ -57,8 +58,8 @@ def execute(plan: plans.Plan, *arrays, launcher: str | None = None) -> tuple:
     out_shape = tuple(jax.ShapeDtypeStruct(plan.buffers[o].shape, plan.buffers[o].dtype) for o in launch.outputs)
     # Both launchers number aliased inputs among the array operands (scalars are not operands).
     aliases = {sum(isinstance(a, plans.Ref) for a in launch.args[:i]): o for i, o in launch.aliases}
-    if launcher == "callback":
-      res = callback_launch.launch(launch, args, out_shape, aliases, target(launcher))
+    if launcher == "callback" or _is_gluon(launch.kernel):  # jax-triton cannot compile a Gluon kernel
+      res = callback_launch.launch(launch, args, out_shape, aliases, target("callback"))
     else:
       res = triton_call(*args, kernel=launch.kernel, out_shape=out_shape if len(out_shape) > 1 else out_shape[0],
                         grid=launch.grid, num_warps=launch.num_warps, num_stages=launch.num_stages,
@@ -66,6 +67,10 @@ def execute(plan: plans.Plan, *arrays, launcher: str | None = None) -> tuple:
       res = res if len(out_shape) > 1 else (res,)
     env.update(zip(launch.outputs, res))
   return tuple(env[o] for o in plan.outputs)
+
+
+def _is_gluon(kernel) -> bool:
+  return getattr(kernel, "is_gluon", lambda: False)()
 
 
 def fold_batch(fun, num_args: int):
@@ -217,10 +222,13 @@ def _no_vmap(fun, op: str):
 
 
 @functools.cache
-def _decode_fn(opts, config, paged: bool, launcher: str):
+def _decode_fn(opts, config, paged: bool, launcher: str, kernel: str):
   def run(q, kc, ks, vc, vs, kv_len, *table):  # on the local shard
+    if launcher == "callback":  # buffer_callback takes no float8 buffer: the scales as bytes (the kernels read bytes)
+      ks, vs = (jax.lax.bitcast_convert_type(x, jnp.uint8) for x in (ks, vs))
     plan = plans.decode_attention(dense(q), dense(kc), dense(ks), dense(vc), dense(vs), dense(kv_len), opts,
-                                  target(launcher), page_table=dense(table[0]) if paged else None, config=config)
+                                  target(launcher), page_table=dense(table[0]) if paged else None, config=config,
+                                  kernel=kernel)
     return execute(plan, q, kc, ks, vc, vs, kv_len, *table, launcher=launcher)
   fn = _partitioned(run, partitioning.decode_spec(paged), launcher)
   return _no_vmap(fn, "decode_attention") if paged else fold_batch(fn, 6)
@@ -230,9 +238,18 @@ def decode_attention(query, k_cache, v_cache, kv_lengths, opts, page_table=None)
   """Decode attention on the GPU (``jqat.ffi.plan.decode_attention``): O [B, Tq, N, D] in the query dtype.
 
   query [B, Tq, N, D]; k_cache, v_cache: ``(codes, scales)``; kv_lengths [B] int32; page_table [B, P] int32 or None.
+  The Gluon split kernel (``jqat.ffi.plan.decode_kernel``) runs through the callback launcher (jax-triton compiles
+  Triton kernels only), so that op has no partitioning rule, as under ``JQAT_JAX_LAUNCHER=callback``: with more than
+  one device the automatic choice keeps the Triton kernel and its rule (``JQAT_DECODE_KERNEL=gluon`` forces it).
   """
   rows = query.shape[2] // k_cache[0].shape[2] * query.shape[1]
-  fn = _decode_fn(opts, plans.decode_config(rows), page_table is not None, callback_launch.launcher())
+  launcher = callback_launch.launcher()
+  kernel = plans.decode_kernel(dense(query), *map(dense, (*k_cache, *v_cache)), opts, target(launcher),
+                               paged=page_table is not None)
+  if kernel == "gluon" and jax.device_count() > 1 and os.environ.get(plans.DECODE_KERNEL_ENV, "auto") in ("", "auto"):
+    kernel = "triton"
+  fn = _decode_fn(opts, plans.decode_config(rows), page_table is not None,
+                  "callback" if kernel == "gluon" else launcher, kernel)
   table = () if page_table is None else (page_table,)
   return fn(query, *k_cache, *v_cache, kv_lengths, *table)[0]
 

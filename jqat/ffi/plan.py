@@ -36,6 +36,7 @@ from jqat.ffi.options import MASK_OPERANDS, P_ROW_RANGE, AttentionOptions, Decod
 from jqat.kernels_triton import attention_bwd as kbwd
 from jqat.kernels_triton import attention_fwd as kfwd
 from jqat.kernels_triton import decode as kdec
+from jqat.kernels_triton import decode_gluon as kdg
 from jqat.kernels_triton import nvfp4 as knv
 from jqat.kernels_triton import rope_qdq as krope
 from jqat.kernels_triton.attention_common import dot_flags, segments_sorted_kernel, seq_align
@@ -634,16 +635,54 @@ def _cache_geometry(codes: Tensor, page_table: Tensor | None, batch: int) -> dic
               num_pages=codes.shape[0], page_size=codes.shape[1])
 
 
+DECODE_KERNEL_ENV = "JQAT_DECODE_KERNEL"
+DECODE_KERNELS = ("auto", "gluon", "triton")
+
+
+def decode_kernel(q: Tensor, k_codes: Tensor, k_scales: Tensor, v_codes: Tensor, v_scales: Tensor,
+                  opts: DecodeOptions, target: Target, *, paged: bool, choice: str | None = None) -> str:
+  """Which split kernel a decode plan launches: "gluon" (``kernels_triton.decode_gluon``) or "triton".
+
+  choice: "auto" (default; ``JQAT_DECODE_KERNEL`` when None): the Gluon kernel where it takes the launch
+  (``decode_gluon.supported``: D, query rows, tile, page size, switches; and cache strides whose rows it can copy as
+  16-byte code and whole-row scale chunks) on sm_90, where it was measured, else the Triton kernel; "gluon": the Gluon
+  kernel, a ValueError where it does not take the launch; "triton": the Triton kernel. The interpreter (and any
+  target without a GPU) runs the Triton kernel: Gluon kernels do not run there.
+  """
+  choice = choice or os.environ.get(DECODE_KERNEL_ENV) or "auto"
+  if choice not in DECODE_KERNELS:
+    raise ValueError(f"{DECODE_KERNEL_ENV} must be one of {DECODE_KERNELS} (or unset), got {choice!r}")
+  if choice == "triton" or target.interpret or target.compute_capability is None:
+    return "triton"
+  d = q.shape[-1]
+  rows = q.shape[2] // max(k_codes.shape[2], 1) * q.shape[1]
+  page_size = k_codes.shape[1] if paged else 0
+  ok = (kdg.supported(d, rows, opts.block_n, page_size, opts.config.quantize_qkv, opts.config.quantize_p,
+                      target.quant_flags()["HW_E4M3"])
+        and _pow2_divisor(k_codes.strides[:3] + v_codes.strides[:3]) == 16
+        and _pow2_divisor(k_scales.strides[:3] + v_scales.strides[:3], d // 16) == d // 16)
+  if choice == "gluon":
+    if not ok:
+      raise ValueError(f"{DECODE_KERNEL_ENV}=gluon: the Gluon decode kernel takes D in {kdg.HEAD_DIMS}, at most "
+                       f"{kdg.MAX_ROWS} query rows per KV head, block_n {kdg.BLOCK_N}, pages of a multiple of "
+                       f"{kdg.BLOCK_N} rows, quantized Q and P, sm_89+, and cache strides of whole 16-byte code chunks "
+                       f"and scale rows; got D {d}, {rows} rows, block_n {opts.block_n}, page size {page_size}, "
+                       f"switches {opts.config}, code strides {k_codes.strides}, scale strides {k_scales.strides}")
+    return "gluon"
+  return "gluon" if ok and tuple(target.compute_capability) == (9, 0) else "triton"
+
+
 def decode_attention(q: Tensor, k_codes: Tensor, k_scales: Tensor, v_codes: Tensor, v_scales: Tensor,
                      kv_len: Tensor, opts: DecodeOptions, target: Target, *, page_table: Tensor | None = None,
-                     out_strides=None, config: kdec.DecodeConfig | None = None) -> Plan:
+                     out_strides=None, config: kdec.DecodeConfig | None = None, kernel: str | None = None) -> Plan:
   """Plan of decode attention over a packed NVFP4 KV cache: output ``o`` ``[B, Tq, N, D]`` in q's dtype.
 
   q: ``[B, Tq, N, D]`` (last axis contiguous); caches as ``kernels_triton.decode`` describes them (codes uint8,
   scales float8_e4m3fn, any strides with a contiguous last axis); kv_len: ``[B]`` int32; page_table:
   ``[B, pages_per_seq]`` int32 or None (contiguous caches). One launch of the split kernel, and with
   ``opts.num_splits > 1`` the combine launch (scratch ``part_acc``, ``part_ml``). out_strides: o's element
-  strides (default dense)."""
+  strides (default dense). kernel: the split kernel, as :func:`decode_kernel` chooses it (None: its choice from
+  ``JQAT_DECODE_KERNEL``); config applies to the Triton kernel."""
   b, tq, n, d = q.shape
   kh = k_codes.shape[2]
   geo = _cache_geometry(k_codes, page_table, b)
@@ -658,40 +697,47 @@ def decode_attention(q: Tensor, k_codes: Tensor, k_scales: Tensor, v_codes: Tens
     return Plan(buffers, inputs, (), ("o",), (), {"o": 0.0})
   group = n // kh
   rows = group * tq
+  gluon = decode_kernel(q, k_codes, k_scales, v_codes, v_scales, opts, target, paged=page_table is not None,
+                        choice=kernel) == "gluon"
   c = config or decode_config(rows)
-  row_blocks = triton.cdiv(rows, c.block_m)
+  block_m = kdg.block_rows(rows) if gluon else c.block_m
+  row_blocks = triton.cdiv(rows, block_m)
   programs = b * kh * row_blocks
   splits = opts.num_splits
   if splits > 1:
     buffers.update(o_split=Tensor.dense((1,), q.dtype),
-                   part_acc=Tensor.dense((programs, splits, c.block_m, d), "float32"),
-                   part_ml=Tensor.dense((programs, splits, 2, c.block_m), "float32"))
+                   part_acc=Tensor.dense((programs, splits, block_m, d), "float32"),
+                   part_ml=Tensor.dense((programs, splits, 2, block_m), "float32"))
     split_outputs, scratch = ("o_split", "part_acc", "part_ml"), ("o_split", "part_acc", "part_ml")
   else:  # the kernel writes O; the partial outputs are placeholders it never touches
     buffers.update(part_acc=Tensor.dense((1,), "float32"), part_ml=Tensor.dense((1,), "float32"))
     split_outputs, scratch = ("o", "part_acc", "part_ml"), ("part_acc", "part_ml")
   cache = (k_codes, k_scales, v_codes, v_scales)
   quant = target.quant_flags()
+  constexprs = dict(
+      HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=opts.block_n, PAGE_SIZE=geo["page_size"], IS_CAUSAL=opts.is_causal,
+      SPLITS=splits, QUANTIZE_Q=opts.config.quantize_qkv, QUANTIZE_P=opts.config.quantize_p,
+      P_ROW_RANGE=P_ROW_RANGE if opts.p_scale == "row" else 0.0, **quant, COMPILED=not target.interpret,
+      CODE_ALIGN=_pow2_divisor(k_codes.strides[:3] + v_codes.strides[:3]),
+      SCALE_ALIGN=_pow2_divisor(k_scales.strides[:3] + v_scales.strides[:3]), CVT=bool(c.cvt) or gluon)
+  if gluon:  # the token strides as constants (immediate offsets of each thread's rows), and the pipeline depth
+    constexprs.update(KC_T=k_codes.strides[1], KS_T=k_scales.strides[1], VC_T=v_codes.strides[1],
+                      VS_T=v_scales.strides[1], STAGES=kdg.stages(d, block_m))
   split = Launch(
-      "jqat_decode_split", kdec.decode_split_kernel, (programs, splits),
+      "jqat_decode_split_gluon" if gluon else "jqat_decode_split",
+      kdg.decode_split_kernel if gluon else kdec.decode_split_kernel, (programs, splits),
       (Ref("q"), Ref("k_codes"), Ref("k_scales"), Ref("v_codes"), Ref("v_scales"), Ref("kv_len"),
        Ref("page_table" if page_table is not None else "kv_len"), float(opts.scale), tq, group, kh, rows, row_blocks,
        geo["capacity"], geo["pages_per_seq"], geo["num_pages"], *_s3(q), *strides[:3],
        *(s for t in cache for s in t.strides[:3])),
-      split_outputs,
-      dict(HEAD_DIM=d, BLOCK_M=c.block_m, BLOCK_N=opts.block_n, PAGE_SIZE=geo["page_size"], IS_CAUSAL=opts.is_causal,
-           SPLITS=splits, QUANTIZE_Q=opts.config.quantize_qkv, QUANTIZE_P=opts.config.quantize_p,
-           P_ROW_RANGE=P_ROW_RANGE if opts.p_scale == "row" else 0.0, **quant, COMPILED=not target.interpret,
-           CODE_ALIGN=_pow2_divisor(k_codes.strides[:3] + v_codes.strides[:3]),
-           SCALE_ALIGN=_pow2_divisor(k_scales.strides[:3] + v_scales.strides[:3]), CVT=bool(c.cvt)),
-      c.num_warps, c.num_stages)
+      split_outputs, constexprs, 1 if gluon else c.num_warps, 1 if gluon else c.num_stages)
   launches = (split,)
   if splits > 1:
     launches += (Launch(
         "jqat_decode_combine", kdec.decode_combine_kernel,
-        (programs, c.block_m if row_blocks > 1 else rows),
+        (programs, block_m if row_blocks > 1 else rows),
         (Ref("part_acc"), Ref("part_ml"), group, kh, rows, row_blocks, *strides[:3]), ("o",),
-        dict(HEAD_DIM=d, BLOCK_M=c.block_m, SPLITS=splits), 4, 1),)
+        dict(HEAD_DIM=d, BLOCK_M=block_m, SPLITS=splits), 4, 1),)
   return Plan(buffers, inputs, scratch, ("o",), launches)
 
 

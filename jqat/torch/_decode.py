@@ -60,11 +60,11 @@ def _jax_cache(cache):
 
 
 @functools.cache
-def _decode_plan(descriptions, opts, target, paged: bool, out_strides):
+def _decode_plan(descriptions, opts, target, paged: bool, out_strides, kernel: str):
   plans, _ = _launcher()
   q, kc, ks, vc, vs, kv_len, *table = descriptions
   return plans.decode_attention(q, kc, ks, vc, vs, kv_len, opts, target, page_table=table[0] if paged else None,
-                                out_strides=out_strides)
+                                out_strides=out_strides, kernel=kernel)
 
 
 def decode_attention(q, k_cache, v_cache, kv_lengths, *, page_table=None, scale=None, is_causal=True,
@@ -109,8 +109,10 @@ def decode_attention(q, k_cache, v_cache, kv_lengths, *, page_table=None, scale=
   if page_table is not None:
     views["page_table"] = page_table
     names += ("page_table",)
-  plan = _decode_plan(tuple(launch.describe(views[name]) for name in names), opts, launch.target(q),
-                      page_table is not None, tuple(views["o"].stride()))
+  descriptions = tuple(launch.describe(views[name]) for name in names)
+  plans, _ = _launcher()
+  kernel = plans.decode_kernel(*descriptions[:5], opts, launch.target(q), paged=page_table is not None)
+  plan = _decode_plan(descriptions, opts, launch.target(q), page_table is not None, tuple(views["o"].stride()), kernel)
   views.update(launch.allocate(plan, plan.scratch, q.device))
   launch.execute(plan, views)
   return out

@@ -1,0 +1,573 @@
+"""Decode attention over the packed NVFP4 KV cache, written in Gluon (docs/NUMERICS.md, section 10; docs/PERFORMANCE.md,
+section 10).
+
+The same function as :func:`jqat.kernels_triton.decode.decode_split_kernel` (same arguments, same outputs, same
+fq(Q), fq(P) per tile relative to the running max, same partials for ``decode_combine_kernel``), for the shapes where
+it pays: compiled sm_89+ code (the E4M3 conversion), quantized Q and P, D of 64 or 128, KV tiles of 64 keys, at most
+16 query rows per KV head, a contiguous cache or pages of a multiple of 64 rows. Why Gluon: the Triton kernel spends
+about 6 instructions per cached value, a third of them moving the dequantized values from the blocked layout Triton
+gives them into the tensor cores' operand layouts through shared memory (docs/PERFORMANCE.md, section 10). Here every
+tensor has an explicit layout, chosen so that each thread loads exactly the code bytes of its own MMA operand
+fragments and no value moves between threads or through shared memory inside the KV loop.
+
+One warp per program; KV tiles of 64 keys copied into shared memory by cp.async, two or three stages deep
+(:func:`stages`), in layouts whose reads do not conflict (:func:`codes_smem_layout`). Per tile:
+
+- ``S^T = K Q^T`` (m16n8k16, FP16): the tile's keys are the M rows (in the order ``kappa``, :func:`k_words_layout`),
+  the query rows the N columns (8 for up to 8 rows, else 16: no softmax work on 16 padded rows), Q^T a loop-invariant
+  B operand. The channels (the reduction axis) are permuted, the same way for Q and K (:func:`_k_order`), so that a
+  thread's K registers are 16 (D = 128) or 8 (D = 64) consecutive code bytes of each of its 8 keys.
+- The softmax and fq(P) run on S^T's accumulators; a thread's 8 keys are half an fq(P) block (one shuffle for the
+  block maximum). One ``movmatrix.trans`` per 8 x 8 block turns them into the B operand of ``O^T = V^T P^T``, whose
+  accumulators hold the same query rows per thread as S^T's (alpha needs no exchange).
+- V^T is the A operand: its register pairs are two keys of one channel, so one byte permute per two code words
+  interleaves the two keys' bytes before the conversion; a thread reads 8 (4) consecutive code bytes of 16 keys.
+- A code byte becomes two FP16 values by bit operations to E4M3 bytes (``E2M1 * 2**-6``, as the Triton kernel's
+  E4M3-conversion path reads them), one ``cvt.rn.f16x2.e4m3x2`` per two values and one FP16 multiply by the block
+  scale per two values (exact: at most 6 significant bits); the factor 2**6 goes into the softmax scale and the final
+  normalization, as in the Triton kernel.
+
+Every relabelling of indices between those layouts is a reshape and permute of the tensors (so the values computed do
+not depend on the layouts), and every layout conversion inside the KV loop is asserted free when the kernel is
+traced; only the inline assembly (the dequantization, ``movmatrix``) relies on its register packing, two or eight
+consecutive elements a call, which its docstring states.
+
+Rounding is the Triton kernel's wherever it is defined (fq(Q) by ``fq_tile``, fq(P) by ``fq_probs`` on the same
+keys, the same FP32 softmax expressions, the same ``m``/``l`` partials); the summation order inside the products and
+of ``l`` differs (FP32 sums in another order, as any two matmul schedules differ).
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+
+from jqat.kernels_triton.attention_common import LOG2_P_ROW_RANGE, LOG2E
+from jqat.kernels_triton.nvfp4 import fq_probs, fq_tile
+
+BLOCK_N = 64  # keys per tile: the only tile the layouts below are written for
+HEAD_DIMS = (64, 128)
+MAX_ROWS = 16
+STAGES = None  # KV tiles in shared memory; None: stages(); set for measurements (benchmarks/decode_gluon.py)
+
+
+def stages(head_dim: int, rows: int) -> int:
+  """KV tiles a program keeps in shared memory: 3 (two tiles' copies in flight) at D = 128 with up to 8 rows, else 2;
+  the faster of the two at each shape of benchmarks/decode_gluon.py on the H200 (docs/BENCHMARKS.md)."""
+  if STAGES is not None:
+    return STAGES
+  return 3 if head_dim == 128 and rows <= 8 else 2
+
+
+def supported(head_dim: int, rows: int, block_n: int, page_size: int, quantize_q: bool, quantize_p: bool,
+              hw_e4m3: bool) -> bool:
+  """Whether :func:`decode_split_kernel` takes this launch (else the Triton kernel does)."""
+  return (head_dim in HEAD_DIMS and 0 < rows <= MAX_ROWS and block_n == BLOCK_N and page_size % BLOCK_N == 0
+          and bool(quantize_q) and bool(quantize_p) and bool(hw_e4m3))
+
+
+def block_rows(rows: int) -> int:
+  """Query rows of a program: 8 (up to 8 rows) or 16."""
+  return 8 if rows <= 8 else 16
+
+
+# ----------------------------------------------------------------------------- layouts
+#
+# Linear layouts (https://arxiv.org/abs/2505.23819): each basis is the index step of one register bit or lane bit of
+# a thread. One warp; lane = 4 g + t as in the m16n8k16 fragments. nw = D / 8 code words (4 bytes) a key, nb = D / 16
+# blocks (two words each).
+
+
+@gluon.constexpr_function
+def _lin(reg, lane, shape):
+  return gl.DistributedLinearLayout(reg_bases=[list(b) for b in reg], lane_bases=[list(b) for b in lane], warp_bases=[],
+                                    block_bases=[], shape=list(shape))
+
+
+@gluon.constexpr_function
+def mma_layout():
+  return gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
+
+
+@gluon.constexpr_function
+def k_words_layout(head_dim, pairs):
+  """K code words, ``[64 keys, nw]`` (``pairs``: ``[64, nb, 2]``, word = 2 pair + word in pair): thread ``(g, t)``
+  holds the ``nw / 4`` words from ``t * nw / 4`` of keys ``8 g + 2 mt + h`` (mt < 4, h < 2): the A operand of
+  ``S^T = K Q^T``, whose rows ``m = g + 8 h + 16 mt`` are those keys (:func:`_keys_to_rows`)."""
+  if head_dim == 128:
+    reg, lane = [(0, 1), (0, 2), (1, 0), (2, 0), (4, 0)], [(0, 4), (0, 8), (8, 0), (16, 0), (32, 0)]
+  else:
+    reg, lane = [(0, 1), (1, 0), (2, 0), (4, 0)], [(0, 2), (0, 4), (8, 0), (16, 0), (32, 0)]
+  if pairs:
+    split = lambda b: (b[0], b[1] // 2, b[1] % 2)
+    return _lin([split(b) for b in reg], [split(b) for b in lane], (64, head_dim // 16, 2))
+  return _lin(reg, lane, (64, head_dim // 8))
+
+
+@gluon.constexpr_function
+def k_scales_layout(head_dim):
+  """K scales ``[64 keys, nb]`` as :func:`k_words_layout` needs them: the blocks of the thread's words."""
+  if head_dim == 128:
+    reg, lane = [(0, 1), (1, 0), (2, 0), (4, 0)], [(0, 2), (0, 4), (8, 0), (16, 0), (32, 0)]
+  else:
+    reg, lane = [(1, 0), (2, 0), (4, 0)], [(0, 1), (0, 2), (8, 0), (16, 0), (32, 0)]
+  return _lin(reg, lane, (64, head_dim // 16))
+
+
+@gluon.constexpr_function
+def v_words_layout(head_dim):
+  """V code words as read, ``[64 keys, nw]``: thread ``(g, t)`` holds the words of block g (D = 128) or word g
+  (D = 64) of keys ``16 t + 8 e + 2 c + h`` (the A operand of ``O^T = V^T P^T``; its column ``k = e + 2 t + 8 h +
+  16 c`` is row ``k`` of ``S^T``, key ``kappa(k)``)."""
+  if head_dim == 128:
+    reg, lane = [(0, 1), (8, 0), (1, 0), (2, 0), (4, 0)], [(16, 0), (32, 0), (0, 2), (0, 4), (0, 8)]
+  else:
+    reg, lane = [(8, 0), (1, 0), (2, 0), (4, 0)], [(16, 0), (32, 0), (0, 1), (0, 2), (0, 4)]
+  return _lin(reg, lane, (64, head_dim // 8))
+
+
+@gluon.constexpr_function
+def v_scales_layout(head_dim):
+  """V scales ``[64 keys, nb]`` as :func:`v_words_layout` needs them (D = 64: two lanes share a block)."""
+  if head_dim == 128:
+    lane = [(16, 0), (32, 0), (0, 1), (0, 2), (0, 4)]
+  else:
+    lane = [(16, 0), (32, 0), (0, 0), (0, 1), (0, 2)]
+  return _lin([(8, 0), (1, 0), (2, 0), (4, 0)], lane, (64, head_dim // 16))
+
+
+@gluon.constexpr_function
+def v_pairs_layout(head_dim, blocks):
+  """:func:`v_words_layout` as ``[32 key pairs, nw, 2]``: pair ``p = h + 2 c + 8 t`` holds keys ``16 t + 2 c + h``
+  and that key plus 8 (the two columns ``k, k + 1`` of a register of the A operand), the key in pair first in
+  registers, as :func:`_dequant_pairs` reads them; ``blocks``: as ``[32, nb, 2, 2]`` (pair, block, word in block,
+  key in pair), for the scales' broadcast."""
+  if head_dim == 128:
+    reg, lane = [(0, 0, 1), (0, 1, 0), (1, 0, 0), (2, 0, 0), (4, 0, 0)], [(8, 0, 0), (16, 0, 0), (0, 2, 0), (0, 4, 0),
+                                                                           (0, 8, 0)]
+  else:
+    reg, lane = [(0, 0, 1), (1, 0, 0), (2, 0, 0), (4, 0, 0)], [(8, 0, 0), (16, 0, 0), (0, 1, 0), (0, 2, 0), (0, 4, 0)]
+  if blocks:
+    split = lambda b: (b[0], b[1] // 2, b[1] % 2, b[2])
+    return _lin([split(b) for b in reg], [split(b) for b in lane], (32, head_dim // 16, 2, 2))
+  return _lin(reg, lane, (32, head_dim // 8, 2))
+
+
+@gluon.constexpr_function
+def codes_smem_layout(head_dim):
+  """A tile of code words in shared memory, ``[64 keys, nw]``, so that neither operand's reads conflict: K's fragments
+  read 16 (8) bytes of keys ``x + 8 g`` for g < 2 (g < 4) per 8 (16) lanes, V^T's read 8 (4) bytes of keys ``x + 16 t``
+  (t < 4) per 16 (32) lanes. The physical row's bit 0 is ``n3 ^ n4`` and the 32-byte halves of a row swap where
+  ``n5`` is set (D = 128: two rows of a 128-byte bank cycle); for D = 64 (four rows a cycle) its bits 0, 1 are
+  ``n3 ^ n5, n4``: the four 32-byte bank windows of each access are distinct. Bases: the logical ``(key, word)`` of
+  each bit of the word offset."""
+  if head_dim == 128:
+    bases = [[0, 1], [0, 2], [0, 4], [0, 8], [8, 0], [1, 0], [2, 0], [4, 0], [24, 0], [32, 8]]
+  else:
+    bases = [[0, 1], [0, 2], [0, 4], [8, 0], [16, 0], [1, 0], [2, 0], [4, 0], [40, 0]]
+  return gl.SharedLinearLayout(offset_bases=bases)
+
+
+@gluon.constexpr_function
+def scales_smem_layout(head_dim):
+  """A tile of scale bytes in shared memory, ``[64 keys, nb]``, keys' bits 3..5 lowest: the eight keys ``x + 8 g``
+  that K's reads touch together are adjacent rows."""
+  byte = [[0, 1], [0, 2], [0, 4]][:(head_dim // 16).bit_length() - 1]
+  return gl.SharedLinearLayout(offset_bases=byte + [[8, 0], [16, 0], [32, 0], [1, 0], [2, 0], [4, 0]])
+
+
+@gluon.constexpr_function
+def copy_layout(width, vec):
+  """The global side of a tile's copy into shared memory: ``[64, width]`` elements, ``vec`` consecutive a thread."""
+  lanes = min(32, width // vec)
+  return gl.BlockedLayout([1, vec], [32 // lanes, lanes], [1, 1], [1, 0])
+
+
+BLOCKED_Q = gl.constexpr(gl.BlockedLayout([1, 8], [2, 16], [1, 1], [1, 0]))
+
+
+# ----------------------------------------------------------------------------- device functions
+
+
+@gluon.jit
+def _dequant_pairs(words, scales):
+  """Dequantized values of int32 code ``words`` (4 code bytes each, element ``2i`` of a byte in its low nibble) times
+  FP16 ``scales``, elementwise, for two elements at a time (consecutive in registers: the same word of two keys, or
+  two words of one key): returns 8 FP16 tensors shaped like ``words``, the low nibbles of bytes 0..3 and then the
+  high ones, each ``E2M1 * 2**-6 * scale`` (exact).
+
+  One byte permute per word interleaves the two elements' bytes, so that each E4M3 byte pair that one
+  ``cvt.rn.f16x2.e4m3x2`` converts is the same nibble of both elements: each output register is the pair of
+  elements, as the tensor cores take it. A nibble ``s e e m`` becomes the E4M3 byte ``s 0 0 e e m 0 0``
+  (``E2M1 * 2**-6``; exponent 0 is the subnormal 0.5 * 2**-6), as in the Triton kernel's E4M3-conversion path."""
+  return gl.inline_asm_elementwise(
+      asm="""{
+      .reg .b32 p, l, h, t;
+      .reg .b16 l0, l1, h0, h1;
+      prmt.b32 p, $8, $9, 0x5140;
+      shl.b32 t, p, 4; and.b32 t, t, 0x80808080; shl.b32 l, p, 2; and.b32 l, l, 0x1C1C1C1C; or.b32 l, l, t;
+      shr.u32 h, p, 2; and.b32 h, h, 0x1C1C1C1C; and.b32 t, p, 0x80808080; or.b32 h, h, t;
+      mov.b32 {l0, l1}, l; mov.b32 {h0, h1}, h;
+      cvt.rn.f16x2.e4m3x2 $0, l0; cvt.rn.f16x2.e4m3x2 $1, l1;
+      cvt.rn.f16x2.e4m3x2 $4, h0; cvt.rn.f16x2.e4m3x2 $5, h1;
+      prmt.b32 p, $8, $9, 0x7362;
+      shl.b32 t, p, 4; and.b32 t, t, 0x80808080; shl.b32 l, p, 2; and.b32 l, l, 0x1C1C1C1C; or.b32 l, l, t;
+      shr.u32 h, p, 2; and.b32 h, h, 0x1C1C1C1C; and.b32 t, p, 0x80808080; or.b32 h, h, t;
+      mov.b32 {l0, l1}, l; mov.b32 {h0, h1}, h;
+      cvt.rn.f16x2.e4m3x2 $2, l0; cvt.rn.f16x2.e4m3x2 $3, l1;
+      cvt.rn.f16x2.e4m3x2 $6, h0; cvt.rn.f16x2.e4m3x2 $7, h1;
+      mul.rn.f16x2 $0, $0, $10; mul.rn.f16x2 $1, $1, $10; mul.rn.f16x2 $2, $2, $10; mul.rn.f16x2 $3, $3, $10;
+      mul.rn.f16x2 $4, $4, $10; mul.rn.f16x2 $5, $5, $10; mul.rn.f16x2 $6, $6, $10; mul.rn.f16x2 $7, $7, $10;
+      }""",
+      constraints="=r,=r,=r,=r,=r,=r,=r,=r,r,r,r", args=[words, scales], dtype=(gl.float16, ) * 8, is_pure=True,
+      pack=2)
+
+
+@gluon.jit
+def _values(outs):
+  """The 8 tensors of :func:`_dequant_pairs` as one, ``[..., 2 (byte bit 0), 2 (byte bit 1), 2 (nibble)]``: channel
+  ``2 (4 word + byte) + nibble``."""
+  o0, o1, o2, o3, o4, o5, o6, o7 = outs
+  lo = gl.join(gl.join(o0, o1), gl.join(o2, o3))
+  hi = gl.join(gl.join(o4, o5), gl.join(o6, o7))
+  return gl.join(lo, hi)
+
+
+@gluon.jit
+def _k_order(x, HEAD_DIM: gl.constexpr):
+  """``x [R, nb, 2 (word in pair), 2 (byte bit 0), 2 (byte bit 1), 2 (nibble)]`` as ``[R, D]`` in the order of the
+  reduction axis of ``S = Q K^T``, for K (:func:`k_words_layout`) and Q alike: k = wp + 2 pb1 + 4 pb2 + 8 bb0 + 16 bb1 +
+  32 pb0 + 64 nib for D = 128 (pb: the word pair's bits), k = wp + 2 pb0 + 4 pb1 + 8 bb0 + 16 bb1 + 32 nib for D = 64,
+  so that the register pairs of the operand are the two words of a pair and the thread bits of the fragment are the
+  pair's upper bits."""
+  r: gl.constexpr = x.shape[0]
+  if HEAD_DIM == 128:
+    x = gl.reshape(x, [r, 2, 2, 2, 2, 2, 2, 2])  # pb2, pb1, pb0, wp, bb0, bb1, nib
+    x = gl.permute(x, [0, 7, 3, 6, 5, 1, 2, 4])  # nib, pb0, bb1, bb0, pb2, pb1, wp
+  else:
+    x = gl.reshape(x, [r, 2, 2, 2, 2, 2, 2])  # pb1, pb0, wp, bb0, bb1, nib
+    x = gl.permute(x, [0, 6, 5, 4, 1, 2, 3])  # nib, bb1, bb0, pb1, pb0, wp
+  return gl.reshape(x, [r, HEAD_DIM])
+
+
+@gluon.jit
+def _q_order(q, HEAD_DIM: gl.constexpr):
+  """Q ``[R, D]`` (channel order) in :func:`_k_order`'s order: channel = 16 pair + 8 wp + 4 bb1 + 2 bb0 + nib."""
+  r: gl.constexpr = q.shape[0]
+  q = gl.reshape(q, [r, HEAD_DIM // 16, 2, 2, 2, 2])  # pair, wp, bb1, bb0, nib
+  return _k_order(gl.permute(q, [0, 1, 2, 4, 3, 5]), HEAD_DIM)
+
+
+@gluon.jit
+def _keys_to_rows(x):
+  """``x [64 keys, C]`` as ``[64 rows m, C]``: row ``m = g + 8 h + 16 mt`` of ``S^T`` is key ``kappa(m) = 8 g + 2 mt +
+  h`` (:func:`k_words_layout`)."""
+  c: gl.constexpr = x.shape[1]
+  x = gl.reshape(x, [8, 4, 2, c])  # g, mt, h
+  x = gl.permute(x, [1, 2, 0, 3])  # mt, h, g
+  return gl.reshape(x, [64, c])
+
+
+@gluon.jit
+def _rows_to_keys(x):
+  """The inverse of :func:`_keys_to_rows`."""
+  c: gl.constexpr = x.shape[1]
+  x = gl.reshape(x, [4, 2, 8, c])  # mt, h, g
+  x = gl.permute(x, [2, 0, 1, 3])  # g, mt, h
+  return gl.reshape(x, [64, c])
+
+
+@gluon.jit
+def _v_pairs(x):
+  """``x [64 keys, C]`` as ``[32 pairs, C, 2]``: pair ``h + 2 c + 8 t`` of keys ``16 t + 8 e + 2 c + h``, e < 2."""
+  c: gl.constexpr = x.shape[1]
+  x = gl.reshape(x, [4, 2, 8, c])  # t, e, (c, h)
+  x = gl.permute(x, [0, 2, 3, 1])
+  return gl.reshape(x, [32, c, 2])
+
+
+@gluon.jit
+def _v_transposed(x, HEAD_DIM: gl.constexpr):
+  """Dequantized V ``[32 pairs, nw, 2 (e), 2, 2, 2]`` (:func:`_values`) as ``V^T [m, k]``: column ``k = e + 2 t + 8 h
+  + 16 c`` (key ``16 t + 8 e + 2 c + h``, row k of ``S^T``); row m = wg + 8 nib + 16 bb0 + 32 bb1 + 64 w1 for D = 128
+  (word = 2 wg + w1), m = w + 8 nib + 16 bb0 + 32 bb1 for D = 64."""
+  if HEAD_DIM == 128:
+    x = gl.reshape(x, [4, 4, 2, 8, 2, 2, 2, 2, 2])  # t, c, h, wg, w1, e, bb0, bb1, nib
+    x = gl.permute(x, [4, 7, 6, 8, 3, 1, 2, 0, 5])  # w1, bb1, bb0, nib, wg | c, h, t, e
+  else:
+    x = gl.reshape(x, [4, 4, 2, 8, 2, 2, 2, 2])  # t, c, h, w, e, bb0, bb1, nib
+    x = gl.permute(x, [6, 5, 7, 3, 1, 2, 0, 4])  # bb1, bb0, nib, w | c, h, t, e
+  return gl.reshape(x, [HEAD_DIM, 64])
+
+
+@gluon.jit
+def _transpose8(p):
+  """``p [64, R]`` FP16 in the accumulator layout of ``S^T`` as the B operand of ``O^T = V^T P^T`` (the same tensor):
+  one ``movmatrix.trans`` per 8 x 8 block moves each thread's pair of rows of a key to its pair of keys of a row.
+  The instruction's result, read in the input's layout, is p with the low three bits of the row and column indices
+  swapped; the reshape and permute below undo that on the indices, so the value returned is p itself."""
+  r: gl.constexpr = p.shape[1]
+  y = gl.inline_asm_elementwise(asm="movmatrix.sync.aligned.m8n8.trans.b16 $0, $1;", constraints="=r,r", args=[p],
+                                dtype=gl.float16, is_pure=False, pack=2)
+  y = gl.reshape(y, [8, 8, r // 8, 8])  # m_hi, m_lo, n_hi, n_lo
+  y = gl.permute(y, [0, 3, 2, 1])
+  return gl.reshape(y, [64, r])
+
+
+@gluon.jit
+def _o_channels(acc, HEAD_DIM: gl.constexpr):
+  """``O^T [m, R]`` (m as in :func:`_v_transposed`) as ``O [R, D]`` in channel order (2 (4 word + byte) + nib)."""
+  r: gl.constexpr = acc.shape[1]
+  if HEAD_DIM == 128:
+    x = gl.reshape(acc, [2, 2, 2, 2, 8, r])  # w1, bb1, bb0, nib, wg, row
+    x = gl.permute(x, [5, 4, 0, 1, 2, 3])  # row, wg, w1, bb1, bb0, nib
+  else:
+    x = gl.reshape(acc, [2, 2, 2, 8, r])  # bb1, bb0, nib, w, row
+    x = gl.permute(x, [4, 3, 0, 1, 2])  # row, w, bb1, bb0, nib
+  return gl.reshape(x, [r, HEAD_DIM])
+
+
+@gluon.jit
+def _e4m3_to_f16(b):
+  """E4M3 bytes (uint8) as FP16 values (exact; NaN stays NaN)."""
+  return b.to(gl.float8e4nv, bitcast=True).to(gl.float16)
+
+
+@gluon.jit
+def _tile_base(b, kvh, tile, pt_ptr, pages_per_seq, num_pages, stride_p, stride_k, T: gl.constexpr,
+               PAGE_SIZE: gl.constexpr, live):
+  """Offset (int64 elements) of key 0 of KV tile ``tile`` of sequence ``b``, KV head ``kvh``: contiguous
+  ``b * stride_p + 64 tile * T``, or through the page table (a tile lies in one page: PAGE_SIZE % 64 == 0; page ids
+  are clamped into the pool, as in the Triton kernel). ``live``: the tile is read (its page id is loaded)."""
+  key0 = tile * 64
+  if PAGE_SIZE > 0:
+    page = gl.load(pt_ptr + b.to(gl.int64) * pages_per_seq + key0 // PAGE_SIZE, mask=live, other=0)
+    page = gl.minimum(gl.maximum(page, 0), num_pages - 1).to(gl.int64)
+    return page * stride_p + (key0 % PAGE_SIZE).to(gl.int64) * T + kvh.to(gl.int64) * stride_k
+  else:
+    return b.to(gl.int64) * stride_p + key0.to(gl.int64) * T + kvh.to(gl.int64) * stride_k
+
+
+@gluon.jit
+def _copy(dst, ptr, at, key, n_valid):
+  """Starts the copy of one tile's array into shared memory ``dst``; keys ``>= n_valid`` are zero-filled."""
+  if n_valid >= 64:
+    async_copy.async_copy_global_to_shared(dst, ptr + at)
+  else:
+    async_copy.async_copy_global_to_shared(dst, ptr + at, mask=key < n_valid)
+
+
+@gluon.jit
+def _issue_tile(kc_s, ks_s, vc_s, vs_s, kc_ptr, ks_ptr, vc_ptr, vs_ptr, kc_at, ks_at, vc_at, vs_at, kc_key, ks_key,
+                vc_key, vs_key, b, kvh, tile, t_hi, kv_len, pt_ptr, pages_per_seq, num_pages, stride_kcp, stride_kck,
+                stride_ksp, stride_ksk, stride_vcp, stride_vck, stride_vsp, stride_vsk, KC_T: gl.constexpr,
+                KS_T: gl.constexpr, VC_T: gl.constexpr, VS_T: gl.constexpr, PAGE_SIZE: gl.constexpr):
+  """Starts the copies of KV tile ``tile`` (nothing past ``t_hi``: zero-filled) and commits them as one group."""
+  live = tile < t_hi
+  n_valid = gl.where(live, gl.minimum(kv_len - tile * 64, 64), 0)
+  _copy(kc_s, kc_ptr + _tile_base(b, kvh, tile, pt_ptr, pages_per_seq, num_pages, stride_kcp, stride_kck, KC_T,
+                                  PAGE_SIZE, live) // 4, kc_at, kc_key, n_valid)
+  _copy(ks_s, ks_ptr + _tile_base(b, kvh, tile, pt_ptr, pages_per_seq, num_pages, stride_ksp, stride_ksk, KS_T,
+                                  PAGE_SIZE, live), ks_at, ks_key, n_valid)
+  _copy(vc_s, vc_ptr + _tile_base(b, kvh, tile, pt_ptr, pages_per_seq, num_pages, stride_vcp, stride_vck, VC_T,
+                                  PAGE_SIZE, live) // 4, vc_at, vc_key, n_valid)
+  _copy(vs_s, vs_ptr + _tile_base(b, kvh, tile, pt_ptr, pages_per_seq, num_pages, stride_vsp, stride_vsk, VS_T,
+                                  PAGE_SIZE, live), vs_at, vs_key, n_valid)
+  async_copy.commit_group()
+
+
+@gluon.jit
+def _scores(kc_s, ks_s, qt, HEAD_DIM: gl.constexpr, R: gl.constexpr):
+  """``S^T = K Q^T`` of the tile in shared memory ``kc_s``/``ks_s`` (FP32 ``[64, R]``; row m is key ``kappa(m)``):
+  K dequantized into the A operand, Q^T the B operand."""
+  NB: gl.constexpr = HEAD_DIM // 16
+  MMA: gl.constexpr = mma_layout()
+  KW3: gl.constexpr = k_words_layout(HEAD_DIM, True)
+  kw = gl.convert_layout(gl.reshape(kc_s.load(k_words_layout(HEAD_DIM, False)), [64, NB, 2]), KW3, assert_trivial=True)
+  ksc = gl.convert_layout(_e4m3_to_f16(ks_s.load(k_scales_layout(HEAD_DIM))), gl.SliceLayout(2, KW3),
+                          assert_trivial=True)
+  ksc = gl.broadcast(gl.expand_dims(ksc, 2), gl.full([64, NB, 2], 0, gl.float16, layout=KW3))[0]
+  kk = _keys_to_rows(_k_order(_values(_dequant_pairs(kw, ksc)), HEAD_DIM))
+  kk = gl.convert_layout(kk, gl.DotOperandLayout(0, MMA, 2), assert_trivial=True)
+  return mma_v2(kk, qt, gl.zeros([64, R], gl.float32, layout=MMA))
+
+
+@gluon.jit
+def _probs(s, tile, kappa, limit, m, qk_scale, R: gl.constexpr, P_ROW_RANGE: gl.constexpr, HW_E4M3: gl.constexpr,
+           HW_E2M1: gl.constexpr):
+  """The tile's softmax step and fq(P), as the Triton kernel computes them (on S^T: keys along axis 0): returns the
+  new running max, the rescale ``alpha`` of the old state, the probabilities (FP32, for l) and fq(P) as the B operand
+  of ``O^T = V^T P^T``."""
+  s = s * qk_scale
+  kn = tile * 64 + kappa
+  s = gl.where(kn[:, None] < limit[None, :], s, float("-inf"))
+  m_new = gl.maximum(m, gl.max(s, axis=0))
+  m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+  if P_ROW_RANGE > 0:
+    gl.static_assert(P_ROW_RANGE == 6.0 * 448.0, "LOG2_P_ROW_RANGE is log2(6 * 448)")
+    p = gl.exp2(s - (m_safe - LOG2_P_ROW_RANGE)[None, :])
+  else:
+    p = gl.exp2(s - m_safe[None, :])
+  alpha = gl.exp2(m - m_safe)
+  pq = gl.permute(_rows_to_keys(p), [1, 0])  # [R, 64 keys]: fq_probs' blocks of 16 keys
+  pq = fq_probs(pq, R, 64, HW_E4M3, HW_E2M1).to(gl.float16)  # exact
+  pq = _keys_to_rows(gl.permute(pq, [1, 0]))
+  return m_new, alpha, p, gl.convert_layout(_transpose8(pq), gl.DotOperandLayout(1, mma_layout(), 2),
+                                            assert_trivial=True)
+
+
+@gluon.jit
+def _pv(vc_s, vs_s, pt, acc, alpha, HEAD_DIM: gl.constexpr):
+  """``acc * alpha + V^T P^T`` for the tile in shared memory ``vc_s``/``vs_s``: V^T dequantized into the A operand."""
+  NB: gl.constexpr = HEAD_DIM // 16
+  NW: gl.constexpr = HEAD_DIM // 8
+  VP4: gl.constexpr = v_pairs_layout(HEAD_DIM, True)
+  vw = gl.convert_layout(_v_pairs(vc_s.load(v_words_layout(HEAD_DIM))), v_pairs_layout(HEAD_DIM, False),
+                         assert_trivial=True)
+  vsc = _v_pairs(_e4m3_to_f16(vs_s.load(v_scales_layout(HEAD_DIM))))
+  vsc = gl.convert_layout(vsc, gl.SliceLayout(2, VP4), assert_trivial=True)
+  vsc = gl.broadcast(gl.expand_dims(vsc, 2), gl.full([32, NB, 2, 2], 0, gl.float16, layout=VP4))[0]
+  vsc = gl.reshape(vsc, [32, NW, 2])
+  vt = _v_transposed(_values(_dequant_pairs(vw, vsc)), HEAD_DIM)
+  vt = gl.convert_layout(vt, gl.DotOperandLayout(0, mma_layout(), 2), assert_trivial=True)
+  return mma_v2(vt, pt, acc * alpha[None, :])
+
+
+@gluon.jit
+def decode_split_kernel(
+    q_ptr, kc_ptr, ks_ptr, vc_ptr, vs_ptr, kv_len_ptr, pt_ptr,
+    scale, tq, group, kv_heads, rows, row_blocks, capacity, pages_per_seq, num_pages,
+    stride_qb, stride_qt, stride_qn, stride_ob, stride_ot, stride_on,
+    stride_kcp, stride_kct, stride_kck, stride_ksp, stride_kst, stride_ksk,
+    stride_vcp, stride_vct, stride_vck, stride_vsp, stride_vst, stride_vsk,
+    o_ptr, part_acc_ptr, part_ml_ptr,
+    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, PAGE_SIZE: gl.constexpr,
+    IS_CAUSAL: gl.constexpr, SPLITS: gl.constexpr, QUANTIZE_Q: gl.constexpr, QUANTIZE_P: gl.constexpr,
+    P_ROW_RANGE: gl.constexpr, HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr, COMPILED: gl.constexpr,
+    CODE_ALIGN: gl.constexpr, SCALE_ALIGN: gl.constexpr, CVT: gl.constexpr = True,
+    KC_T: gl.constexpr = 0, KS_T: gl.constexpr = 0, VC_T: gl.constexpr = 0, VS_T: gl.constexpr = 0,
+    STAGES: gl.constexpr = 3):
+  """:func:`jqat.kernels_triton.decode.decode_split_kernel` (the same arguments and outputs, one warp) for the
+  launches :func:`supported` takes. ``row_blocks`` is 1 (BLOCK_M of 8 or 16 holds every row); KC_T .. VS_T: the
+  token strides of the four cache tensors (``stride_kct`` ..) as constants; STAGES: KV tiles in shared memory (the
+  copies of the next STAGES - 1 in flight while one is computed)."""
+  gl.static_assert(HEAD_DIM == 64 or HEAD_DIM == 128, "D of 64 or 128")
+  gl.static_assert(BLOCK_N == 64, "KV tiles of 64 keys")
+  gl.static_assert(BLOCK_M == 8 or BLOCK_M == 16, "8 or 16 query rows a program")
+  gl.static_assert(QUANTIZE_Q and QUANTIZE_P and HW_E4M3 and COMPILED, "quantized Q and P, compiled sm_89+ code")
+  gl.static_assert(PAGE_SIZE % 64 == 0, "pages of a multiple of 64 rows")
+  gl.static_assert(KC_T % 4 == 0 and VC_T % 4 == 0, "code rows of whole words")
+  NB: gl.constexpr = HEAD_DIM // 16
+  NW: gl.constexpr = HEAD_DIM // 8
+  R: gl.constexpr = BLOCK_M
+  MMA: gl.constexpr = mma_layout()
+  B_OP: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)
+  ROW: gl.constexpr = gl.SliceLayout(0, MMA)  # per query row, in the accumulators' layout
+  KEY: gl.constexpr = gl.SliceLayout(1, MMA)
+  stride_qb, stride_qt, stride_qn = stride_qb // 16 * 16, stride_qt // 16 * 16, stride_qn // 16 * 16
+  stride_ob, stride_ot, stride_on = stride_ob // 16 * 16, stride_ot // 16 * 16, stride_on // 16 * 16
+  stride_kcp, stride_kck = stride_kcp // CODE_ALIGN * CODE_ALIGN, stride_kck // CODE_ALIGN * CODE_ALIGN
+  stride_vcp, stride_vck = stride_vcp // CODE_ALIGN * CODE_ALIGN, stride_vck // CODE_ALIGN * CODE_ALIGN
+  stride_ksp, stride_ksk = stride_ksp // SCALE_ALIGN * SCALE_ALIGN, stride_ksk // SCALE_ALIGN * SCALE_ALIGN
+  stride_vsp, stride_vsk = stride_vsp // SCALE_ALIGN * SCALE_ALIGN, stride_vsk // SCALE_ALIGN * SCALE_ALIGN
+  kw_ptr = kc_ptr.to(gl.pointer_type(gl.int32), bitcast=True)  # code words: 4 bytes, element 8i in word i's byte 0
+  vw_ptr = vc_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
+  ks_ptr = ks_ptr.to(gl.pointer_type(gl.uint8), bitcast=True)  # the E4M3 bit patterns
+  vs_ptr = vs_ptr.to(gl.pointer_type(gl.uint8), bitcast=True)
+  pid = gl.program_id(0)
+  split = gl.program_id(1)
+  kvh = pid % kv_heads
+  b = pid // (kv_heads * row_blocks)
+
+  # Shared memory: STAGES tiles of each array, laid out so that the operands' reads do not conflict.
+  kc_s = gl.allocate_shared_memory(gl.int32, [STAGES, 64, NW], codes_smem_layout(HEAD_DIM))
+  vc_s = gl.allocate_shared_memory(gl.int32, [STAGES, 64, NW], codes_smem_layout(HEAD_DIM))
+  ks_s = gl.allocate_shared_memory(gl.uint8, [STAGES, 64, NB], scales_smem_layout(HEAD_DIM))
+  vs_s = gl.allocate_shared_memory(gl.uint8, [STAGES, 64, NB], scales_smem_layout(HEAD_DIM))
+
+  # Loop-invariant offsets (elements) of each thread's part of a tile's copies (int64: a sum in int32 would be
+  # sign-extended element by element).
+  CW: gl.constexpr = copy_layout(NW, 4)
+  CS: gl.constexpr = copy_layout(NB, NB)
+  kc_key = gl.arange(0, 64, layout=gl.SliceLayout(1, CW))[:, None]
+  col = gl.arange(0, NW, layout=gl.SliceLayout(0, CW))[None, :].to(gl.int64)
+  kc_at = kc_key.to(gl.int64) * (KC_T // 4) + col
+  vc_at = kc_key.to(gl.int64) * (VC_T // 4) + col
+  ks_key = gl.arange(0, 64, layout=gl.SliceLayout(1, CS))[:, None]
+  col = gl.arange(0, NB, layout=gl.SliceLayout(0, CS))[None, :].to(gl.int64)
+  ks_at = ks_key.to(gl.int64) * KS_T + col
+  vs_at = ks_key.to(gl.int64) * VS_T + col
+
+  kv_len = gl.minimum(gl.maximum(gl.load(kv_len_ptr + b), 0), capacity)
+  tiles = gl.cdiv(kv_len, BLOCK_N)
+  chunk = gl.cdiv(tiles, SPLITS)
+  t_lo = gl.minimum(split * chunk, tiles)
+  t_hi = gl.minimum(t_lo + chunk, tiles)
+  for s0 in gl.static_range(STAGES - 1):
+    _issue_tile(kc_s.index(s0), ks_s.index(s0), vc_s.index(s0), vs_s.index(s0), kw_ptr, ks_ptr, vw_ptr, vs_ptr, kc_at,
+                ks_at, vc_at, vs_at, kc_key, ks_key, kc_key, ks_key, b, kvh, t_lo + s0, t_hi, kv_len, pt_ptr,
+                pages_per_seq, num_pages, stride_kcp, stride_kck, stride_ksp, stride_ksk, stride_vcp, stride_vck,
+                stride_vsp, stride_vsk, KC_T, KS_T, VC_T, VS_T, PAGE_SIZE)
+
+  # fq(Q), once: in channel order (the Triton kernel's fq_tile), then permuted to the products' reduction order and
+  # transposed: the B operand of S^T = K Q^T.
+  rq = gl.arange(0, R, layout=gl.SliceLayout(1, BLOCKED_Q))
+  dq = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, BLOCKED_Q))
+  q_ok = (rq < rows)[:, None] & (dq < HEAD_DIM)[None, :]
+  q_rows = (b.to(gl.int64) * stride_qb + (rq // group).to(gl.int64) * stride_qt
+            + (kvh * group + rq % group).to(gl.int64) * stride_qn)
+  q = gl.load(q_ptr + q_rows[:, None] + dq[None, :], mask=q_ok, other=0.0)
+  q = fq_tile(q.to(gl.float32), q_ok, R, HEAD_DIM, HW_E4M3, HW_E2M1).to(gl.float16)  # exact
+  qt = gl.convert_layout(gl.permute(_q_order(q, HEAD_DIM), [1, 0]), B_OP)
+
+  qk_scale = scale * LOG2E * 64.0  # log2 units; the values are read 2**6 too small (E4M3 conversion)
+  mrow = gl.arange(0, 64, layout=KEY)
+  kappa = (mrow & 7) * 8 + (mrow >> 4) * 2 + ((mrow >> 3) & 1)  # the key of row m of S^T
+  r_s = gl.arange(0, R, layout=ROW)
+  limit = kv_len + gl.zeros([R], gl.int32, layout=ROW)  # keys below it are visible to the query row
+  if IS_CAUSAL:
+    limit = gl.minimum(limit, kv_len - tq + r_s // group + 1)
+  limit = gl.where(r_s < rows, limit, 0)
+  m = gl.full([R], float("-inf"), gl.float32, layout=ROW)
+  l = gl.zeros([R], gl.float32, layout=ROW)
+  acc = gl.zeros([HEAD_DIM, R], gl.float32, layout=MMA)
+
+  for i in range(0, t_hi - t_lo):
+    tile = t_lo + i
+    async_copy.wait_group(STAGES - 2)  # tile i is in shared memory (this thread's copies) ...
+    gl.thread_barrier()  # ... and every thread's; and every thread is done reading the stage refilled below
+    st = (i + STAGES - 1) % STAGES
+    _issue_tile(kc_s.index(st), ks_s.index(st), vc_s.index(st), vs_s.index(st), kw_ptr, ks_ptr, vw_ptr, vs_ptr,
+                kc_at, ks_at, vc_at, vs_at, kc_key, ks_key, kc_key, ks_key, b, kvh, tile + STAGES - 1, t_hi, kv_len,
+                pt_ptr, pages_per_seq, num_pages, stride_kcp, stride_kck, stride_ksp, stride_ksk, stride_vcp,
+                stride_vck, stride_vsp, stride_vsk, KC_T, KS_T, VC_T, VS_T, PAGE_SIZE)
+    cur = i % STAGES
+    s = _scores(kc_s.index(cur), ks_s.index(cur), qt, HEAD_DIM, R)
+    m_new, alpha, p, pt = _probs(s, tile, kappa, limit, m, qk_scale, R, P_ROW_RANGE, HW_E4M3, HW_E2M1)
+    l = l * alpha + gl.sum(p, axis=0)
+    acc = _pv(vc_s.index(cur), vs_s.index(cur), pt, acc, alpha, HEAD_DIM)
+    m = m_new
+
+  async_copy.wait_group(0)  # nothing in flight at exit
+  acc = acc * 64.0  # back to V's units
+  if SPLITS == 1:
+    empty = l == 0.0
+    inv = gl.where(empty, 0.0, gl.div_rn(gl.full([R], 1.0, gl.float32, layout=ROW), gl.where(empty, 1.0, l)))
+    out = _o_channels(gl.where(empty[None, :], 0.0, acc * inv[None, :]), HEAD_DIM)
+    OL: gl.constexpr = out.type.layout
+    r_out = gl.arange(0, R, layout=gl.SliceLayout(1, OL))
+    d_out = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, OL))
+    o_rows = (b.to(gl.int64) * stride_ob + (r_out // group).to(gl.int64) * stride_ot
+              + (kvh * group + r_out % group).to(gl.int64) * stride_on)
+    gl.store(o_ptr + o_rows[:, None] + d_out[None, :], out.to(o_ptr.dtype.element_ty),
+             mask=(r_out < rows)[:, None] & (d_out < HEAD_DIM)[None, :])
+  else:
+    part = pid.to(gl.int64) * SPLITS + split
+    out = _o_channels(acc, HEAD_DIM)
+    OL: gl.constexpr = out.type.layout
+    r_out = gl.arange(0, R, layout=gl.SliceLayout(1, OL))
+    d_out = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, OL))
+    gl.store(part_acc_ptr + (part * R + r_out)[:, None] * HEAD_DIM + d_out[None, :], out)
+    gl.store(part_ml_ptr + part * 2 * R + r_s, m)
+    gl.store(part_ml_ptr + part * 2 * R + R + r_s, l)
