@@ -719,17 +719,20 @@ def decode_attention(q: Tensor, k_codes: Tensor, k_scales: Tensor, v_codes: Tens
       SPLITS=splits, QUANTIZE_Q=opts.config.quantize_qkv, QUANTIZE_P=opts.config.quantize_p,
       P_ROW_RANGE=P_ROW_RANGE if opts.p_scale == "row" else 0.0, **quant, COMPILED=not target.interpret,
       CODE_ALIGN=_pow2_divisor(k_codes.strides[:3] + v_codes.strides[:3]),
-      SCALE_ALIGN=_pow2_divisor(k_scales.strides[:3] + v_scales.strides[:3]), CVT=bool(c.cvt) or gluon)
+      SCALE_ALIGN=_pow2_divisor(k_scales.strides[:3] + v_scales.strides[:3]))
+  cache_strides = tuple(s for t in cache for s in t.strides[:3])
   if gluon:  # the token strides as constants (immediate offsets of each thread's rows), and the pipeline depth
     constexprs.update(KC_T=k_codes.strides[1], KS_T=k_scales.strides[1], VC_T=v_codes.strides[1],
                       VS_T=v_scales.strides[1], STAGES=kdg.stages(d, block_m))
+    cache_strides = tuple(s for t in cache for s in (t.strides[0], t.strides[2]))
+  else:
+    constexprs.update(CVT=bool(c.cvt))
   split = Launch(
       "jqat_decode_split_gluon" if gluon else "jqat_decode_split",
       kdg.decode_split_kernel if gluon else kdec.decode_split_kernel, (programs, splits),
       (Ref("q"), Ref("k_codes"), Ref("k_scales"), Ref("v_codes"), Ref("v_scales"), Ref("kv_len"),
        Ref("page_table" if page_table is not None else "kv_len"), float(opts.scale), tq, group, kh, rows, row_blocks,
-       geo["capacity"], geo["pages_per_seq"], geo["num_pages"], *_s3(q), *strides[:3],
-       *(s for t in cache for s in t.strides[:3])),
+       geo["capacity"], geo["pages_per_seq"], geo["num_pages"], *_s3(q), *strides[:3], *cache_strides),
       split_outputs, constexprs, 1 if gluon else c.num_warps, 1 if gluon else c.num_stages)
   launches = (split,)
   if splits > 1:

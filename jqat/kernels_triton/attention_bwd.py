@@ -34,14 +34,10 @@ from jqat.kernels_triton import attention_common as common
 from jqat.kernels_triton.attention_common import (
   LOG2E,
   aligned3,
-  any_nan,
   bf16_dot,
   cast_out,
-  key_nan_hits,
   kv_tile_range,
   load_kv_tile,
-  nan_hits,
-  nan_of,
   narrow_to_segments,
   program_start,
   q_tile_range,
@@ -187,7 +183,7 @@ def _dq_tile(dq, q, do, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, of
   if EXACT:
     tl.static_assert(MASKED, "the exact tile applies the elementwise mask")
     ds = tl.where(valid, ds, 0.0)
-    k = tl.where(nan_of(k), tl.zeros_like(k), k)
+    k = tl.where(common.nan_of(k), tl.zeros_like(k), k)
   return dq + bf16_dot(ds, k, DOT_BF16, DOT_PREC, SOFT_BF16)
 
 
@@ -252,9 +248,9 @@ def _dq_program(
     tl.store(dq_ptr + q_off, cast_out(dq * dq_scale, dq_ptr, SOFT_BF16), mask=ok)
     for c0 in range(0, D_PAD, NAN_CHANNELS):  # NaN where a visible pair meets a NaN of K, 16 channels at a time
       offs_c = c0 + tl.arange(0, NAN_CHANNELS)
-      hits = key_nan_hits(k_base, stride_kt, offs_c, lo, hi, offs_m, offs_n, seg_q, kv_seg_base, q_lim, kv_lim, off,
-                          HEAD_DIM, BLOCK_M, BLOCK_N, NAN_CHANNELS, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG,
-                          DOT_BF16, DOT_PREC)
+      hits = common.key_nan_hits(k_base, stride_kt, offs_c, lo, hi, offs_m, offs_n, seg_q, kv_seg_base, q_lim, kv_lim,
+                                 off, HEAD_DIM, BLOCK_M, BLOCK_N, NAN_CHANNELS, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT,
+                                 HAS_SEG, DOT_BF16, DOT_PREC)
       c_off = q_rows + offs_c[None, :]
       tl.store(dq_ptr + c_off, cast_out(tl.full([BLOCK_M, NAN_CHANNELS], float("nan"), tl.float32), dq_ptr,
                                         SOFT_BF16), mask=row_ok[:, None] & (offs_c[None, :] < HEAD_DIM) & (hits > 0.0))
@@ -282,7 +278,7 @@ def _dq_program(
                       q_lim, kv_lim, off, stride_kt, stride_vt, qk_scale, v_dec, True, HEAD_DIM, IS_CAUSAL,
                       WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, QKV_TENSOR)
     if HIDES:
-      leaked = any_nan(dq, row_ok)
+      leaked = common.any_nan(dq, row_ok)
     if leaked == 0:  # else the exact walk stores
       tl.store(dq_ptr + q_off, cast_out(dq * dq_scale, dq_ptr, SOFT_BF16), mask=ok)
   return leaked
@@ -382,8 +378,8 @@ def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, m_base, star
   if EXACT:
     tl.static_assert(MASKED, "the exact tile applies the elementwise mask")
     ds_t = tl.where(valid, ds_t, 0.0)
-    q = tl.where(nan_of(q), tl.zeros_like(q), q)
-    do = tl.where(nan_of(do), tl.zeros_like(do), do)
+    q = tl.where(common.nan_of(q), tl.zeros_like(q), q)
+    do = tl.where(common.nan_of(do), tl.zeros_like(do), do)
   if QKV_TENSOR:  # dK sums over the query heads of a KV head, each with its own Q decode scale
     dk += bf16_dot(ds_t, q, DOT_BF16, DOT_PREC, SOFT_BF16) * q_dec
   else:
@@ -488,8 +484,8 @@ def _dkdv_program(
                           WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG)
           q_t = tl.load(q_base + rows * stride_qt + offs_c[None, :], mask=live, other=0.0)
           do_t = tl.load(do_base + rows * stride_dt + offs_c[None, :], mask=live, other=0.0)
-          hits_q += nan_hits(valid, nan_of(q_t), DOT_BF16, DOT_PREC).to(tl.float32)
-          hits_do += nan_hits(valid, nan_of(do_t), DOT_BF16, DOT_PREC).to(tl.float32)
+          hits_q += common.nan_hits(valid, common.nan_of(q_t), DOT_BF16, DOT_PREC).to(tl.float32)
+          hits_do += common.nan_hits(valid, common.nan_of(do_t), DOT_BF16, DOT_PREC).to(tl.float32)
       nan_out = tl.full([BLOCK_N, NAN_CHANNELS], float("nan"), tl.float32)
       ck_off = b.to(tl.int64) * stride_kb + kvh.to(tl.int64) * stride_kn + keys * stride_kt + offs_c[None, :]
       cv_off = b.to(tl.int64) * stride_vb + kvh.to(tl.int64) * stride_vn + keys * stride_vt + offs_c[None, :]
@@ -524,7 +520,7 @@ def _dkdv_program(
                             True, HEAD_DIM, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N,
                             QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, QKV_TENSOR)
     if HIDES:
-      leaked = any_nan(dk, key_ok) | any_nan(dv, key_ok)
+      leaked = common.any_nan(dk, key_ok) | common.any_nan(dv, key_ok)
     # Not stored when the exact walk follows: dK and dV may be stored over fq(K) and fq(V) (``Plan.stored_in``),
     # which that walk reads again.
     if leaked == 0:

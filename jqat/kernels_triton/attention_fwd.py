@@ -36,14 +36,11 @@ from jqat.kernels_triton.attention_common import (
   LN2,
   LOG2_P_ROW_RANGE,
   LOG2E,
-  any_nan,
   bf16_dot,
   cast_out,
-  key_nan_hits,
   kv_tile_range,
   load_kv_tile,
   mul_rn,
-  nan_of,
   narrow_to_segments,
   qk_dot,
   row_tile_visible,
@@ -152,7 +149,7 @@ def _kv_tile(acc, acc_hp, m, l, q, k_base, v_base, start_n, offs_m, offs_n, offs
   l = l * alpha + tl.sum(p, axis=1)
   if EXACT:
     tl.static_assert(MASKED, "the exact tile applies the elementwise mask")
-    nan_v = nan_of(v)
+    nan_v = common.nan_of(v)
     v = tl.where(nan_v, tl.zeros_like(v), v)
   if not (O_ONLY and QUANTIZE_P):
     acc_hp = acc_hp * alpha[:, None] + bf16_dot(p, v, DOT_BF16, DOT_PREC, SOFT_BF16)
@@ -258,9 +255,9 @@ def _fwd_program(
     # values spilled the capped O-only kernel's fast loops.
     for c0 in range(0, D_PAD, NAN_CHANNELS):
       offs_c = c0 + tl.arange(0, NAN_CHANNELS)
-      hits = key_nan_hits(v_base, stride_vt, offs_c, lo, hi, offs_m, offs_n, seg_q, kv_seg_base, q_lim, kv_lim, off,
-                          HEAD_DIM, BLOCK_M, BLOCK_N, NAN_CHANNELS, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG,
-                          DOT_BF16, DOT_PREC)
+      hits = common.key_nan_hits(v_base, stride_vt, offs_c, lo, hi, offs_m, offs_n, seg_q, kv_seg_base, q_lim, kv_lim,
+                                 off, HEAD_DIM, BLOCK_M, BLOCK_N, NAN_CHANNELS, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT,
+                                 HAS_SEG, DOT_BF16, DOT_PREC)
       c_off = common.tile_rows(strides, 3, b, h, offs_m) + offs_c[None, :]
       c_ok = row_ok[:, None] & (offs_c[None, :] < HEAD_DIM) & (hits > 0.0)
       nan_out = tl.full([BLOCK_M, NAN_CHANNELS], float("nan"), tl.float32)
@@ -309,7 +306,7 @@ def _fwd_program(
       checked = acc_hp
       if QUANTIZE_P and not RESIDUALS:  # O alone: O' was not formed (a leak reaches both alike)
         checked = acc
-      leaked = any_nan(checked, offs_m < q_lim)
+      leaked = common.any_nan(checked, offs_m < q_lim)
     if leaked == 0:  # else the exact walk stores
       _store_outputs(acc, acc_hp, m, l, v_dec, offs_m, offs_d, row_ok, d_ok, q_lim, b, h, pid_bh, tq, strides,
                      o_ptr, o_hp_ptr, lse_ptr, m_ptr, QUANTIZE_P, P_ROW_RANGE, QKV_TENSOR, SOFT_BF16, RESIDUALS)

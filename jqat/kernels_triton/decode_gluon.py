@@ -43,6 +43,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
+from jqat.kernels_triton import decode as kdec
 from jqat.kernels_triton.attention_common import LOG2_P_ROW_RANGE, LOG2E
 from jqat.kernels_triton.nvfp4 import fq_probs, fq_tile
 
@@ -94,7 +95,7 @@ def mma_layout():
 def k_words_layout(head_dim, pairs):
   """K code words, ``[64 keys, nw]`` (``pairs``: ``[64, nb, 2]``, word = 2 pair + word in pair): thread ``(g, t)``
   holds the ``nw / 4`` words from ``t * nw / 4`` of keys ``8 g + 2 mt + h`` (mt < 4, h < 2): the A operand of
-  ``S^T = K Q^T``, whose rows ``m = g + 8 h + 16 mt`` are those keys (:func:`_keys_to_rows`)."""
+  ``S^T = K Q^T``, whose rows ``m = g + 8 h + 16 mt`` are those keys (:func:`_key_rows`)."""
   if head_dim == 128:
     reg, lane = [(0, 1), (0, 2), (1, 0), (2, 0), (4, 0)], [(0, 4), (0, 8), (8, 0), (16, 0), (32, 0)]
   else:
@@ -190,6 +191,24 @@ BLOCKED_Q = gl.constexpr(gl.BlockedLayout([1, 8], [2, 16], [1, 1], [1, 0]))
 # ----------------------------------------------------------------------------- device functions
 
 
+def _nibbles_asm(select: int, low: tuple, high: tuple) -> str:
+  """PTX of one byte permute of :func:`_dequant_pairs` (``prmt`` selector ``select``) and the four conversions of
+  its low and high nibbles into output registers ``low`` and ``high``."""
+  return (f"prmt.b32 p, $8, $9, {select:#x};\n"
+          "shl.b32 t, p, 4; and.b32 t, t, 0x80808080; shl.b32 l, p, 2; and.b32 l, l, 0x1C1C1C1C; or.b32 l, l, t;\n"
+          "shr.u32 h, p, 2; and.b32 h, h, 0x1C1C1C1C; and.b32 t, p, 0x80808080; or.b32 h, h, t;\n"
+          "mov.b32 {l0, l1}, l; mov.b32 {h0, h1}, h;\n"
+          f"cvt.rn.f16x2.e4m3x2 ${low[0]}, l0; cvt.rn.f16x2.e4m3x2 ${low[1]}, l1;\n"
+          f"cvt.rn.f16x2.e4m3x2 ${high[0]}, h0; cvt.rn.f16x2.e4m3x2 ${high[1]}, h1;\n")
+
+
+# Bytes 0, 1 of both words into outputs 0, 1 (low nibbles) and 4, 5 (high), bytes 2, 3 into 2, 3 and 6, 7; then the
+# scale multiply of all eight.
+_DEQUANT_PAIRS_ASM = gl.constexpr(
+    "{\n.reg .b32 p, l, h, t;\n.reg .b16 l0, l1, h0, h1;\n" + _nibbles_asm(0x5140, (0, 1), (4, 5))
+    + _nibbles_asm(0x7362, (2, 3), (6, 7)) + "".join(f"mul.rn.f16x2 ${i}, ${i}, $10;\n" for i in range(8)) + "}")
+
+
 @gluon.jit
 def _dequant_pairs(words, scales):
   """Dequantized values of int32 code ``words`` (4 code bytes each, element ``2i`` of a byte in its low nibble) times
@@ -202,24 +221,7 @@ def _dequant_pairs(words, scales):
   elements, as the tensor cores take it. A nibble ``s e e m`` becomes the E4M3 byte ``s 0 0 e e m 0 0``
   (``E2M1 * 2**-6``; exponent 0 is the subnormal 0.5 * 2**-6), as in the Triton kernel's E4M3-conversion path."""
   return gl.inline_asm_elementwise(
-      asm="""{
-      .reg .b32 p, l, h, t;
-      .reg .b16 l0, l1, h0, h1;
-      prmt.b32 p, $8, $9, 0x5140;
-      shl.b32 t, p, 4; and.b32 t, t, 0x80808080; shl.b32 l, p, 2; and.b32 l, l, 0x1C1C1C1C; or.b32 l, l, t;
-      shr.u32 h, p, 2; and.b32 h, h, 0x1C1C1C1C; and.b32 t, p, 0x80808080; or.b32 h, h, t;
-      mov.b32 {l0, l1}, l; mov.b32 {h0, h1}, h;
-      cvt.rn.f16x2.e4m3x2 $0, l0; cvt.rn.f16x2.e4m3x2 $1, l1;
-      cvt.rn.f16x2.e4m3x2 $4, h0; cvt.rn.f16x2.e4m3x2 $5, h1;
-      prmt.b32 p, $8, $9, 0x7362;
-      shl.b32 t, p, 4; and.b32 t, t, 0x80808080; shl.b32 l, p, 2; and.b32 l, l, 0x1C1C1C1C; or.b32 l, l, t;
-      shr.u32 h, p, 2; and.b32 h, h, 0x1C1C1C1C; and.b32 t, p, 0x80808080; or.b32 h, h, t;
-      mov.b32 {l0, l1}, l; mov.b32 {h0, h1}, h;
-      cvt.rn.f16x2.e4m3x2 $2, l0; cvt.rn.f16x2.e4m3x2 $3, l1;
-      cvt.rn.f16x2.e4m3x2 $6, h0; cvt.rn.f16x2.e4m3x2 $7, h1;
-      mul.rn.f16x2 $0, $0, $10; mul.rn.f16x2 $1, $1, $10; mul.rn.f16x2 $2, $2, $10; mul.rn.f16x2 $3, $3, $10;
-      mul.rn.f16x2 $4, $4, $10; mul.rn.f16x2 $5, $5, $10; mul.rn.f16x2 $6, $6, $10; mul.rn.f16x2 $7, $7, $10;
-      }""",
+      asm=_DEQUANT_PAIRS_ASM,
       constraints="=r,=r,=r,=r,=r,=r,=r,=r,r,r,r", args=[words, scales], dtype=(gl.float16, ) * 8, is_pure=True,
       pack=2)
 
@@ -260,21 +262,14 @@ def _q_order(q, HEAD_DIM: gl.constexpr):
 
 
 @gluon.jit
-def _keys_to_rows(x):
-  """``x [64 keys, C]`` as ``[64 rows m, C]``: row ``m = g + 8 h + 16 mt`` of ``S^T`` is key ``kappa(m) = 8 g + 2 mt +
-  h`` (:func:`k_words_layout`)."""
+def _key_rows(x, TO_ROWS: gl.constexpr):
+  """``x [64 keys, C]`` as ``[64 rows m, C]`` (TO_ROWS), or back: row ``m = g + 8 h + 16 mt`` of ``S^T`` is key
+  ``kappa(m) = 8 g + 2 mt + h`` (:func:`k_words_layout`)."""
   c: gl.constexpr = x.shape[1]
-  x = gl.reshape(x, [8, 4, 2, c])  # g, mt, h
-  x = gl.permute(x, [1, 2, 0, 3])  # mt, h, g
-  return gl.reshape(x, [64, c])
-
-
-@gluon.jit
-def _rows_to_keys(x):
-  """The inverse of :func:`_keys_to_rows`."""
-  c: gl.constexpr = x.shape[1]
-  x = gl.reshape(x, [4, 2, 8, c])  # mt, h, g
-  x = gl.permute(x, [2, 0, 1, 3])  # g, mt, h
+  if TO_ROWS:
+    x = gl.permute(gl.reshape(x, [8, 4, 2, c]), [1, 2, 0, 3])  # (g, mt, h) -> (mt, h, g)
+  else:
+    x = gl.permute(gl.reshape(x, [4, 2, 8, c]), [2, 0, 1, 3])  # (mt, h, g) -> (g, mt, h)
   return gl.reshape(x, [64, c])
 
 
@@ -337,16 +332,10 @@ def _e4m3_to_f16(b):
 @gluon.jit
 def _tile_base(b, kvh, tile, pt_ptr, pages_per_seq, num_pages, stride_p, stride_k, T: gl.constexpr,
                PAGE_SIZE: gl.constexpr, live):
-  """Offset (int64 elements) of key 0 of KV tile ``tile`` of sequence ``b``, KV head ``kvh``: contiguous
-  ``b * stride_p + 64 tile * T``, or through the page table (a tile lies in one page: PAGE_SIZE % 64 == 0; page ids
-  are clamped into the pool, as in the Triton kernel). ``live``: the tile is read (its page id is loaded)."""
-  key0 = tile * 64
-  if PAGE_SIZE > 0:
-    page = gl.load(pt_ptr + b.to(gl.int64) * pages_per_seq + key0 // PAGE_SIZE, mask=live, other=0)
-    page = gl.minimum(gl.maximum(page, 0), num_pages - 1).to(gl.int64)
-    return page * stride_p + (key0 % PAGE_SIZE).to(gl.int64) * T + kvh.to(gl.int64) * stride_k
-  else:
-    return b.to(gl.int64) * stride_p + key0.to(gl.int64) * T + kvh.to(gl.int64) * stride_k
+  """Offset (int64 elements) of key 0 of KV tile ``tile`` of sequence ``b``, KV head ``kvh``: the Triton kernel's
+  row offset of that key (``decode._cache_rows``; a tile lies in one page, PAGE_SIZE % 64 == 0). ``live``: the tile
+  is read (its page id is loaded)."""
+  return kdec._cache_rows(b, kvh, tile * 64, live, pt_ptr, pages_per_seq, num_pages, stride_p, T, stride_k, PAGE_SIZE)
 
 
 @gluon.jit
@@ -388,7 +377,7 @@ def _scores(kc_s, ks_s, qt, HEAD_DIM: gl.constexpr, R: gl.constexpr):
   ksc = gl.convert_layout(_e4m3_to_f16(ks_s.load(k_scales_layout(HEAD_DIM))), gl.SliceLayout(2, KW3),
                           assert_trivial=True)
   ksc = gl.broadcast(gl.expand_dims(ksc, 2), gl.full([64, NB, 2], 0, gl.float16, layout=KW3))[0]
-  kk = _keys_to_rows(_k_order(_values(_dequant_pairs(kw, ksc)), HEAD_DIM))
+  kk = _key_rows(_k_order(_values(_dequant_pairs(kw, ksc)), HEAD_DIM), True)
   kk = gl.convert_layout(kk, gl.DotOperandLayout(0, MMA, 2), assert_trivial=True)
   return mma_v2(kk, qt, gl.zeros([64, R], gl.float32, layout=MMA))
 
@@ -410,9 +399,9 @@ def _probs(s, tile, kappa, limit, m, qk_scale, R: gl.constexpr, P_ROW_RANGE: gl.
   else:
     p = gl.exp2(s - m_safe[None, :])
   alpha = gl.exp2(m - m_safe)
-  pq = gl.permute(_rows_to_keys(p), [1, 0])  # [R, 64 keys]: fq_probs' blocks of 16 keys
+  pq = gl.permute(_key_rows(p, False), [1, 0])  # [R, 64 keys]: fq_probs' blocks of 16 keys
   pq = fq_probs(pq, R, 64, HW_E4M3, HW_E2M1).to(gl.float16)  # exact
-  pq = _keys_to_rows(gl.permute(pq, [1, 0]))
+  pq = _key_rows(gl.permute(pq, [1, 0]), True)
   return m_new, alpha, p, gl.convert_layout(_transpose8(pq), gl.DotOperandLayout(1, mma_layout(), 2),
                                             assert_trivial=True)
 
@@ -439,19 +428,17 @@ def decode_split_kernel(
     q_ptr, kc_ptr, ks_ptr, vc_ptr, vs_ptr, kv_len_ptr, pt_ptr,
     scale, tq, group, kv_heads, rows, row_blocks, capacity, pages_per_seq, num_pages,
     stride_qb, stride_qt, stride_qn, stride_ob, stride_ot, stride_on,
-    stride_kcp, stride_kct, stride_kck, stride_ksp, stride_kst, stride_ksk,
-    stride_vcp, stride_vct, stride_vck, stride_vsp, stride_vst, stride_vsk,
+    stride_kcp, stride_kck, stride_ksp, stride_ksk, stride_vcp, stride_vck, stride_vsp, stride_vsk,
     o_ptr, part_acc_ptr, part_ml_ptr,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, PAGE_SIZE: gl.constexpr,
     IS_CAUSAL: gl.constexpr, SPLITS: gl.constexpr, QUANTIZE_Q: gl.constexpr, QUANTIZE_P: gl.constexpr,
     P_ROW_RANGE: gl.constexpr, HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr, COMPILED: gl.constexpr,
-    CODE_ALIGN: gl.constexpr, SCALE_ALIGN: gl.constexpr, CVT: gl.constexpr = True,
-    KC_T: gl.constexpr = 0, KS_T: gl.constexpr = 0, VC_T: gl.constexpr = 0, VS_T: gl.constexpr = 0,
-    STAGES: gl.constexpr = 3):
-  """:func:`jqat.kernels_triton.decode.decode_split_kernel` (the same arguments and outputs, one warp) for the
-  launches :func:`supported` takes. ``row_blocks`` is 1 (BLOCK_M of 8 or 16 holds every row); KC_T .. VS_T: the
-  token strides of the four cache tensors (``stride_kct`` ..) as constants; STAGES: KV tiles in shared memory (the
-  copies of the next STAGES - 1 in flight while one is computed)."""
+    CODE_ALIGN: gl.constexpr, SCALE_ALIGN: gl.constexpr, KC_T: gl.constexpr, KS_T: gl.constexpr,
+    VC_T: gl.constexpr, VS_T: gl.constexpr, STAGES: gl.constexpr):
+  """:func:`jqat.kernels_triton.decode.decode_split_kernel` (the same outputs, one warp) for the launches
+  :func:`supported` takes. Its arguments but the four caches' token strides, which come as the constants KC_T ..
+  VS_T (immediate offsets of each thread's rows); ``row_blocks`` is 1 (BLOCK_M of 8 or 16 holds every row);
+  STAGES: KV tiles in shared memory (the copies of the next STAGES - 1 in flight while one is computed)."""
   gl.static_assert(HEAD_DIM == 64 or HEAD_DIM == 128, "D of 64 or 128")
   gl.static_assert(BLOCK_N == 64, "KV tiles of 64 keys")
   gl.static_assert(BLOCK_M == 8 or BLOCK_M == 16, "8 or 16 query rows a program")
