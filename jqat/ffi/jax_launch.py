@@ -58,8 +58,8 @@ def execute(plan: plans.Plan, *arrays, launcher: str | None = None) -> tuple:
     out_shape = tuple(jax.ShapeDtypeStruct(plan.buffers[o].shape, plan.buffers[o].dtype) for o in launch.outputs)
     # Both launchers number aliased inputs among the array operands (scalars are not operands).
     aliases = {sum(isinstance(a, plans.Ref) for a in launch.args[:i]): o for i, o in launch.aliases}
-    if launcher == "callback" or _is_gluon(launch.kernel):  # jax-triton cannot compile a Gluon kernel
-      res = callback_launch.launch(launch, args, out_shape, aliases, target("callback"))
+    if launcher == "callback":
+      res = callback_launch.launch(launch, args, out_shape, aliases, target(launcher))
     else:
       res = triton_call(*args, kernel=launch.kernel, out_shape=out_shape if len(out_shape) > 1 else out_shape[0],
                         grid=launch.grid, num_warps=launch.num_warps, num_stages=launch.num_stages,
@@ -67,10 +67,6 @@ def execute(plan: plans.Plan, *arrays, launcher: str | None = None) -> tuple:
       res = res if len(out_shape) > 1 else (res,)
     env.update(zip(launch.outputs, res))
   return tuple(env[o] for o in plan.outputs)
-
-
-def _is_gluon(kernel) -> bool:
-  return getattr(kernel, "is_gluon", lambda: False)()
 
 
 def fold_batch(fun, num_args: int):

@@ -14,6 +14,7 @@ caching allocator, which a capture serves from the graph's pool). CPU tensors go
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -60,7 +61,7 @@ def _jax_cache(cache):
 
 
 @functools.cache
-def _decode_plan(descriptions, opts, target, paged: bool, out_strides, kernel: str):
+def _decode_plan(descriptions, opts, target, paged: bool, out_strides, kernel: str | None):
   plans, _ = _launcher()
   q, kc, ks, vc, vs, kv_len, *table = descriptions
   return plans.decode_attention(q, kc, ks, vc, vs, kv_len, opts, target, page_table=table[0] if paged else None,
@@ -102,17 +103,16 @@ def decode_attention(q, k_cache, v_cache, kv_lengths, *, page_table=None, scale=
                                  quantize_qkv=quantize_qkv, quantize_p=quantize_p, p_scale=p_scale)
   if out is None:
     out = torch.empty((b, n, tq, d), dtype=q.dtype, device=q.device)
-  _, launch = _launcher()
+  plans, launch = _launcher()
   views = dict(q=tt.btnh(q), k_codes=k_cache[0], k_scales=k_cache[1], v_codes=v_cache[0], v_scales=v_cache[1],
                kv_len=kv_lengths, o=tt.btnh(out))
   names = ("q", "k_codes", "k_scales", "v_codes", "v_scales", "kv_len")
   if page_table is not None:
     views["page_table"] = page_table
     names += ("page_table",)
-  descriptions = tuple(launch.describe(views[name]) for name in names)
-  plans, _ = _launcher()
-  kernel = plans.decode_kernel(*descriptions[:5], opts, launch.target(q), paged=page_table is not None)
-  plan = _decode_plan(descriptions, opts, launch.target(q), page_table is not None, tuple(views["o"].stride()), kernel)
+  # The kernel choice is made once per plan; JQAT_DECODE_KERNEL's value is part of the plan's key.
+  plan = _decode_plan(tuple(launch.describe(views[name]) for name in names), opts, launch.target(q),
+                      page_table is not None, tuple(views["o"].stride()), os.environ.get(plans.DECODE_KERNEL_ENV))
   views.update(launch.allocate(plan, plan.scratch, q.device))
   launch.execute(plan, views)
   return out
