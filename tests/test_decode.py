@@ -439,6 +439,23 @@ def test_gluon_kernel_matches_triton_kernel_gpu(paged, p_scale, decode_kernel):
   assert_close(outs["gluon"], outs["triton"], rel=O_BOUND / 4, name=f"gluon vs triton ({p_scale}, paged {paged})")
 
 
+@pytest.mark.gpu
+def test_gluon_kernel_is_a_custom_call_gpu(decode_kernel, monkeypatch):
+  """Under jax.jit the Gluon split kernel is a jax-triton custom call like the combine launch (jqat's wrapper of
+  jax-triton compiles Gluon kernels), not a host callback: the default launcher keeps partitioning rules and CUDA
+  graphs for it."""
+  from jqat.ffi import callback_launch
+
+  monkeypatch.delenv(callback_launch.ENV, raising=False)
+  decode_kernel("gluon")
+  b, t, kh, d = 2, 1024, 2, 128
+  kc, vc = jqat.init_kv_cache((b, t, kh, d)), jqat.init_kv_cache((b, t, kh, d))
+  q, lengths = _values((b, 1, 8, d), 3), jnp.full((b,), t, jnp.int32)
+  text = jax.jit(lambda q, kc, vc, n: jqat.decode_attention(q, kc, vc, n, num_splits=2, implementation="triton")
+                 ).lower(q, kc, vc, lengths).as_text()
+  assert text.count("triton_kernel_call") >= 2 and "callback" not in text
+
+
 def _check_gpu_case(case):
   b, tq, n, kh, t, d, splits, page_size, switches = case
   switches = dict(switches)

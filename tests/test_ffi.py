@@ -496,6 +496,40 @@ def test_disk_cache_with_jax_triton_031s_factory(monkeypatch, tmp_path):
 
 
 @pytest.mark.fresh_process  # a real compile: not in a process where the interpreter has run
+def test_gluon_kernel_through_jax_triton_031s_factory(monkeypatch, tmp_path):
+  """A Gluon kernel, which jax-triton 0.3.1's own compile cannot take (it builds a Triton ASTSource), is compiled by
+  jqat's wrapper with the same specialization and becomes the same kind of TritonKernel (PTX, jaxlib launches it as
+  any custom call); jax-triton's in-memory cache never sees it, and a new process reads it from disk."""
+  from triton.backends.compiler import GPUTarget
+  from triton.backends.nvidia.compiler import CUDABackend
+  from triton.experimental import gluon
+  from triton.experimental.gluon import language as gl
+
+  lib, made = _real_triton_lib(monkeypatch)
+  monkeypatch.setenv("JQAT_CACHE_DIR", str(tmp_path))
+
+  @gluon.jit
+  def twice(x_ptr, n, out_ptr, BLOCK: gl.constexpr):
+    i = gl.program_id(0) * BLOCK + gl.arange(0, BLOCK, layout=gl.BlockedLayout([1], [32], [4], [0]))
+    gl.store(out_ptr + i, gl.load(x_ptr + i, mask=i < n) * 2.0, mask=i < n)
+
+  args = (lambda device, cc: CUDABackend(GPUTarget("cuda", cc, 32)), "cuda", twice, ["*fp32", "i32", "*fp32"],
+          ((1, "i32", 1000),))
+  kw = {**_KW, "compute_capability": 90, "metaparams": {"BLOCK": 128}}
+  factory = lib.get_or_create_triton_kernel
+  tc._install_disk_cache()
+  kernel, attrs = lib.get_or_create_triton_kernel(*args, **kw)
+  name, num_warps, num_ctas, _, ptx, _, cc = kernel.ctor_args
+  assert (name, num_warps, num_ctas, cc) == ("twice", 4, 1, 90) and ".entry twice" in ptx
+  assert attrs == {(0,): [["tt.divisibility", 16]], (1,): [], (2,): [["tt.divisibility", 16]]}
+  assert not lib._COMPILED_KERNEL_CACHE, "jax-triton's own compile ran on a Gluon kernel"
+  lib.get_or_create_triton_kernel = factory  # a new process
+  tc._install_disk_cache()
+  kernel2, attrs2 = lib.get_or_create_triton_kernel(*args, **kw)
+  assert len(made) == 2 and kernel2.ctor_args == kernel.ctor_args and attrs2 == attrs
+
+
+@pytest.mark.fresh_process  # a real compile: not in a process where the interpreter has run
 def test_register_cap_through_jax_triton_031s_factory(monkeypatch, tmp_path):
   """A launch's register cap (``maxnreg``), which jax-triton 0.3.1 cannot pass to Triton, reaches the PTX
   (``.maxnreg``) through jqat's wrapper of its factory; the capped kernel is keyed apart from the uncapped one, in

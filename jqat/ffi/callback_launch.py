@@ -213,21 +213,18 @@ def build(fn, arg_types: tuple[str, ...], ones: tuple[int, ...], constexprs: tup
   """
   import triton  # noqa: PLC0415
   from triton.backends.compiler import GPUTarget  # noqa: PLC0415
-  from triton.compiler import ASTSource, make_backend  # noqa: PLC0415
+  from triton.compiler import ASTSource  # noqa: PLC0415
 
   if getattr(fn, "is_gluon", lambda: False)():  # a Gluon kernel is compiled from its own source type
     from triton.experimental.gluon._runtime import GluonASTSource as ASTSource  # noqa: PLC0415, N814
 
   _triton_cache_dir()
   target = GPUTarget("cuda", 10 * compute_capability[0] + compute_capability[1], 32)
-  backend = make_backend(target)
   params, given, n_args = tuple(fn.arg_names), dict(constexprs), len(arg_types)
   if len(params) < n_args or any(p not in given for p in params[n_args:]):
     raise ValueError(f"kernel {fn.__name__} takes {params}; the plan gives {n_args} arguments (outputs included) "
                      f"and the constexprs {sorted(given)}")
-  # jax-triton's specialization: every buffer 16-byte aligned ("D", what Triton's specializer says of a pointer
-  # divisible by 16), no scalar specialized beyond == 1 (""). Written out: the specializer imports torch.
-  attrs = {(i,): backend.parse_attr("D" if t.startswith("*") and aligned else "") for i, t in enumerate(arg_types)}
+  attrs = specialization(arg_types, target, aligned)
   constants = {params[i]: 1 for i in ones}
   constants.update({p: given[p] for p in params[n_args:]})
   signature = dict(zip(params, arg_types))  # parameter order, the order of the launcher's arguments
@@ -236,6 +233,16 @@ def build(fn, arg_types: tuple[str, ...], ones: tuple[int, ...], constexprs: tup
   if maxnreg:
     options["maxnreg"] = maxnreg
   return triton.compile(ASTSource(fn, signature, constexprs=constants, attrs=attrs), target=target, options=options)
+
+
+def specialization(arg_types: tuple[str, ...], target, aligned: bool = True) -> dict:
+  """jax-triton's specialization attributes of a kernel's arguments (Triton types ``arg_types``) on ``target`` (a
+  ``GPUTarget``): every buffer 16-byte aligned ("D", what Triton's specializer says of a pointer divisible by 16;
+  none with ``aligned=False``), no scalar specialized beyond == 1 (""). Written out: the specializer imports torch."""
+  from triton.compiler import make_backend  # noqa: PLC0415
+
+  backend = make_backend(target)
+  return {(i,): backend.parse_attr("D" if t.startswith("*") and aligned else "") for i, t in enumerate(arg_types)}
 
 
 def _run_compiled(kernel: _Kernel, grid: tuple[int, int, int], template: tuple, refs: tuple[int, ...],

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from jqat.ffi import callback_launch, partitioning
 from jqat.ffi import plan as plans
 from jqat.ffi.options import AttentionOptions
-from jqat.ffi.triton_call import triton_call
+from jqat.ffi.triton_call import compiles_gluon, triton_call
 
 
 @functools.cache
@@ -230,34 +230,23 @@ def _decode_fn(opts, config, paged: bool, launcher: str, kernel: str):
   return _no_vmap(fn, "decode_attention") if paged else fold_batch(fn, 6)
 
 
-# The callback launcher costs host time per launch (docs/PERFORMANCE.md, section 10) that the Gluon kernel's faster
-# read of the cache repays only on large caches: through jax.jit it was slower than the Triton kernel's custom call
-# on a 38 MB cache (64, 8, 1, 4096, 128) and 1.8x faster on a 302 MB one (8, 32, 8, 32768, 128) (docs/BENCHMARKS.md).
-GLUON_MIN_BYTES = 128 << 20
-
-
-def _cache_bytes(k_cache, v_cache) -> int:
-  return sum(math.prod(x.shape) * x.dtype.itemsize for x in (*k_cache, *v_cache))
-
-
 def decode_attention(query, k_cache, v_cache, kv_lengths, opts, page_table=None):
   """Decode attention on the GPU (``jqat.ffi.plan.decode_attention``): O [B, Tq, N, D] in the query dtype.
 
   query [B, Tq, N, D]; k_cache, v_cache: ``(codes, scales)``; kv_lengths [B] int32; page_table [B, P] int32 or None.
-  The Gluon split kernel (``jqat.ffi.plan.decode_kernel``) runs through the callback launcher (jax-triton compiles
-  Triton kernels only), so that op has no partitioning rule, as under ``JQAT_JAX_LAUNCHER=callback``: with more than
-  one device, and below ``GLUON_MIN_BYTES`` of cache, the automatic choice keeps the Triton kernel's custom call
-  (``JQAT_DECODE_KERNEL=gluon`` forces the Gluon kernel).
+  The Gluon split kernel (``jqat.ffi.plan.decode_kernel``) is a custom call like every other launch where jqat's
+  wrapper of jax-triton compiles Gluon kernels (``triton_call.compiles_gluon``: jax-triton 0.3.1); with another
+  jax-triton the automatic choice is the Triton kernel, and ``JQAT_DECODE_KERNEL=gluon`` runs the Gluon kernel
+  through the callback launcher (no partitioning rule there).
   """
   rows = query.shape[2] // k_cache[0].shape[2] * query.shape[1]
   launcher = callback_launch.launcher()
   kernel = plans.decode_kernel(dense(query), *map(dense, (*k_cache, *v_cache)), opts, target(launcher),
                                paged=page_table is not None)
-  automatic = os.environ.get(plans.DECODE_KERNEL_ENV, "auto") in ("", "auto")
-  if kernel == "gluon" and automatic and (jax.device_count() > 1 or _cache_bytes(k_cache, v_cache) < GLUON_MIN_BYTES):
-    kernel = "triton"
-  fn = _decode_fn(opts, plans.decode_config(rows), page_table is not None,
-                  "callback" if kernel == "gluon" else launcher, kernel)
+  if kernel == "gluon" and launcher == "jax-triton" and not compiles_gluon():
+    automatic = os.environ.get(plans.DECODE_KERNEL_ENV, "auto") in ("", "auto")
+    kernel, launcher = ("triton", launcher) if automatic else ("gluon", "callback")
+  fn = _decode_fn(opts, plans.decode_config(rows), page_table is not None, launcher, kernel)
   table = () if page_table is None else (page_table,)
   return fn(query, *k_cache, *v_cache, kv_lengths, *table)[0]
 

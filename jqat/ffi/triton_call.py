@@ -190,12 +190,21 @@ def _install_disk_cache():
     kwargs = {"num_warps": num_warps, "num_stages": num_stages, "num_ctas": num_ctas,
               "compute_capability": compute_capability, "enable_fp_fusion": enable_fp_fusion,
               "metaparams": metaparams, "dump": dump}
+    cc = compute_capability if compute_capability is not None else kernel_lib.get_compute_capability(0)
+    gluon = _is_gluon(fn)
+    if gluon:
+      if platform != "cuda":
+        raise ValueError(f"Gluon kernel {fn.__name__}: CUDA only, not {platform}")
+      compile_gluon = lambda: _compile_gluon(fn, arg_dtypes, scalar_args, num_warps, num_stages, num_ctas, cc,
+                                             metaparams, maxnreg)
     # Only CUDA's binary is text (PTX); on ROCm it is the path of a temporary file.
-    if platform != "cuda" and not maxnreg:
+    elif platform != "cuda" and not maxnreg:
       return factory(*args, **kwargs)
     if dump or not hasattr(fn, "cache_key") or platform != "cuda":
+      if gluon:
+        values, attrs = compile_gluon()
+        return _new_kernel(kernel_lib, values), attrs
       return _compile_recording(factory, kernel_lib, args, kwargs, bool(maxnreg))[0]
-    cc = compute_capability if compute_capability is not None else kernel_lib.get_compute_capability(0)
     # Scalars enter the compiled code only through their type and the ==1 / None specializations.
     scalars = tuple((i, t, v == 1, v is None) for i, t, v in scalar_args)
     material = repr(("jqat-kernel", _ENTRY_FORMAT, fn.cache_key, fn.arg_names, platform, tuple(arg_dtypes), scalars,
@@ -211,7 +220,12 @@ def _install_disk_cache():
       ctor_args, attrs = entry
       memo[key] = (_new_kernel(kernel_lib, ctor_args), attrs)
       return memo[key]
-    (kernel, attrs), made = _compile_recording(factory, kernel_lib, args, kwargs, bool(maxnreg))
+    if gluon:
+      values, attrs = compile_gluon()
+      kernel = _new_kernel(kernel_lib, values)
+      made = [(values, {}, kernel)]
+    else:
+      (kernel, attrs), made = _compile_recording(factory, kernel_lib, args, kwargs, bool(maxnreg))
     memo[key] = (kernel, attrs)
     # Nothing is built when jax-triton's in-memory cache already held the kernel; and
     # only values that built exactly the returned kernel may stand for it on disk.
@@ -226,6 +240,38 @@ def _install_disk_cache():
   # its own), as in jax-triton 0.3.1.
   cached._jqat_maxnreg = "_COMPILED_KERNEL_CACHE" in factory.__code__.co_names
   lib.get_or_create_triton_kernel = cached
+
+
+def compiles_gluon() -> bool:
+  """Whether :func:`triton_call` takes Gluon kernels: jax-triton's kernel factory is the one jqat wraps (0.3.1).
+  jax-triton builds a Triton ``ASTSource``, which cannot hold a Gluon kernel; the wrapper compiles those itself."""
+  jax_triton()
+  lib = sys.modules.get("jax_triton.triton_lib")
+  return bool(getattr(getattr(lib, "get_or_create_triton_kernel", None), "_jqat_disk_cache", False))
+
+
+def _is_gluon(fn) -> bool:
+  return bool(getattr(fn, "is_gluon", lambda: False)())
+
+
+def _compile_gluon(fn, arg_dtypes, scalar_args, num_warps: int, num_stages: int, num_ctas: int, cc: int,
+                   metaparams: dict, maxnreg: int):
+  """(``_KERNEL_FIELDS`` values, specialization attributes) of a Gluon kernel, compiled with jax-triton's
+  specialization (``callback_launch.build``: the same as jax-triton gives a Triton kernel), so that jaxlib launches it
+  as it launches jax-triton's kernels."""
+  from triton.backends.compiler import GPUTarget  # noqa: PLC0415
+
+  from jqat.ffi import callback_launch  # noqa: PLC0415  (it imports this module)
+
+  if num_ctas != 1 or any(v is None for _, _, v in scalar_args):
+    raise ValueError(f"Gluon kernel {fn.__name__}: one CTA a program and no None scalar, got num_ctas={num_ctas}")
+  ones = tuple(i for i, _, v in scalar_args if v == 1)
+  compiled = callback_launch.build(fn, tuple(arg_dtypes), ones, tuple(metaparams.items()), num_warps, num_stages,
+                                   divmod(cc, 10), maxnreg)
+  md = compiled.metadata
+  values = (md.name, num_warps, num_ctas, md.shared, compiled.asm["ptx"], compiled.asm.get("ttgir", ""), cc,
+            getattr(md, "global_scratch_size", 0) or 0, getattr(md, "global_scratch_align", 1) or 1)
+  return values, callback_launch.specialization(tuple(arg_dtypes), GPUTarget("cuda", cc, 32))
 
 
 def _with_maxnreg(backend_init_func, maxnreg: int):
