@@ -9,8 +9,9 @@ Per shape (B, N, K, T, D), new tokens Tq in {1, 4} and layout (contiguous, paged
 - ``jqat.attention`` (the training kernels' forward) on the BF16 cache, Tq = 4 bottom-right causal;
 - the write of Tq new tokens (``jqat.kv_cache_update``, donated).
 Bandwidth: the cache bytes a call reads (codes and scales of K and V over kv_lengths keys) per second, and that as a
-share of the H200's 4.8 TB/s. Caches are cycled between copies totalling at least 512 MB, so no call finds its cache
-in the 50 MB L2. Memory: bytes_in_use of the device before and after allocating each cache (packed and BF16).
+share of the device's HBM bandwidth (datasheet: H100 3.35 TB/s, H200 4.8). Caches are cycled between copies
+totalling at least 512 MB, so no call finds its cache in the 50 MB L2. Memory: bytes_in_use of the device before and
+after allocating each cache (packed and BF16).
 ``split_vs_one``: relative Frobenius distance of O with the default splits from O with one split (the numerics of the
 split walk, docs/NUMERICS.md). ``--sweep`` times launch configurations and split counts on two shapes.
 """
@@ -33,7 +34,12 @@ import jqat
 from jqat.ffi import plan as plans
 from jqat.ffi.options import default_num_splits
 
-HBM_TBPS = 4.8
+# HBM bandwidth by the vendor's datasheets (SXM parts), for the share of it a decode reads at.
+HBM_TBPS = {"H100": 3.35, "H200": 4.8}
+
+
+def hbm_tbps(device_kind: str) -> float | None:
+  return next((v for k, v in HBM_TBPS.items() if k in device_kind), None)
 ROWS = {"full": [(8, 32, 8, 32768, 128), (32, 32, 8, 8192, 128), (1, 32, 8, 131072, 128), (64, 8, 1, 4096, 128)],
         "quick": [(8, 32, 8, 32768, 128), (64, 8, 1, 4096, 128)]}
 PAGE_SIZE = 64
@@ -116,7 +122,8 @@ def bench_row(b, n, kh, t, d, tq, paged, copies_bytes=512 << 20):
   dec = jax.jit(lambda q, kc, vc, tb: jqat.decode_attention(q, kc, vc, lengths, page_table=tb, implementation="triton"))
   row["jqat_decode_ms"] = time_ms(dec, [(q, kc, vc, tb) for kc, vc, tb in caches])
   row["jqat_decode_tbps"] = packed_bytes / row["jqat_decode_ms"] / 1e9
-  row["hbm_share"] = row["jqat_decode_tbps"] / HBM_TBPS
+  peak = hbm_tbps(getattr(jax.devices()[0], "device_kind", ""))
+  row["hbm_share"] = row["jqat_decode_tbps"] / peak if peak else None
   one = jqat.decode_attention(q, *caches[0][:2], lengths, page_table=caches[0][2], num_splits=1,
                               implementation="triton")
   many = dec(q, *caches[0])
@@ -196,6 +203,7 @@ def main():
   result = {"benchmark": "decode", "command": f"python benchmarks/decode.py --rows {args.rows}"
              + (" --sweep" if args.sweep else ""),
       "date": time.strftime("%Y-%m-%d"), "device": getattr(dev, "device_kind", str(dev)),
+      "hbm_tbps": hbm_tbps(getattr(dev, "device_kind", "")),
       "jax": jax.__version__, "python": platform.python_version(), "rows": []}
   if args.sweep:
     result["sweep"] = sweep(ROWS["quick"])

@@ -51,8 +51,18 @@ TIMES = [
     (8, 32, 8, 32768, 128, 4, 0),
     (64, 8, 1, 4096, 128, 1, 0),
     (32, 32, 8, 8192, 128, 1, 0),
+    (1, 32, 8, 131072, 128, 1, 0),
     (8, 32, 8, 32768, 64, 1, 0),
 ]
+
+
+# --sweep: (B, N, K, T, D, Tq, page size) -> the (variant, splits) pairs timed, the default splits first.
+SWEEP = {
+    (8, 32, 8, 32768, 128, 1, 0): [("gluon_kg1_stages3", 16), ("gluon_kg1_stages3_memonly", 16),
+                                   ("gluon_kg1_stages3_computeonly", 16), ("gluon_kg8_stages3", 16),
+                                   ("gluon_kg4_stages3", 16), ("gluon_kg4_stages2", 16), ("gluon_memonly", 16),
+                                   ("gluon_computeonly", 16)],
+}
 
 
 def describe(shape, dtype):
@@ -61,18 +71,37 @@ def describe(shape, dtype):
 
 # Gluon launch parameters measured beside the default (decode_gluon.stages): two and three stages.
 VARIANTS = {"gluon": None, "gluon_stages2": 2, "gluon_stages3": 3}
+# --sweep's variants: the module knobs of decode_gluon (STAGES, KV_GROUP, PROBE) they set, by name:
+# gluon[_kg<G>][_stages<S>][_memonly | _computeonly] (the copies alone, the compute alone).
+PROBES = {"gluon_memonly": 1, "gluon_computeonly": 2}
+
+
+def _knobs(kernel: str) -> dict:
+  knobs = {"STAGES": VARIANTS.get(kernel), "KV_GROUP": None, "PROBE": 0}
+  for part in kernel.split("_")[1:]:
+    if part.startswith("kg"):
+      knobs["KV_GROUP"] = int(part[2:])
+    elif part.startswith("stages"):
+      knobs["STAGES"] = int(part[6:])
+    elif "gluon_" + part in PROBES:
+      knobs["PROBE"] = PROBES["gluon_" + part]
+  return knobs
 
 
 def make_plan(b, tq, n, kh, t, d, splits, page, causal, p_scale, kernel, target):
-  """The plan of one case; ``kernel`` "triton" or a key of VARIANTS."""
+  """The plan of one case; ``kernel`` "triton" or a Gluon variant (VARIANTS, or a --sweep name: :func:`_knobs`)."""
   from jqat.kernels_triton import decode_gluon
 
-  saved, decode_gluon.STAGES = decode_gluon.STAGES, VARIANTS.get(kernel)
+  knobs = _knobs(kernel) if kernel != "triton" else {}
+  saved = {k: getattr(decode_gluon, k) for k in knobs}
+  for k, v in knobs.items():
+    setattr(decode_gluon, k, v)
   try:
     return _make_plan(b, tq, n, kh, t, d, splits, page, causal, p_scale, "triton" if kernel == "triton" else "gluon",
                       target)
   finally:
-    decode_gluon.STAGES = saved
+    for k, v in saved.items():
+      setattr(decode_gluon, k, v)
 
 
 def _make_plan(b, tq, n, kh, t, d, splits, page, causal, p_scale, kernel, target):
@@ -196,7 +225,9 @@ def check(results, variants=("gluon",)):
       print(json.dumps(row), flush=True)
 
 
-def time_case(b, n, kh, t, d, tq, page, kernels=("triton", *VARIANTS), copies_bytes=512 << 20):
+def time_case(b, n, kh, t, d, tq, page, kernels=("triton", *VARIANTS), copies_bytes=512 << 20, split_counts=None):
+  """Times of each kernel at the default splits (keys ``{kernel}_ms``) and of each ``(kernel, splits)`` pair of
+  ``split_counts`` (keys ``{kernel}_s{splits}_ms``)."""
   import torch
 
   target = plans.Target(tuple(torch.cuda.get_device_capability()))
@@ -209,7 +240,9 @@ def time_case(b, n, kh, t, d, tq, page, kernels=("triton", *VARIANTS), copies_by
   row = dict(B=b, N=n, K=kh, T=t, D=d, Tq=tq, page_size=page, splits=splits, cache_bytes=packed)
   from jqat.ffi import torch_launch
 
-  for kernel in kernels:
+  runs = [(kernel, splits, kernel) for kernel in kernels]
+  runs += [(kernel, s, f"{kernel}_s{s}") for kernel, s in split_counts or ()]
+  for kernel, splits, name in runs:
     plan = make_plan(b, tq, n, kh, t, d, splits, page, True, "block", kernel, target)
     sets = []
     for kc, vc, table in caches:
@@ -238,8 +271,8 @@ def time_case(b, n, kh, t, d, tq, page, kernels=("triton", *VARIANTS), copies_by
       times.append(start.elapsed_time(end) / 40)
     ms = statistics.median(times)
     del graph
-    row[f"{kernel}_ms"] = ms
-    row[f"{kernel}_tbps"] = packed / ms / 1e9
+    row[f"{name}_ms"] = ms
+    row[f"{name}_tbps"] = packed / ms / 1e9
   if "triton_ms" in row and "gluon_ms" in row:
     row["speedup"] = row["triton_ms"] / row["gluon_ms"]
   print(json.dumps(row), flush=True)
@@ -253,11 +286,22 @@ def main():
   ap.add_argument("--time-only", action="store_true")
   ap.add_argument("--compile-only", action="store_true")
   ap.add_argument("--choice", default=None, help="write there the environment of the variant the tests should run")
+  ap.add_argument("--sweep", action="store_true", help="time the variants and split counts of SWEEP only")
   args = ap.parse_args()
   if args.compile_only:
     compile_only()
     return
   import torch
+
+  if args.sweep:
+    rows = [time_case(*case, kernels=(), split_counts=runs) for case, runs in SWEEP.items()]
+    with open(args.out, "w") as f:
+      json.dump({"benchmark": "decode_gluon --sweep", "date": time.strftime("%Y-%m-%d"),
+                 "device": torch.cuda.get_device_name(), "time": rows}, f, indent=1)
+    for r in rows:
+      print(r["B"], r["N"], r["K"], r["T"], r["D"], r["Tq"], " ".join(
+          f"{k[:-3]} {v:.4f}" for k, v in r.items() if k.endswith("_ms")))
+    return
 
   results = {"benchmark": "decode_gluon", "command": " ".join(["python benchmarks/decode_gluon.py"] + sys.argv[1:]),
              "date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(), "check": [], "time": []}

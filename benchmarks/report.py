@@ -4,12 +4,11 @@
       [--rows 0,3]
 
 Knows the JSON of attention.py (its rows, or ``--memory-only``), masks.py, kernel_times.py, sharding.py,
-rope_qdq.py, torch_rope_qdq.py, qat_matmul.py, compile_time.py, numerics_modes.py, decode.py and decode_gluon.py, by
-their keys. Prints a
-provenance line (the command, date, machine and software given, plus the device the JSON names) and the
-table; times in ms unless a header says otherwise. ``--rows`` keeps the rows of attention.py's JSON with those
-``row`` indices. Nothing is computed that the JSON does not hold, except
-ratios of two of its figures.
+rope_qdq.py, torch_rope_qdq.py, qat_matmul.py, compile_time.py, numerics_modes.py, decode.py, decode_gluon.py and
+decode_read.py, by their keys. Prints a provenance line (the command, date, machine and software given, plus the
+device the JSON names) and the table; times in ms unless a header says otherwise. ``--rows`` keeps the rows of
+attention.py's JSON with those ``row`` indices. Nothing is computed that the JSON does not hold, except ratios of two
+of its figures (and decode.py's share of the device's datasheet HBM bandwidth).
 """
 
 from __future__ import annotations
@@ -137,11 +136,23 @@ def qat_matmul(d):
   return _table(header, rows)
 
 
+# HBM bandwidth by the vendor's datasheets (SXM parts): benchmarks/decode.py's table, for JSON that predates its
+# "hbm_tbps" key.
+_HBM_TBPS = {"H100": 3.35, "H200": 4.8}
+
+
+def _hbm(d) -> float | None:
+  return d.get("hbm_tbps") or next((v for k, v in _HBM_TBPS.items() if k in d.get("device", "")), None)
+
+
 def decode(d):
   """benchmarks/decode.py: decode over the packed cache against cuDNN BF16 decode and jqat.attention on a BF16 cache
-  (their columns from the contiguous row of the same shape and Tq), the cache write, the split numerics."""
-  header = ["B, N, K, T, D", "Tq", "layout", "splits", "jqat decode", "TB/s (of 4.8)", "cuDNN BF16", "cuDNN / jqat",
-            "jqat.attention", "write", "split vs 1", "1 vs exact"]
+  (their columns from the contiguous row of the same shape and Tq), the cache write, the split numerics; the read's
+  share of the device's HBM bandwidth (datasheet)."""
+  peak = _hbm(d)
+  share = lambda tbps: f"{tbps:.2f}" + (f" ({100 * tbps / peak:.0f}%)" if peak else "")
+  header = ["B, N, K, T, D", "Tq", "layout", "splits", "jqat decode", f"TB/s (of {peak or '?'})", "cuDNN BF16",
+            "cuDNN / jqat", "jqat.attention", "write", "split vs 1", "1 vs exact"]
   bf16 = {(r["B"], r["N"], r["K"], r["T"], r["D"], r["Tq"]): r for r in d["rows"] if not r["paged"]}
   rows = []
   for r in d["rows"]:
@@ -149,7 +160,7 @@ def decode(d):
     c = bf16.get(key, {})
     cudnn, ms = c.get("cudnn_ms"), r["jqat_decode_ms"]
     rows.append([", ".join(map(str, key[:5])), r["Tq"], f"paged {r['page_size']}" if r["paged"] else "contiguous",
-                 r["num_splits"], _num(ms), f"{r['jqat_decode_tbps']:.2f} ({100 * r['hbm_share']:.0f}%)", _num(cudnn),
+                 r["num_splits"], _num(ms), share(r["jqat_decode_tbps"]), _num(cudnn),
                  "-" if cudnn is None else f"{cudnn / ms:.2f}x", _num(c.get("jqat_attention_ms")),
                  _num(r["jqat_write_ms"]), f"{r['split_vs_one']:.1e}",
                  "-" if "one_vs_exact" not in r else f"{r['one_vs_exact']:.1e}"])
@@ -176,7 +187,14 @@ def decode_gluon(d):
                               "-" if r.get("gluon_vs_oracle") is None else f"{r['gluon_vs_oracle']:.2e}",
                               "-" if r.get("triton_vs_oracle") is None else f"{r['triton_vs_oracle']:.2e}",
                               _num(r["ok"])] for r in d["check"]])
-  if d.get("time"):
+  if d.get("time") and "triton_ms" not in d["time"][0]:  # --sweep: each variant at its split count
+    rows = [[f"{r['B']}, {r['N']}, {r['K']}, {r['T']}, {r['D']}", r["Tq"],
+             f"paged {r['page_size']}" if r["page_size"] else "contiguous", k[:-3].rsplit("_s", 1)[0],
+             k[:-3].rsplit("_s", 1)[1], _num(v), _fixed(r[k[:-3] + "_tbps"], 2)]
+            for r in d["time"] for k, v in r.items() if k.endswith("_ms")]
+    lines += ([""] if lines else []) + _table(["B, N, K, T, D", "Tq", "layout", "variant", "splits", "ms", "TB/s"],
+                                              rows)
+  elif d.get("time"):
     variants = [k[:-3] for k in d["time"][0] if k.endswith("_ms") and k != "triton_ms"]
     header = (["B, N, K, T, D", "Tq", "layout", "splits", "Triton kernel"] + variants
               + [f"Triton / {v}" for v in variants] + [f"{v} TB/s" for v in variants])
@@ -188,6 +206,13 @@ def decode_gluon(d):
                   + [_fixed(r[f"{v}_tbps"], 2) for v in variants])
     lines += ([""] if lines else []) + _table(header, rows)
   return lines
+
+
+def decode_read(d):
+  """benchmarks/decode_read.py: the packed cache's bytes read by access pattern, no arithmetic."""
+  header = ["pattern", "scales too", "warps", "splits", "keys a step", "ms", "TB/s"]
+  return _table(header, [[r["pattern"], _num(r["scales"]), r["warps"], r["splits"], r["rows"], _num(r["ms"]),
+                          _fixed(r["tbps"], 2)] for r in d["rows"]])
 
 
 def compile_time(d):
@@ -221,7 +246,9 @@ def kind(d):
                      ("masks", "baseline_ms" in rows[0]), ("kernel_times", "cases" in d),
                      ("sharding", "speedup_vs_1" in rows[0] or "config" in rows[0]),
                      ("qat_matmul", "qat_fwdbwd_ms" in rows[0]), ("numerics_modes", "err_dv" in rows[0]),
-                     ("decode", "jqat_decode_ms" in rows[0]), ("decode_gluon", d.get("benchmark") == "decode_gluon"),
+                     ("decode", "jqat_decode_ms" in rows[0]),
+                     ("decode_gluon", str(d.get("benchmark", "")).startswith("decode_gluon")),
+                     ("decode_read", d.get("benchmark") == "decode_read"),
                      ("torch_rope_qdq", "copy_fraction" in results[0]),
                      ("rope_qdq", "speedup_vs_reference" in results[0]), ("compile_time", "warm" in d)]:
     if test:
@@ -231,7 +258,8 @@ def kind(d):
 
 RENDER = dict(attention=attention, memory=memory, masks=masks, kernel_times=kernel_times, sharding=sharding,
               rope_qdq=rope_qdq, torch_rope_qdq=torch_rope_qdq, qat_matmul=qat_matmul, compile_time=compile_time,
-              numerics_modes=numerics_modes, decode=decode, decode_gluon=decode_gluon)
+              numerics_modes=numerics_modes, decode=decode, decode_gluon=decode_gluon,
+              decode_read=decode_read)
 
 
 def report(d, command=None, date=None, machine=None, software=None, rows=None):

@@ -294,7 +294,8 @@ def test_default_splits_are_a_function_of_shapes():
   from jqat.ffi.options import default_num_splits
 
   assert default_num_splits(8, 8, 32768, 64) == 16
-  assert default_num_splits(1, 8, 131072, 64) == 64
+  assert default_num_splits(1, 8, 131072, 64) == 128
+  assert default_num_splits(1, 1, 1 << 20, 64) == 128  # MAX_SPLITS
   assert default_num_splits(64, 1, 4096, 64) == 8
   assert default_num_splits(32, 8, 64, 64) == 1
 
@@ -330,6 +331,7 @@ def _bad_cases():
       ("page_table entries must be page ids", dict(page_table=jnp.array([[0], [2]], jnp.int32))),
       ("page_table must be int32", dict(page_table=jnp.array([0, 1], jnp.int32))),
       ("num_splits must be in", dict(num_splits=0)),
+      (r"num_splits must be in \[1, 128\]", dict(num_splits=129)),
       ("num_splits must be None or an int", dict(num_splits=2.0)),
       ("block_n must be one of", dict(block_n=48)),
       ("is_causal must be a bool", dict(is_causal="yes")),

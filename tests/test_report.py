@@ -65,10 +65,22 @@ CASES = {
     ["0.4129", "1.08", "1.07", "3381 (3067)"],
   ),
   "decode": (
-    {"rows": [dict(B=8, N=32, K=8, T=32768, D=128, Tq=1, paged=False, page_size=None, num_splits=16,
-                   jqat_decode_ms=0.2769, jqat_decode_tbps=1.091, hbm_share=0.2273, cudnn_ms=0.2621,
-                   jqat_attention_ms=1.294, jqat_write_ms=0.1099, split_vs_one=0.048)]},
-    ["0.2769", "1.09 (23%)", "0.95x", "4.8e-02"],
+    {"device": "NVIDIA H100 80GB HBM3",
+     "rows": [dict(B=8, N=32, K=8, T=32768, D=128, Tq=1, paged=False, page_size=None, num_splits=16,
+                   jqat_decode_ms=0.1379, jqat_decode_tbps=2.19, hbm_share=0.4562, cudnn_ms=0.3679,
+                   jqat_attention_ms=1.484, jqat_write_ms=0.0569, split_vs_one=0.048)]},
+    ["0.1379", "TB/s (of 3.35)", "2.19 (65%)", "2.67x", "4.8e-02"],  # the share of the device's HBM, not the JSON's
+  ),
+  "decode_gluon": (
+    {"benchmark": "decode_gluon --sweep", "time": [dict(B=8, N=32, K=8, T=32768, D=128, Tq=1, page_size=0, splits=16,
+                                                       gluon_kg4_stages2_s16_ms=0.1284, gluon_kg4_stages2_s16_tbps=2.35,
+                                                       gluon_memonly_s16_ms=0.1215, gluon_memonly_s16_tbps=2.49)]},
+    ["gluon_kg4_stages2 | 16 | 0.1284 | 2.35", "gluon_memonly | 16 | 0.1215 | 2.49"],
+  ),
+  "decode_read": (
+    {"benchmark": "decode_read", "rows": [dict(pattern="per_row", scales=True, warps=8, splits=128, rows=32,
+                                               ms=0.1003, tbps=3.009, bytes=301989888)]},
+    ["per_row | yes | 8 | 128 | 32 | 0.1003 | 3.01"],
   ),
   "compile_time": ({"cold": dict(_START, first_result_s=11.28), "warm": _START}, ["11.28", "4.36", "2.64", "5 / 0"]),
   "numerics_modes": (

@@ -31,7 +31,7 @@ P_SCALES = ("block", "row")
 QKV_SCALES = ("block", "tensor")
 CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
 INT32_MAX = 2**31 - 1
-MAX_SPLITS = 64  # the most runs of KV tiles a decode walk is cut into
+MAX_SPLITS = 128  # the most runs of KV tiles a decode walk is cut into
 # p_scale="row": probabilities in [0, 1] are multiplied by this before fq, so a row's maximum (1) maps to
 # E2M1's 6 times E4M3's 448, the top of NVFP4's range (docs/NUMERICS.md). qkv_scale="tensor" maps each
 # (batch, head) amax of Q, K, V to the same value.
@@ -367,9 +367,9 @@ class DecodeOptions:
 
 
 def default_num_splits(batch: int, kv_heads: int, capacity: int, block_n: int) -> int:
-  """The decode walk's splits when ``num_splits=None``: enough (batch, KV head, split) programs for a large GPU
-  (about 1024, eight per SM of an H200), each run at least 8 tiles long, at most 64 runs. A function of shapes
-  alone, so every implementation and device computes the same function (the runs' own maxima decide fq(P))."""
+  """The decode walk's splits when ``num_splits=None``: enough (batch, KV head, split) walks for a large GPU (about
+  1024), each run at least 8 tiles long, at most MAX_SPLITS runs. A function of shapes alone, so every implementation
+  and device computes the same function (the runs' own maxima decide fq(P))."""
   programs = max(1, batch * kv_heads)
   tiles = -(-max(capacity, 1) // block_n)
   return int(max(1, min(-(-1024 // programs), tiles // 8, MAX_SPLITS)))

@@ -721,19 +721,24 @@ def decode_attention(q: Tensor, k_codes: Tensor, k_scales: Tensor, v_codes: Tens
       CODE_ALIGN=_pow2_divisor(k_codes.strides[:3] + v_codes.strides[:3]),
       SCALE_ALIGN=_pow2_divisor(k_scales.strides[:3] + v_scales.strides[:3]))
   cache_strides = tuple(s for t in cache for s in t.strides[:3])
-  if gluon:  # the token strides as constants (immediate offsets of each thread's rows), and the pipeline depth
+  if gluon:  # the token strides as constants (immediate offsets of each thread's rows), the pipeline depth, and
+    # one program per group of KV heads, a warp each
+    kv_group = kdg.kv_group(kh)
     constexprs.update(KC_T=k_codes.strides[1], KS_T=k_scales.strides[1], VC_T=v_codes.strides[1],
-                      VS_T=v_scales.strides[1], STAGES=kdg.stages(d, block_m))
+                      VS_T=v_scales.strides[1], STAGES=kdg.stages(d, block_m, kv_group), KV_GROUP=kv_group,
+                      PROBE=kdg.PROBE)
     cache_strides = tuple(s for t in cache for s in (t.strides[0], t.strides[2]))
+    grid, warps, stages = (programs // kv_group, splits), kv_group, 1
   else:
     constexprs.update(CVT=bool(c.cvt))
+    grid, warps, stages = (programs, splits), c.num_warps, c.num_stages
   split = Launch(
       "jqat_decode_split_gluon" if gluon else "jqat_decode_split",
-      kdg.decode_split_kernel if gluon else kdec.decode_split_kernel, (programs, splits),
+      kdg.decode_split_kernel if gluon else kdec.decode_split_kernel, grid,
       (Ref("q"), Ref("k_codes"), Ref("k_scales"), Ref("v_codes"), Ref("v_scales"), Ref("kv_len"),
        Ref("page_table" if page_table is not None else "kv_len"), float(opts.scale), tq, group, kh, rows, row_blocks,
        geo["capacity"], geo["pages_per_seq"], geo["num_pages"], *_s3(q), *strides[:3], *cache_strides),
-      split_outputs, constexprs, 1 if gluon else c.num_warps, 1 if gluon else c.num_stages)
+      split_outputs, constexprs, warps, stages)
   launches = (split,)
   if splits > 1:
     launches += (Launch(

@@ -10,8 +10,14 @@ gives them into the tensor cores' operand layouts through shared memory (docs/PE
 tensor has an explicit layout, chosen so that each thread loads exactly the code bytes of its own MMA operand
 fragments and no value moves between threads or through shared memory inside the KV loop.
 
-One warp per program; KV tiles of 64 keys copied into shared memory by cp.async, two or three stages deep
-(:func:`stages`), in layouts whose reads do not conflict (:func:`codes_smem_layout`). Per tile:
+One program per (sequence, group of KG KV heads, split), one warp per KV head (:func:`kv_group`: KG = 4 where the
+KV heads divide by 4). The warps of a program copy the KV tiles of their KV heads together, 64 keys at a time, into
+shared memory by cp.async, two or three stages deep (:func:`stages`): the group's part of each cache row (KG * D / 2
+code bytes, KG * D / 16 scale bytes) is read in one contiguous piece, where one warp alone would read D / 2 bytes of
+each row at the cache's token stride (docs/PERFORMANCE.md, section 10: that pattern caps the read well below what
+whole rows reach). Each warp then computes its own KV head from its slice of the tiles, in layouts whose reads do not
+conflict (:func:`codes_smem_layout`); tensors carry the KV head of the group as a leading axis, one warp each. Per
+tile and warp:
 
 - ``S^T = K Q^T`` (m16n8k16, FP16): the tile's keys are the M rows (in the order ``kappa``, :func:`k_words_layout`),
   the query rows the N columns (8 for up to 8 rows, else 16: no softmax work on 16 padded rows), Q^T a loop-invariant
@@ -50,15 +56,29 @@ from jqat.kernels_triton.nvfp4 import fq_probs, fq_tile
 BLOCK_N = 64  # keys per tile: the only tile the layouts below are written for
 HEAD_DIMS = (64, 128)
 MAX_ROWS = 16
-STAGES = None  # KV tiles in shared memory; None: stages(); set for measurements (benchmarks/decode_gluon.py)
+MAX_KV_GROUP = 4
+# Set for measurements (benchmarks/decode_gluon.py): KV tiles in shared memory (None: stages()); KV heads a program
+# takes (None: kv_group()); PROBE 1 runs the copies alone, 2 the compute alone (0: the kernel).
+STAGES = None
+KV_GROUP = None
+PROBE = 0
 
 
-def stages(head_dim: int, rows: int) -> int:
-  """KV tiles a program keeps in shared memory: 3 (two tiles' copies in flight) at D = 128 with up to 8 rows, else 2;
-  the faster of the two at each shape of benchmarks/decode_gluon.py on the H200 (docs/BENCHMARKS.md)."""
+def kv_group(kv_heads: int) -> int:
+  """KV heads a program takes, one warp each: the largest power of two up to MAX_KV_GROUP dividing ``kv_heads``."""
+  g = KV_GROUP or MAX_KV_GROUP
+  while kv_heads % g:
+    g //= 2
+  return g
+
+
+def stages(head_dim: int, rows: int, kv_group: int) -> int:
+  """KV tiles a program keeps in shared memory: 3 (two tiles' copies in flight) for one KV head at D = 128 with up to
+  8 rows, else 2 (groups of KV heads fit more programs per SM with two); the faster at each shape of
+  benchmarks/decode_gluon.py (docs/BENCHMARKS.md)."""
   if STAGES is not None:
     return STAGES
-  return 3 if head_dim == 128 and rows <= 8 else 2
+  return 3 if kv_group == 1 and head_dim == 128 and rows <= 8 else 2
 
 
 def supported(head_dim: int, rows: int, block_n: int, page_size: int, quantize_q: bool, quantize_p: bool,
@@ -81,18 +101,28 @@ def block_rows(rows: int) -> int:
 
 
 @gluon.constexpr_function
-def _lin(reg, lane, shape):
-  return gl.DistributedLinearLayout(reg_bases=[list(b) for b in reg], lane_bases=[list(b) for b in lane], warp_bases=[],
-                                    block_bases=[], shape=list(shape))
+def _warp_bases(kg, rank):
+  """One warp per index of a leading axis of size ``kg``."""
+  return [[1 << i] + [0] * rank for i in range(int(kg).bit_length() - 1)]
 
 
 @gluon.constexpr_function
-def mma_layout():
-  return gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
+def _lin(reg, lane, shape, kg):
+  """The linear layout of ``[kg] + shape``: warp ``w`` holds index ``w`` of the leading axis, and within it each
+  register and lane bit steps the trailing indices by ``reg`` and ``lane``."""
+  pad = lambda b: [0] + list(b)
+  return gl.DistributedLinearLayout(reg_bases=[pad(b) for b in reg], lane_bases=[pad(b) for b in lane],
+                                    warp_bases=_warp_bases(kg, len(shape)), block_bases=[],
+                                    shape=[int(kg)] + list(shape))
 
 
 @gluon.constexpr_function
-def k_words_layout(head_dim, pairs):
+def mma_layout(kg):
+  return gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[int(kg), 1, 1], instr_shape=[1, 16, 8])
+
+
+@gluon.constexpr_function
+def k_words_layout(head_dim, pairs, kg):
   """K code words, ``[64 keys, nw]`` (``pairs``: ``[64, nb, 2]``, word = 2 pair + word in pair): thread ``(g, t)``
   holds the ``nw / 4`` words from ``t * nw / 4`` of keys ``8 g + 2 mt + h`` (mt < 4, h < 2): the A operand of
   ``S^T = K Q^T``, whose rows ``m = g + 8 h + 16 mt`` are those keys (:func:`_key_rows`)."""
@@ -102,22 +132,22 @@ def k_words_layout(head_dim, pairs):
     reg, lane = [(0, 1), (1, 0), (2, 0), (4, 0)], [(0, 2), (0, 4), (8, 0), (16, 0), (32, 0)]
   if pairs:
     split = lambda b: (b[0], b[1] // 2, b[1] % 2)
-    return _lin([split(b) for b in reg], [split(b) for b in lane], (64, head_dim // 16, 2))
-  return _lin(reg, lane, (64, head_dim // 8))
+    return _lin([split(b) for b in reg], [split(b) for b in lane], (64, head_dim // 16, 2), kg)
+  return _lin(reg, lane, (64, head_dim // 8), kg)
 
 
 @gluon.constexpr_function
-def k_scales_layout(head_dim):
+def k_scales_layout(head_dim, kg):
   """K scales ``[64 keys, nb]`` as :func:`k_words_layout` needs them: the blocks of the thread's words."""
   if head_dim == 128:
     reg, lane = [(0, 1), (1, 0), (2, 0), (4, 0)], [(0, 2), (0, 4), (8, 0), (16, 0), (32, 0)]
   else:
     reg, lane = [(1, 0), (2, 0), (4, 0)], [(0, 1), (0, 2), (8, 0), (16, 0), (32, 0)]
-  return _lin(reg, lane, (64, head_dim // 16))
+  return _lin(reg, lane, (64, head_dim // 16), kg)
 
 
 @gluon.constexpr_function
-def v_words_layout(head_dim):
+def v_words_layout(head_dim, kg):
   """V code words as read, ``[64 keys, nw]``: thread ``(g, t)`` holds the words of block g (D = 128) or word g
   (D = 64) of keys ``16 t + 8 e + 2 c + h`` (the A operand of ``O^T = V^T P^T``; its column ``k = e + 2 t + 8 h +
   16 c`` is row ``k`` of ``S^T``, key ``kappa(k)``)."""
@@ -125,21 +155,21 @@ def v_words_layout(head_dim):
     reg, lane = [(0, 1), (8, 0), (1, 0), (2, 0), (4, 0)], [(16, 0), (32, 0), (0, 2), (0, 4), (0, 8)]
   else:
     reg, lane = [(8, 0), (1, 0), (2, 0), (4, 0)], [(16, 0), (32, 0), (0, 1), (0, 2), (0, 4)]
-  return _lin(reg, lane, (64, head_dim // 8))
+  return _lin(reg, lane, (64, head_dim // 8), kg)
 
 
 @gluon.constexpr_function
-def v_scales_layout(head_dim):
+def v_scales_layout(head_dim, kg):
   """V scales ``[64 keys, nb]`` as :func:`v_words_layout` needs them (D = 64: two lanes share a block)."""
   if head_dim == 128:
     lane = [(16, 0), (32, 0), (0, 1), (0, 2), (0, 4)]
   else:
     lane = [(16, 0), (32, 0), (0, 0), (0, 1), (0, 2)]
-  return _lin([(8, 0), (1, 0), (2, 0), (4, 0)], lane, (64, head_dim // 16))
+  return _lin([(8, 0), (1, 0), (2, 0), (4, 0)], lane, (64, head_dim // 16), kg)
 
 
 @gluon.constexpr_function
-def v_pairs_layout(head_dim, blocks):
+def v_pairs_layout(head_dim, blocks, kg):
   """:func:`v_words_layout` as ``[32 key pairs, nw, 2]``: pair ``p = h + 2 c + 8 t`` holds keys ``16 t + 2 c + h``
   and that key plus 8 (the two columns ``k, k + 1`` of a register of the A operand), the key in pair first in
   registers, as :func:`_dequant_pairs` reads them; ``blocks``: as ``[32, nb, 2, 2]`` (pair, block, word in block,
@@ -151,41 +181,48 @@ def v_pairs_layout(head_dim, blocks):
     reg, lane = [(0, 0, 1), (1, 0, 0), (2, 0, 0), (4, 0, 0)], [(8, 0, 0), (16, 0, 0), (0, 1, 0), (0, 2, 0), (0, 4, 0)]
   if blocks:
     split = lambda b: (b[0], b[1] // 2, b[1] % 2, b[2])
-    return _lin([split(b) for b in reg], [split(b) for b in lane], (32, head_dim // 16, 2, 2))
-  return _lin(reg, lane, (32, head_dim // 8, 2))
+    return _lin([split(b) for b in reg], [split(b) for b in lane], (32, head_dim // 16, 2, 2), kg)
+  return _lin(reg, lane, (32, head_dim // 8, 2), kg)
 
 
 @gluon.constexpr_function
-def codes_smem_layout(head_dim):
+def codes_smem_layout(head_dim, kg):
   """A tile of code words in shared memory, ``[64 keys, nw]``, so that neither operand's reads conflict: K's fragments
   read 16 (8) bytes of keys ``x + 8 g`` for g < 2 (g < 4) per 8 (16) lanes, V^T's read 8 (4) bytes of keys ``x + 16 t``
   (t < 4) per 16 (32) lanes. The physical row's bit 0 is ``n3 ^ n4`` and the 32-byte halves of a row swap where
   ``n5`` is set (D = 128: two rows of a 128-byte bank cycle); for D = 64 (four rows a cycle) its bits 0, 1 are
-  ``n3 ^ n5, n4``: the four 32-byte bank windows of each access are distinct. Bases: the logical ``(key, word)`` of
-  each bit of the word offset."""
+  ``n3 ^ n5, n4``: the four 32-byte bank windows of each access are distinct. Bases: the logical ``(head, key,
+  word)`` of each bit of the word offset; each KV head of the group ``[kg, 64 keys, nw]`` has its own tile above."""
   if head_dim == 128:
     bases = [[0, 1], [0, 2], [0, 4], [0, 8], [8, 0], [1, 0], [2, 0], [4, 0], [24, 0], [32, 8]]
   else:
     bases = [[0, 1], [0, 2], [0, 4], [8, 0], [16, 0], [1, 0], [2, 0], [4, 0], [40, 0]]
-  return gl.SharedLinearLayout(offset_bases=bases)
+  return gl.SharedLinearLayout(offset_bases=[[0] + b for b in bases] + _warp_bases(kg, 2))
 
 
 @gluon.constexpr_function
-def scales_smem_layout(head_dim):
-  """A tile of scale bytes in shared memory, ``[64 keys, nb]``, keys' bits 3..5 lowest: the eight keys ``x + 8 g``
-  that K's reads touch together are adjacent rows."""
+def scales_smem_layout(head_dim, kg):
+  """A tile of scale bytes in shared memory, ``[kg, 64 keys, nb]``, keys' bits 3..5 lowest: the eight keys ``x + 8 g``
+  that K's reads touch together are adjacent rows; each KV head's tile above the previous one."""
   byte = [[0, 1], [0, 2], [0, 4]][:(head_dim // 16).bit_length() - 1]
-  return gl.SharedLinearLayout(offset_bases=byte + [[8, 0], [16, 0], [32, 0], [1, 0], [2, 0], [4, 0]])
+  bases = byte + [[8, 0], [16, 0], [32, 0], [1, 0], [2, 0], [4, 0]]
+  return gl.SharedLinearLayout(offset_bases=[[0] + b for b in bases] + _warp_bases(kg, 2))
 
 
 @gluon.constexpr_function
-def copy_layout(width, vec):
-  """The global side of a tile's copy into shared memory: ``[64, width]`` elements, ``vec`` consecutive a thread."""
+def copy_layout(width, vec, kg):
+  """The global side of a tile's copy into shared memory: ``[kg heads, 64 keys, width]`` elements, ``vec``
+  consecutive a thread; the lanes of one copy instruction run along a cache row (the group's heads of a key, whose
+  bytes are contiguous in the cache) and the warps along the keys."""
   lanes = min(32, width // vec)
-  return gl.BlockedLayout([1, vec], [32 // lanes, lanes], [1, 1], [1, 0])
+  heads = min(32 // lanes, int(kg))
+  return gl.BlockedLayout([1, 1, vec], [heads, 32 // lanes // heads, lanes], [1, int(kg), 1], [2, 0, 1])
 
 
-BLOCKED_Q = gl.constexpr(gl.BlockedLayout([1, 8], [2, 16], [1, 1], [1, 0]))
+@gluon.constexpr_function
+def q_layout(kg):
+  """Q ``[kg, rows, D]`` as loaded: 16 bytes a thread along D, one warp per KV head."""
+  return gl.BlockedLayout([1, 1, 8], [1, 2, 16], [int(kg), 1, 1], [2, 1, 0])
 
 
 # ----------------------------------------------------------------------------- device functions
@@ -236,91 +273,103 @@ def _values(outs):
   return gl.join(lo, hi)
 
 
+# Every tensor below leads with the group's KV head (one warp each): the index relabellings act on the axes after it.
+
+
 @gluon.jit
 def _k_order(x, HEAD_DIM: gl.constexpr):
-  """``x [R, nb, 2 (word in pair), 2 (byte bit 0), 2 (byte bit 1), 2 (nibble)]`` as ``[R, D]`` in the order of the
-  reduction axis of ``S = Q K^T``, for K (:func:`k_words_layout`) and Q alike: k = wp + 2 pb1 + 4 pb2 + 8 bb0 + 16 bb1 +
-  32 pb0 + 64 nib for D = 128 (pb: the word pair's bits), k = wp + 2 pb0 + 4 pb1 + 8 bb0 + 16 bb1 + 32 nib for D = 64,
-  so that the register pairs of the operand are the two words of a pair and the thread bits of the fragment are the
-  pair's upper bits."""
-  r: gl.constexpr = x.shape[0]
+  """``x [G, R, nb, 2 (word in pair), 2 (byte bit 0), 2 (byte bit 1), 2 (nibble)]`` as ``[G, R, D]`` in the order of
+  the reduction axis of ``S = Q K^T``, for K (:func:`k_words_layout`) and Q alike: k = wp + 2 pb1 + 4 pb2 + 8 bb0 + 16
+  bb1 + 32 pb0 + 64 nib for D = 128 (pb: the word pair's bits), k = wp + 2 pb0 + 4 pb1 + 8 bb0 + 16 bb1 + 32 nib for
+  D = 64, so that the register pairs of the operand are the two words of a pair and the thread bits of the fragment
+  are the pair's upper bits."""
+  g: gl.constexpr = x.shape[0]
+  r: gl.constexpr = x.shape[1]
   if HEAD_DIM == 128:
-    x = gl.reshape(x, [r, 2, 2, 2, 2, 2, 2, 2])  # pb2, pb1, pb0, wp, bb0, bb1, nib
-    x = gl.permute(x, [0, 7, 3, 6, 5, 1, 2, 4])  # nib, pb0, bb1, bb0, pb2, pb1, wp
+    x = gl.reshape(x, [g, r, 2, 2, 2, 2, 2, 2, 2])  # pb2, pb1, pb0, wp, bb0, bb1, nib
+    x = gl.permute(x, [0, 1, 8, 4, 7, 6, 2, 3, 5])  # nib, pb0, bb1, bb0, pb2, pb1, wp
   else:
-    x = gl.reshape(x, [r, 2, 2, 2, 2, 2, 2])  # pb1, pb0, wp, bb0, bb1, nib
-    x = gl.permute(x, [0, 6, 5, 4, 1, 2, 3])  # nib, bb1, bb0, pb1, pb0, wp
-  return gl.reshape(x, [r, HEAD_DIM])
+    x = gl.reshape(x, [g, r, 2, 2, 2, 2, 2, 2])  # pb1, pb0, wp, bb0, bb1, nib
+    x = gl.permute(x, [0, 1, 7, 6, 5, 2, 3, 4])  # nib, bb1, bb0, pb1, pb0, wp
+  return gl.reshape(x, [g, r, HEAD_DIM])
 
 
 @gluon.jit
 def _q_order(q, HEAD_DIM: gl.constexpr):
-  """Q ``[R, D]`` (channel order) in :func:`_k_order`'s order: channel = 16 pair + 8 wp + 4 bb1 + 2 bb0 + nib."""
-  r: gl.constexpr = q.shape[0]
-  q = gl.reshape(q, [r, HEAD_DIM // 16, 2, 2, 2, 2])  # pair, wp, bb1, bb0, nib
-  return _k_order(gl.permute(q, [0, 1, 2, 4, 3, 5]), HEAD_DIM)
+  """Q ``[G, R, D]`` (channel order) in :func:`_k_order`'s order: channel = 16 pair + 8 wp + 4 bb1 + 2 bb0 + nib."""
+  g: gl.constexpr = q.shape[0]
+  r: gl.constexpr = q.shape[1]
+  q = gl.reshape(q, [g, r, HEAD_DIM // 16, 2, 2, 2, 2])  # pair, wp, bb1, bb0, nib
+  return _k_order(gl.permute(q, [0, 1, 2, 3, 5, 4, 6]), HEAD_DIM)
 
 
 @gluon.jit
 def _key_rows(x, TO_ROWS: gl.constexpr):
-  """``x [64 keys, C]`` as ``[64 rows m, C]`` (TO_ROWS), or back: row ``m = g + 8 h + 16 mt`` of ``S^T`` is key
+  """``x [G, 64 keys, C]`` as ``[G, 64 rows m, C]`` (TO_ROWS), or back: row ``m = g + 8 h + 16 mt`` of ``S^T`` is key
   ``kappa(m) = 8 g + 2 mt + h`` (:func:`k_words_layout`)."""
-  c: gl.constexpr = x.shape[1]
+  g: gl.constexpr = x.shape[0]
+  c: gl.constexpr = x.shape[2]
   if TO_ROWS:
-    x = gl.permute(gl.reshape(x, [8, 4, 2, c]), [1, 2, 0, 3])  # (g, mt, h) -> (mt, h, g)
+    x = gl.permute(gl.reshape(x, [g, 8, 4, 2, c]), [0, 2, 3, 1, 4])  # (g, mt, h) -> (mt, h, g)
   else:
-    x = gl.permute(gl.reshape(x, [4, 2, 8, c]), [2, 0, 1, 3])  # (mt, h, g) -> (g, mt, h)
-  return gl.reshape(x, [64, c])
+    x = gl.permute(gl.reshape(x, [g, 4, 2, 8, c]), [0, 3, 1, 2, 4])  # (mt, h, g) -> (g, mt, h)
+  return gl.reshape(x, [g, 64, c])
 
 
 @gluon.jit
 def _v_pairs(x):
-  """``x [64 keys, C]`` as ``[32 pairs, C, 2]``: pair ``h + 2 c + 8 t`` of keys ``16 t + 8 e + 2 c + h``, e < 2."""
-  c: gl.constexpr = x.shape[1]
-  x = gl.reshape(x, [4, 2, 8, c])  # t, e, (c, h)
-  x = gl.permute(x, [0, 2, 3, 1])
-  return gl.reshape(x, [32, c, 2])
+  """``x [G, 64 keys, C]`` as ``[G, 32 pairs, C, 2]``: pair ``h + 2 c + 8 t`` of keys ``16 t + 8 e + 2 c + h``,
+  e < 2."""
+  g: gl.constexpr = x.shape[0]
+  c: gl.constexpr = x.shape[2]
+  x = gl.reshape(x, [g, 4, 2, 8, c])  # t, e, (c, h)
+  x = gl.permute(x, [0, 1, 3, 4, 2])
+  return gl.reshape(x, [g, 32, c, 2])
 
 
 @gluon.jit
 def _v_transposed(x, HEAD_DIM: gl.constexpr):
-  """Dequantized V ``[32 pairs, nw, 2 (e), 2, 2, 2]`` (:func:`_values`) as ``V^T [m, k]``: column ``k = e + 2 t + 8 h
-  + 16 c`` (key ``16 t + 8 e + 2 c + h``, row k of ``S^T``); row m = wg + 8 nib + 16 bb0 + 32 bb1 + 64 w1 for D = 128
-  (word = 2 wg + w1), m = w + 8 nib + 16 bb0 + 32 bb1 for D = 64."""
+  """Dequantized V ``[G, 32 pairs, nw, 2 (e), 2, 2, 2]`` (:func:`_values`) as ``V^T [G, m, k]``: column ``k = e + 2 t
+  + 8 h + 16 c`` (key ``16 t + 8 e + 2 c + h``, row k of ``S^T``); row m = wg + 8 nib + 16 bb0 + 32 bb1 + 64 w1 for
+  D = 128 (word = 2 wg + w1), m = w + 8 nib + 16 bb0 + 32 bb1 for D = 64."""
+  g: gl.constexpr = x.shape[0]
   if HEAD_DIM == 128:
-    x = gl.reshape(x, [4, 4, 2, 8, 2, 2, 2, 2, 2])  # t, c, h, wg, w1, e, bb0, bb1, nib
-    x = gl.permute(x, [4, 7, 6, 8, 3, 1, 2, 0, 5])  # w1, bb1, bb0, nib, wg | c, h, t, e
+    x = gl.reshape(x, [g, 4, 4, 2, 8, 2, 2, 2, 2, 2])  # t, c, h, wg, w1, e, bb0, bb1, nib
+    x = gl.permute(x, [0, 5, 8, 7, 9, 4, 2, 3, 1, 6])  # w1, bb1, bb0, nib, wg | c, h, t, e
   else:
-    x = gl.reshape(x, [4, 4, 2, 8, 2, 2, 2, 2])  # t, c, h, w, e, bb0, bb1, nib
-    x = gl.permute(x, [6, 5, 7, 3, 1, 2, 0, 4])  # bb1, bb0, nib, w | c, h, t, e
-  return gl.reshape(x, [HEAD_DIM, 64])
+    x = gl.reshape(x, [g, 4, 4, 2, 8, 2, 2, 2, 2])  # t, c, h, w, e, bb0, bb1, nib
+    x = gl.permute(x, [0, 7, 6, 8, 4, 2, 3, 1, 5])  # bb1, bb0, nib, w | c, h, t, e
+  return gl.reshape(x, [g, HEAD_DIM, 64])
 
 
 @gluon.jit
 def _transpose8(p):
-  """``p [64, R]`` FP16 in the accumulator layout of ``S^T`` as the B operand of ``O^T = V^T P^T`` (the same tensor):
-  one ``movmatrix.trans`` per 8 x 8 block moves each thread's pair of rows of a key to its pair of keys of a row.
-  The instruction's result, read in the input's layout, is p with the low three bits of the row and column indices
-  swapped; the reshape and permute below undo that on the indices, so the value returned is p itself."""
-  r: gl.constexpr = p.shape[1]
+  """``p [G, 64, R]`` FP16 in the accumulator layout of ``S^T`` as the B operand of ``O^T = V^T P^T`` (the same
+  tensor): one ``movmatrix.trans`` per 8 x 8 block moves each thread's pair of rows of a key to its pair of keys of a
+  row. The instruction's result, read in the input's layout, is p with the low three bits of the row and column
+  indices swapped; the reshape and permute below undo that on the indices, so the value returned is p itself."""
+  g: gl.constexpr = p.shape[0]
+  r: gl.constexpr = p.shape[2]
   y = gl.inline_asm_elementwise(asm="movmatrix.sync.aligned.m8n8.trans.b16 $0, $1;", constraints="=r,r", args=[p],
                                 dtype=gl.float16, is_pure=False, pack=2)
-  y = gl.reshape(y, [8, 8, r // 8, 8])  # m_hi, m_lo, n_hi, n_lo
-  y = gl.permute(y, [0, 3, 2, 1])
-  return gl.reshape(y, [64, r])
+  y = gl.reshape(y, [g, 8, 8, r // 8, 8])  # m_hi, m_lo, n_hi, n_lo
+  y = gl.permute(y, [0, 1, 4, 3, 2])
+  return gl.reshape(y, [g, 64, r])
 
 
 @gluon.jit
 def _o_channels(acc, HEAD_DIM: gl.constexpr):
-  """``O^T [m, R]`` (m as in :func:`_v_transposed`) as ``O [R, D]`` in channel order (2 (4 word + byte) + nib)."""
-  r: gl.constexpr = acc.shape[1]
+  """``O^T [G, m, R]`` (m as in :func:`_v_transposed`) as ``O [G, R, D]`` in channel order (2 (4 word + byte) +
+  nib)."""
+  g: gl.constexpr = acc.shape[0]
+  r: gl.constexpr = acc.shape[2]
   if HEAD_DIM == 128:
-    x = gl.reshape(acc, [2, 2, 2, 2, 8, r])  # w1, bb1, bb0, nib, wg, row
-    x = gl.permute(x, [5, 4, 0, 1, 2, 3])  # row, wg, w1, bb1, bb0, nib
+    x = gl.reshape(acc, [g, 2, 2, 2, 2, 8, r])  # w1, bb1, bb0, nib, wg, row
+    x = gl.permute(x, [0, 6, 5, 1, 2, 3, 4])  # row, wg, w1, bb1, bb0, nib
   else:
-    x = gl.reshape(acc, [2, 2, 2, 8, r])  # bb1, bb0, nib, w, row
-    x = gl.permute(x, [4, 3, 0, 1, 2])  # row, w, bb1, bb0, nib
-  return gl.reshape(x, [r, HEAD_DIM])
+    x = gl.reshape(acc, [g, 2, 2, 2, 8, r])  # bb1, bb0, nib, w, row
+    x = gl.permute(x, [0, 5, 4, 1, 2, 3])  # row, w, bb1, bb0, nib
+  return gl.reshape(x, [g, r, HEAD_DIM])
 
 
 @gluon.jit
@@ -349,78 +398,91 @@ def _copy(dst, ptr, at, key, n_valid):
 
 @gluon.jit
 def _issue_tile(kc_s, ks_s, vc_s, vs_s, kc_ptr, ks_ptr, vc_ptr, vs_ptr, kc_at, ks_at, vc_at, vs_at, kc_key, ks_key,
-                vc_key, vs_key, b, kvh, tile, t_hi, kv_len, pt_ptr, pages_per_seq, num_pages, stride_kcp, stride_kck,
-                stride_ksp, stride_ksk, stride_vcp, stride_vck, stride_vsp, stride_vsk, KC_T: gl.constexpr,
-                KS_T: gl.constexpr, VC_T: gl.constexpr, VS_T: gl.constexpr, PAGE_SIZE: gl.constexpr):
-  """Starts the copies of KV tile ``tile`` (nothing past ``t_hi``: zero-filled) and commits them as one group."""
+                b, kvh0, tile, t_hi, kv_len, pt_ptr, pages_per_seq, num_pages, stride_kcp, stride_kck, stride_ksp,
+                stride_ksk, stride_vcp, stride_vck, stride_vsp, stride_vsk, KC_T: gl.constexpr, KS_T: gl.constexpr,
+                VC_T: gl.constexpr, VS_T: gl.constexpr, PAGE_SIZE: gl.constexpr):
+  """Starts the copies of KV tile ``tile`` of the group's KV heads (from ``kvh0``; nothing past ``t_hi``:
+  zero-filled) and commits them as one group."""
   live = tile < t_hi
   n_valid = gl.where(live, gl.minimum(kv_len - tile * 64, 64), 0)
-  _copy(kc_s, kc_ptr + _tile_base(b, kvh, tile, pt_ptr, pages_per_seq, num_pages, stride_kcp, stride_kck, KC_T,
+  _copy(kc_s, kc_ptr + _tile_base(b, kvh0, tile, pt_ptr, pages_per_seq, num_pages, stride_kcp, stride_kck, KC_T,
                                   PAGE_SIZE, live) // 4, kc_at, kc_key, n_valid)
-  _copy(ks_s, ks_ptr + _tile_base(b, kvh, tile, pt_ptr, pages_per_seq, num_pages, stride_ksp, stride_ksk, KS_T,
+  _copy(ks_s, ks_ptr + _tile_base(b, kvh0, tile, pt_ptr, pages_per_seq, num_pages, stride_ksp, stride_ksk, KS_T,
                                   PAGE_SIZE, live), ks_at, ks_key, n_valid)
-  _copy(vc_s, vc_ptr + _tile_base(b, kvh, tile, pt_ptr, pages_per_seq, num_pages, stride_vcp, stride_vck, VC_T,
-                                  PAGE_SIZE, live) // 4, vc_at, vc_key, n_valid)
-  _copy(vs_s, vs_ptr + _tile_base(b, kvh, tile, pt_ptr, pages_per_seq, num_pages, stride_vsp, stride_vsk, VS_T,
-                                  PAGE_SIZE, live), vs_at, vs_key, n_valid)
+  _copy(vc_s, vc_ptr + _tile_base(b, kvh0, tile, pt_ptr, pages_per_seq, num_pages, stride_vcp, stride_vck, VC_T,
+                                  PAGE_SIZE, live) // 4, vc_at, kc_key, n_valid)
+  _copy(vs_s, vs_ptr + _tile_base(b, kvh0, tile, pt_ptr, pages_per_seq, num_pages, stride_vsp, stride_vsk, VS_T,
+                                  PAGE_SIZE, live), vs_at, ks_key, n_valid)
   async_copy.commit_group()
 
 
 @gluon.jit
-def _scores(kc_s, ks_s, qt, HEAD_DIM: gl.constexpr, R: gl.constexpr):
-  """``S^T = K Q^T`` of the tile in shared memory ``kc_s``/``ks_s`` (FP32 ``[64, R]``; row m is key ``kappa(m)``):
-  K dequantized into the A operand, Q^T the B operand."""
-  NB: gl.constexpr = HEAD_DIM // 16
-  MMA: gl.constexpr = mma_layout()
-  KW3: gl.constexpr = k_words_layout(HEAD_DIM, True)
-  kw = gl.convert_layout(gl.reshape(kc_s.load(k_words_layout(HEAD_DIM, False)), [64, NB, 2]), KW3, assert_trivial=True)
-  ksc = gl.convert_layout(_e4m3_to_f16(ks_s.load(k_scales_layout(HEAD_DIM))), gl.SliceLayout(2, KW3),
-                          assert_trivial=True)
-  ksc = gl.broadcast(gl.expand_dims(ksc, 2), gl.full([64, NB, 2], 0, gl.float16, layout=KW3))[0]
-  kk = _key_rows(_k_order(_values(_dequant_pairs(kw, ksc)), HEAD_DIM), True)
-  kk = gl.convert_layout(kk, gl.DotOperandLayout(0, MMA, 2), assert_trivial=True)
-  return mma_v2(kk, qt, gl.zeros([64, R], gl.float32, layout=MMA))
+def _copy_offsets(layout: gl.constexpr, G: gl.constexpr, WIDTH: gl.constexpr, head_stride, key_stride):
+  """Loop-invariant offsets (int64 elements) of each thread's part of a tile's copy, ``[G, 64, WIDTH]`` in ``layout``
+  (int64: a sum in int32 would be sign-extended element by element), and the key of each, ``[1, 64, 1]``."""
+  head = gl.arange(0, G, layout=gl.SliceLayout(1, gl.SliceLayout(2, layout)))[:, None, None]
+  key = gl.arange(0, 64, layout=gl.SliceLayout(0, gl.SliceLayout(2, layout)))[None, :, None]
+  col = gl.arange(0, WIDTH, layout=gl.SliceLayout(0, gl.SliceLayout(1, layout)))[None, None, :]
+  return head.to(gl.int64) * head_stride + key.to(gl.int64) * key_stride + col.to(gl.int64), key
 
 
 @gluon.jit
-def _probs(s, tile, kappa, limit, m, qk_scale, R: gl.constexpr, P_ROW_RANGE: gl.constexpr, HW_E4M3: gl.constexpr,
-           HW_E2M1: gl.constexpr):
-  """The tile's softmax step and fq(P), as the Triton kernel computes them (on S^T: keys along axis 0): returns the
+def _scores(kc_s, ks_s, qt, HEAD_DIM: gl.constexpr, G: gl.constexpr, R: gl.constexpr):
+  """``S^T = K Q^T`` of each KV head's tile in shared memory ``kc_s``/``ks_s`` (FP32 ``[G, 64, R]``; row m is key
+  ``kappa(m)``): K dequantized into the A operand, Q^T the B operand."""
+  NB: gl.constexpr = HEAD_DIM // 16
+  MMA: gl.constexpr = mma_layout(G)
+  KW3: gl.constexpr = k_words_layout(HEAD_DIM, True, G)
+  kw = gl.convert_layout(gl.reshape(kc_s.load(k_words_layout(HEAD_DIM, False, G)), [G, 64, NB, 2]), KW3,
+                         assert_trivial=True)
+  ksc = gl.convert_layout(_e4m3_to_f16(ks_s.load(k_scales_layout(HEAD_DIM, G))), gl.SliceLayout(3, KW3),
+                          assert_trivial=True)
+  ksc = gl.broadcast(gl.expand_dims(ksc, 3), gl.full([G, 64, NB, 2], 0, gl.float16, layout=KW3))[0]
+  kk = _key_rows(_k_order(_values(_dequant_pairs(kw, ksc)), HEAD_DIM), True)
+  kk = gl.convert_layout(kk, gl.DotOperandLayout(0, MMA, 2), assert_trivial=True)
+  return mma_v2(kk, qt, gl.zeros([G, 64, R], gl.float32, layout=MMA))
+
+
+@gluon.jit
+def _probs(s, tile, kappa, limit, m, qk_scale, G: gl.constexpr, R: gl.constexpr, P_ROW_RANGE: gl.constexpr,
+           HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr):
+  """The tile's softmax step and fq(P), as the Triton kernel computes them (on S^T: keys along axis 1): returns the
   new running max, the rescale ``alpha`` of the old state, the probabilities (FP32, for l) and fq(P) as the B operand
   of ``O^T = V^T P^T``."""
   s = s * qk_scale
   kn = tile * 64 + kappa
-  s = gl.where(kn[:, None] < limit[None, :], s, float("-inf"))
-  m_new = gl.maximum(m, gl.max(s, axis=0))
+  s = gl.where(kn[None, :, None] < limit[:, None, :], s, float("-inf"))
+  m_new = gl.maximum(m, gl.max(s, axis=1))
   m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
   if P_ROW_RANGE > 0:
     gl.static_assert(P_ROW_RANGE == 6.0 * 448.0, "LOG2_P_ROW_RANGE is log2(6 * 448)")
-    p = gl.exp2(s - (m_safe - LOG2_P_ROW_RANGE)[None, :])
+    p = gl.exp2(s - (m_safe - LOG2_P_ROW_RANGE)[:, None, :])
   else:
-    p = gl.exp2(s - m_safe[None, :])
+    p = gl.exp2(s - m_safe[:, None, :])
   alpha = gl.exp2(m - m_safe)
-  pq = gl.permute(_key_rows(p, False), [1, 0])  # [R, 64 keys]: fq_probs' blocks of 16 keys
-  pq = fq_probs(pq, R, 64, HW_E4M3, HW_E2M1).to(gl.float16)  # exact
-  pq = _key_rows(gl.permute(pq, [1, 0]), True)
-  return m_new, alpha, p, gl.convert_layout(_transpose8(pq), gl.DotOperandLayout(1, mma_layout(), 2),
+  pq = gl.reshape(gl.permute(_key_rows(p, False), [0, 2, 1]), [G * R, 64])  # fq_probs' blocks of 16 keys
+  pq = fq_probs(pq, G * R, 64, HW_E4M3, HW_E2M1).to(gl.float16)  # exact
+  pq = _key_rows(gl.permute(gl.reshape(pq, [G, R, 64]), [0, 2, 1]), True)
+  return m_new, alpha, p, gl.convert_layout(_transpose8(pq), gl.DotOperandLayout(1, mma_layout(G), 2),
                                             assert_trivial=True)
 
 
 @gluon.jit
-def _pv(vc_s, vs_s, pt, acc, alpha, HEAD_DIM: gl.constexpr):
-  """``acc * alpha + V^T P^T`` for the tile in shared memory ``vc_s``/``vs_s``: V^T dequantized into the A operand."""
+def _pv(vc_s, vs_s, pt, acc, alpha, HEAD_DIM: gl.constexpr, G: gl.constexpr):
+  """``acc * alpha + V^T P^T`` for each KV head's tile in shared memory ``vc_s``/``vs_s``: V^T dequantized into the A
+  operand."""
   NB: gl.constexpr = HEAD_DIM // 16
   NW: gl.constexpr = HEAD_DIM // 8
-  VP4: gl.constexpr = v_pairs_layout(HEAD_DIM, True)
-  vw = gl.convert_layout(_v_pairs(vc_s.load(v_words_layout(HEAD_DIM))), v_pairs_layout(HEAD_DIM, False),
+  VP4: gl.constexpr = v_pairs_layout(HEAD_DIM, True, G)
+  vw = gl.convert_layout(_v_pairs(vc_s.load(v_words_layout(HEAD_DIM, G))), v_pairs_layout(HEAD_DIM, False, G),
                          assert_trivial=True)
-  vsc = _v_pairs(_e4m3_to_f16(vs_s.load(v_scales_layout(HEAD_DIM))))
-  vsc = gl.convert_layout(vsc, gl.SliceLayout(2, VP4), assert_trivial=True)
-  vsc = gl.broadcast(gl.expand_dims(vsc, 2), gl.full([32, NB, 2, 2], 0, gl.float16, layout=VP4))[0]
-  vsc = gl.reshape(vsc, [32, NW, 2])
+  vsc = _v_pairs(_e4m3_to_f16(vs_s.load(v_scales_layout(HEAD_DIM, G))))
+  vsc = gl.convert_layout(vsc, gl.SliceLayout(3, VP4), assert_trivial=True)
+  vsc = gl.broadcast(gl.expand_dims(vsc, 3), gl.full([G, 32, NB, 2, 2], 0, gl.float16, layout=VP4))[0]
+  vsc = gl.reshape(vsc, [G, 32, NW, 2])
   vt = _v_transposed(_values(_dequant_pairs(vw, vsc)), HEAD_DIM)
-  vt = gl.convert_layout(vt, gl.DotOperandLayout(0, mma_layout(), 2), assert_trivial=True)
-  return mma_v2(vt, pt, acc * alpha[None, :])
+  vt = gl.convert_layout(vt, gl.DotOperandLayout(0, mma_layout(G), 2), assert_trivial=True)
+  return mma_v2(vt, pt, acc * alpha[:, None, :])
 
 
 @gluon.jit
@@ -434,24 +496,26 @@ def decode_split_kernel(
     IS_CAUSAL: gl.constexpr, SPLITS: gl.constexpr, QUANTIZE_Q: gl.constexpr, QUANTIZE_P: gl.constexpr,
     P_ROW_RANGE: gl.constexpr, HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr, COMPILED: gl.constexpr,
     CODE_ALIGN: gl.constexpr, SCALE_ALIGN: gl.constexpr, KC_T: gl.constexpr, KS_T: gl.constexpr,
-    VC_T: gl.constexpr, VS_T: gl.constexpr, STAGES: gl.constexpr):
-  """:func:`jqat.kernels_triton.decode.decode_split_kernel` (the same outputs, one warp) for the launches
-  :func:`supported` takes. Its arguments but the four caches' token strides, which come as the constants KC_T ..
-  VS_T (immediate offsets of each thread's rows); ``row_blocks`` is 1 (BLOCK_M of 8 or 16 holds every row);
-  STAGES: KV tiles in shared memory (the copies of the next STAGES - 1 in flight while one is computed)."""
+    VC_T: gl.constexpr, VS_T: gl.constexpr, STAGES: gl.constexpr, KV_GROUP: gl.constexpr, PROBE: gl.constexpr):
+  """:func:`jqat.kernels_triton.decode.decode_split_kernel` (the same outputs) for the launches :func:`supported`
+  takes, one program per (sequence, group of KV_GROUP KV heads, split) on KV_GROUP warps: grid ``(B * K / KV_GROUP,
+  splits)``. Its arguments but the four caches' token strides, which come as the constants KC_T .. VS_T (immediate
+  offsets of each thread's rows); ``row_blocks`` is 1 (BLOCK_M of 8 or 16 holds every row); STAGES: KV tiles in
+  shared memory (the copies of the next STAGES - 1 in flight while one is computed); PROBE: :data:`PROBE`."""
   gl.static_assert(HEAD_DIM == 64 or HEAD_DIM == 128, "D of 64 or 128")
   gl.static_assert(BLOCK_N == 64, "KV tiles of 64 keys")
   gl.static_assert(BLOCK_M == 8 or BLOCK_M == 16, "8 or 16 query rows a program")
   gl.static_assert(QUANTIZE_Q and QUANTIZE_P and HW_E4M3 and COMPILED, "quantized Q and P, compiled sm_89+ code")
   gl.static_assert(PAGE_SIZE % 64 == 0, "pages of a multiple of 64 rows")
   gl.static_assert(KC_T % 4 == 0 and VC_T % 4 == 0, "code rows of whole words")
+  gl.static_assert(gl.num_warps() == KV_GROUP, "one warp per KV head of the group")
+  G: gl.constexpr = KV_GROUP
   NB: gl.constexpr = HEAD_DIM // 16
   NW: gl.constexpr = HEAD_DIM // 8
   R: gl.constexpr = BLOCK_M
-  MMA: gl.constexpr = mma_layout()
+  MMA: gl.constexpr = mma_layout(G)
   B_OP: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)
-  ROW: gl.constexpr = gl.SliceLayout(0, MMA)  # per query row, in the accumulators' layout
-  KEY: gl.constexpr = gl.SliceLayout(1, MMA)
+  ROW: gl.constexpr = gl.SliceLayout(1, MMA)  # [G, R]: per query row, in the accumulators' layout
   stride_qb, stride_qt, stride_qn = stride_qb // 16 * 16, stride_qt // 16 * 16, stride_qn // 16 * 16
   stride_ob, stride_ot, stride_on = stride_ob // 16 * 16, stride_ot // 16 * 16, stride_on // 16 * 16
   stride_kcp, stride_kck = stride_kcp // CODE_ALIGN * CODE_ALIGN, stride_kck // CODE_ALIGN * CODE_ALIGN
@@ -464,27 +528,35 @@ def decode_split_kernel(
   vs_ptr = vs_ptr.to(gl.pointer_type(gl.uint8), bitcast=True)
   pid = gl.program_id(0)
   split = gl.program_id(1)
-  kvh = pid % kv_heads
-  b = pid // (kv_heads * row_blocks)
+  groups = kv_heads // G
+  kvh0 = (pid % groups) * G
+  b = pid // groups
 
-  # Shared memory: STAGES tiles of each array, laid out so that the operands' reads do not conflict.
-  kc_s = gl.allocate_shared_memory(gl.int32, [STAGES, 64, NW], codes_smem_layout(HEAD_DIM))
-  vc_s = gl.allocate_shared_memory(gl.int32, [STAGES, 64, NW], codes_smem_layout(HEAD_DIM))
-  ks_s = gl.allocate_shared_memory(gl.uint8, [STAGES, 64, NB], scales_smem_layout(HEAD_DIM))
-  vs_s = gl.allocate_shared_memory(gl.uint8, [STAGES, 64, NB], scales_smem_layout(HEAD_DIM))
+  # fq(Q), once, before the tiles' shared memory is allocated (its layout conversion borrows shared memory): in
+  # channel order (the Triton kernel's fq_tile), then permuted to the products' reduction order and transposed: the
+  # B operand of S^T = K Q^T.
+  QL: gl.constexpr = q_layout(G)
+  hq = gl.arange(0, G, layout=gl.SliceLayout(1, gl.SliceLayout(2, QL)))[:, None, None]
+  rq = gl.arange(0, R, layout=gl.SliceLayout(0, gl.SliceLayout(2, QL)))[None, :, None]
+  dq = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, gl.SliceLayout(1, QL)))[None, None, :]
+  q_ok = (hq < G) & (rq < rows) & (dq < HEAD_DIM)
+  q_rows = (b.to(gl.int64) * stride_qb + (rq // group).to(gl.int64) * stride_qt
+            + ((kvh0 + hq) * group + rq % group).to(gl.int64) * stride_qn)
+  q = gl.load(q_ptr + q_rows + dq, mask=q_ok, other=0.0)
+  q = fq_tile(gl.reshape(q.to(gl.float32), [G * R, HEAD_DIM]), gl.reshape(q_ok, [G * R, HEAD_DIM]), G * R, HEAD_DIM,
+              HW_E4M3, HW_E2M1)
+  q = gl.reshape(q.to(gl.float16), [G, R, HEAD_DIM])  # exact
+  qt = gl.convert_layout(gl.permute(_q_order(q, HEAD_DIM), [0, 2, 1]), B_OP)
 
-  # Loop-invariant offsets (elements) of each thread's part of a tile's copies (int64: a sum in int32 would be
-  # sign-extended element by element).
-  CW: gl.constexpr = copy_layout(NW, 4)
-  CS: gl.constexpr = copy_layout(NB, NB)
-  kc_key = gl.arange(0, 64, layout=gl.SliceLayout(1, CW))[:, None]
-  col = gl.arange(0, NW, layout=gl.SliceLayout(0, CW))[None, :].to(gl.int64)
-  kc_at = kc_key.to(gl.int64) * (KC_T // 4) + col
-  vc_at = kc_key.to(gl.int64) * (VC_T // 4) + col
-  ks_key = gl.arange(0, 64, layout=gl.SliceLayout(1, CS))[:, None]
-  col = gl.arange(0, NB, layout=gl.SliceLayout(0, CS))[None, :].to(gl.int64)
-  ks_at = ks_key.to(gl.int64) * KS_T + col
-  vs_at = ks_key.to(gl.int64) * VS_T + col
+  # Shared memory: STAGES tiles of each array and KV head, laid out so that the operands' reads do not conflict.
+  kc_s = gl.allocate_shared_memory(gl.int32, [STAGES, G, 64, NW], codes_smem_layout(HEAD_DIM, G))
+  vc_s = gl.allocate_shared_memory(gl.int32, [STAGES, G, 64, NW], codes_smem_layout(HEAD_DIM, G))
+  ks_s = gl.allocate_shared_memory(gl.uint8, [STAGES, G, 64, NB], scales_smem_layout(HEAD_DIM, G))
+  vs_s = gl.allocate_shared_memory(gl.uint8, [STAGES, G, 64, NB], scales_smem_layout(HEAD_DIM, G))
+  kc_at, kc_key = _copy_offsets(copy_layout(NW, 4, G), G, NW, stride_kck // 4, KC_T // 4)
+  vc_at, _ = _copy_offsets(copy_layout(NW, 4, G), G, NW, stride_vck // 4, VC_T // 4)
+  ks_at, ks_key = _copy_offsets(copy_layout(NB, NB, G), G, NB, stride_ksk, KS_T)
+  vs_at, _ = _copy_offsets(copy_layout(NB, NB, G), G, NB, stride_vsk, VS_T)
 
   kv_len = gl.minimum(gl.maximum(gl.load(kv_len_ptr + b), 0), capacity)
   tiles = gl.cdiv(kv_len, BLOCK_N)
@@ -493,68 +565,63 @@ def decode_split_kernel(
   t_hi = gl.minimum(t_lo + chunk, tiles)
   for s0 in gl.static_range(STAGES - 1):
     _issue_tile(kc_s.index(s0), ks_s.index(s0), vc_s.index(s0), vs_s.index(s0), kw_ptr, ks_ptr, vw_ptr, vs_ptr, kc_at,
-                ks_at, vc_at, vs_at, kc_key, ks_key, kc_key, ks_key, b, kvh, t_lo + s0, t_hi, kv_len, pt_ptr,
-                pages_per_seq, num_pages, stride_kcp, stride_kck, stride_ksp, stride_ksk, stride_vcp, stride_vck,
-                stride_vsp, stride_vsk, KC_T, KS_T, VC_T, VS_T, PAGE_SIZE)
-
-  # fq(Q), once: in channel order (the Triton kernel's fq_tile), then permuted to the products' reduction order and
-  # transposed: the B operand of S^T = K Q^T.
-  rq = gl.arange(0, R, layout=gl.SliceLayout(1, BLOCKED_Q))
-  dq = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, BLOCKED_Q))
-  q_ok = (rq < rows)[:, None] & (dq < HEAD_DIM)[None, :]
-  q_rows = (b.to(gl.int64) * stride_qb + (rq // group).to(gl.int64) * stride_qt
-            + (kvh * group + rq % group).to(gl.int64) * stride_qn)
-  q = gl.load(q_ptr + q_rows[:, None] + dq[None, :], mask=q_ok, other=0.0)
-  q = fq_tile(q.to(gl.float32), q_ok, R, HEAD_DIM, HW_E4M3, HW_E2M1).to(gl.float16)  # exact
-  qt = gl.convert_layout(gl.permute(_q_order(q, HEAD_DIM), [1, 0]), B_OP)
+                ks_at, vc_at, vs_at, kc_key, ks_key, b, kvh0, t_lo + s0, t_hi, kv_len, pt_ptr, pages_per_seq,
+                num_pages, stride_kcp, stride_kck, stride_ksp, stride_ksk, stride_vcp, stride_vck, stride_vsp,
+                stride_vsk, KC_T, KS_T, VC_T, VS_T, PAGE_SIZE)
 
   qk_scale = scale * LOG2E * 64.0  # log2 units; the values are read 2**6 too small (E4M3 conversion)
-  mrow = gl.arange(0, 64, layout=KEY)
+  mrow = gl.arange(0, 64, layout=gl.SliceLayout(0, gl.SliceLayout(2, MMA)))
   kappa = (mrow & 7) * 8 + (mrow >> 4) * 2 + ((mrow >> 3) & 1)  # the key of row m of S^T
-  r_s = gl.arange(0, R, layout=ROW)
-  limit = kv_len + gl.zeros([R], gl.int32, layout=ROW)  # keys below it are visible to the query row
+  r_s = gl.arange(0, R, layout=gl.SliceLayout(0, ROW))[None, :]
+  limit = kv_len + gl.zeros([G, R], gl.int32, layout=ROW)  # keys below it are visible to the query row
   if IS_CAUSAL:
     limit = gl.minimum(limit, kv_len - tq + r_s // group + 1)
   limit = gl.where(r_s < rows, limit, 0)
-  m = gl.full([R], float("-inf"), gl.float32, layout=ROW)
-  l = gl.zeros([R], gl.float32, layout=ROW)
-  acc = gl.zeros([HEAD_DIM, R], gl.float32, layout=MMA)
+  m = gl.full([G, R], float("-inf"), gl.float32, layout=ROW)
+  l = gl.zeros([G, R], gl.float32, layout=ROW)
+  acc = gl.zeros([G, HEAD_DIM, R], gl.float32, layout=MMA)
 
   for i in range(0, t_hi - t_lo):
     tile = t_lo + i
     async_copy.wait_group(STAGES - 2)  # tile i is in shared memory (this thread's copies) ...
     gl.thread_barrier()  # ... and every thread's; and every thread is done reading the stage refilled below
     st = (i + STAGES - 1) % STAGES
-    _issue_tile(kc_s.index(st), ks_s.index(st), vc_s.index(st), vs_s.index(st), kw_ptr, ks_ptr, vw_ptr, vs_ptr,
-                kc_at, ks_at, vc_at, vs_at, kc_key, ks_key, kc_key, ks_key, b, kvh, tile + STAGES - 1, t_hi, kv_len,
-                pt_ptr, pages_per_seq, num_pages, stride_kcp, stride_kck, stride_ksp, stride_ksk, stride_vcp,
-                stride_vck, stride_vsp, stride_vsk, KC_T, KS_T, VC_T, VS_T, PAGE_SIZE)
-    cur = i % STAGES
-    s = _scores(kc_s.index(cur), ks_s.index(cur), qt, HEAD_DIM, R)
-    m_new, alpha, p, pt = _probs(s, tile, kappa, limit, m, qk_scale, R, P_ROW_RANGE, HW_E4M3, HW_E2M1)
-    l = l * alpha + gl.sum(p, axis=0)
-    acc = _pv(vc_s.index(cur), vs_s.index(cur), pt, acc, alpha, HEAD_DIM)
-    m = m_new
+    if PROBE != 2:
+      _issue_tile(kc_s.index(st), ks_s.index(st), vc_s.index(st), vs_s.index(st), kw_ptr, ks_ptr, vw_ptr, vs_ptr,
+                  kc_at, ks_at, vc_at, vs_at, kc_key, ks_key, b, kvh0, tile + STAGES - 1, t_hi, kv_len, pt_ptr,
+                  pages_per_seq, num_pages, stride_kcp, stride_kck, stride_ksp, stride_ksk, stride_vcp, stride_vck,
+                  stride_vsp, stride_vsk, KC_T, KS_T, VC_T, VS_T, PAGE_SIZE)
+    cur = i % STAGES if PROBE != 2 else i % (STAGES - 1)
+    if PROBE != 1:
+      s = _scores(kc_s.index(cur), ks_s.index(cur), qt, HEAD_DIM, G, R)
+      m_new, alpha, p, pt = _probs(s, tile, kappa, limit, m, qk_scale, G, R, P_ROW_RANGE, HW_E4M3, HW_E2M1)
+      l = l * alpha + gl.sum(p, axis=1)
+      acc = _pv(vc_s.index(cur), vs_s.index(cur), pt, acc, alpha, HEAD_DIM, G)
+      m = m_new
 
   async_copy.wait_group(0)  # nothing in flight at exit
   acc = acc * 64.0  # back to V's units
+  h_s = gl.arange(0, G, layout=gl.SliceLayout(1, ROW))[:, None]
   if SPLITS == 1:
     empty = l == 0.0
-    inv = gl.where(empty, 0.0, gl.div_rn(gl.full([R], 1.0, gl.float32, layout=ROW), gl.where(empty, 1.0, l)))
-    out = _o_channels(gl.where(empty[None, :], 0.0, acc * inv[None, :]), HEAD_DIM)
+    inv = gl.where(empty, 0.0, gl.div_rn(gl.full([G, R], 1.0, gl.float32, layout=ROW), gl.where(empty, 1.0, l)))
+    out = _o_channels(gl.where(empty[:, None, :], 0.0, acc * inv[:, None, :]), HEAD_DIM)
     OL: gl.constexpr = out.type.layout
-    r_out = gl.arange(0, R, layout=gl.SliceLayout(1, OL))
-    d_out = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, OL))
+    h_out = gl.arange(0, G, layout=gl.SliceLayout(1, gl.SliceLayout(2, OL)))[:, None, None]
+    r_out = gl.arange(0, R, layout=gl.SliceLayout(0, gl.SliceLayout(2, OL)))[None, :, None]
+    d_out = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, gl.SliceLayout(1, OL)))[None, None, :]
     o_rows = (b.to(gl.int64) * stride_ob + (r_out // group).to(gl.int64) * stride_ot
-              + (kvh * group + r_out % group).to(gl.int64) * stride_on)
-    gl.store(o_ptr + o_rows[:, None] + d_out[None, :], out.to(o_ptr.dtype.element_ty),
-             mask=(r_out < rows)[:, None] & (d_out < HEAD_DIM)[None, :])
-  else:
-    part = pid.to(gl.int64) * SPLITS + split
+              + ((kvh0 + h_out) * group + r_out % group).to(gl.int64) * stride_on)
+    gl.store(o_ptr + o_rows + d_out, out.to(o_ptr.dtype.element_ty),
+             mask=(h_out < G) & (r_out < rows) & (d_out < HEAD_DIM))
+  else:  # partial j = (b * K + kvh) * SPLITS + split, as the Triton kernel and the combine launch number them
     out = _o_channels(acc, HEAD_DIM)
     OL: gl.constexpr = out.type.layout
-    r_out = gl.arange(0, R, layout=gl.SliceLayout(1, OL))
-    d_out = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, OL))
-    gl.store(part_acc_ptr + (part * R + r_out)[:, None] * HEAD_DIM + d_out[None, :], out)
-    gl.store(part_ml_ptr + part * 2 * R + r_s, m)
-    gl.store(part_ml_ptr + part * 2 * R + R + r_s, l)
+    h_out = gl.arange(0, G, layout=gl.SliceLayout(1, gl.SliceLayout(2, OL)))[:, None, None]
+    r_out = gl.arange(0, R, layout=gl.SliceLayout(0, gl.SliceLayout(2, OL)))[None, :, None]
+    d_out = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, gl.SliceLayout(1, OL)))[None, None, :]
+    part = (b.to(gl.int64) * kv_heads + kvh0 + h_out) * SPLITS + split
+    gl.store(part_acc_ptr + (part * R + r_out) * HEAD_DIM + d_out, out)
+    part_s = (b.to(gl.int64) * kv_heads + kvh0 + h_s) * SPLITS + split
+    gl.store(part_ml_ptr + part_s * 2 * R + r_s, m)
+    gl.store(part_ml_ptr + part_s * 2 * R + R + r_s, l)
