@@ -22,3 +22,28 @@ def cuda_event_ms(fn, iters: int = 20, repeats: int = 5) -> float:
     end.synchronize()
     times.append(start.elapsed_time(end) / iters)
   return statistics.median(times)
+
+
+def graph_replay_ms(launch, calls: int = 40, replays: int = 7) -> float:
+  """Median milliseconds per call of ``launch(i)`` (i = 0 .. calls - 1, e.g. cycling over input copies), captured
+  into one CUDA graph and timed with CUDA events around each of ``replays`` replays, after a warm-up call and a warm-up
+  replay: the kernels' time, without Python's launches."""
+  import torch
+
+  launch(0)
+  torch.cuda.synchronize()
+  graph = torch.cuda.CUDAGraph()
+  with torch.cuda.graph(graph):
+    for i in range(calls):
+      launch(i)
+  graph.replay()
+  torch.cuda.synchronize()
+  times = []
+  for _ in range(replays):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    times.append(start.elapsed_time(end) / calls)
+  return statistics.median(times)

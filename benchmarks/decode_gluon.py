@@ -18,11 +18,11 @@ import argparse
 import json
 import math
 import os
-import statistics
 import sys
 import time
 
 import numpy as np
+from _timing import graph_replay_ms
 
 from jqat.ffi import plan as plans
 from jqat.ffi.options import DecodeOptions, default_num_splits
@@ -253,24 +253,8 @@ def time_case(b, n, kh, t, d, tq, page, kernels=("triton", *VARIANTS), copies_by
       sets.append(tensors)
     for s in sets:  # compiles
       torch_launch.execute(plan, s)
-    torch.cuda.synchronize()
     # A CUDA graph of 40 calls cycling through the copies: the replay times the kernels, not Python's launches.
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-      for i in range(40):
-        torch_launch.execute(plan, sets[i % len(sets)])
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(7):
-      start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-      start.record()
-      graph.replay()
-      end.record()
-      end.synchronize()
-      times.append(start.elapsed_time(end) / 40)
-    ms = statistics.median(times)
-    del graph
+    ms = graph_replay_ms(lambda i, plan=plan, sets=sets: torch_launch.execute(plan, sets[i % len(sets)]))
     row[f"{name}_ms"] = ms
     row[f"{name}_tbps"] = packed / ms / 1e9
   if "triton_ms" in row and "gluon_ms" in row:

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 
 import torch
 import triton
 import triton.language as tl
+from _timing import graph_replay_ms
 
 
 @triton.jit
@@ -67,24 +67,6 @@ def per_row(kc, ks, vc, vs, out, T, K: tl.constexpr, TILES: tl.constexpr, SCALES
   tl.store(out + b * tl.num_programs(1) + split, tl.sum(acc) + tl.sum(acc_s))
 
 
-def replay_ms(launch, calls=40):
-  launch(0)
-  torch.cuda.synchronize()
-  graph = torch.cuda.CUDAGraph()
-  with torch.cuda.graph(graph):
-    for i in range(calls):
-      launch(i)
-  times = []
-  for _ in range(7):
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    graph.replay()
-    end.record()
-    end.synchronize()
-    times.append(start.elapsed_time(end) / calls)
-  return statistics.median(times)
-
-
 def main():
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--out", default="decode_read.json")
@@ -105,7 +87,7 @@ def main():
       else:
         launch = lambda i, w=warps, s=splits, n=tiles, r=rows_per_step, sc=scales: per_row[(b, s)](
             *copies[i % 2], out, t, k, n, sc, 3, r, num_warps=w)
-      ms = replay_ms(launch)
+      ms = graph_replay_ms(launch)
       rows.append(dict(pattern=pattern, scales=bool(scales), warps=warps, splits=splits, rows=rows_per_step or 64,
                        ms=ms, tbps=nbytes / ms / 1e9, bytes=nbytes))
       print(json.dumps(rows[-1]), flush=True)

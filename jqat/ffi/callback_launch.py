@@ -73,7 +73,7 @@ from jax.experimental.buffer_callback import buffer_callback
 
 from jqat.ffi import interpreter, scratch_pool
 from jqat.ffi import plan as plans
-from jqat.ffi.triton_call import set_triton_cache_dir
+from jqat.ffi.triton_call import build, specialization  # noqa: F401  (callers name them here too)
 
 # Triton's interpreter patches triton.language while it runs a kernel: the callbacks of several CPU devices,
 # which XLA runs on threads of their own, take turns.
@@ -199,52 +199,6 @@ def _compile(fn, arg_types: tuple[str, ...], ones: tuple[int, ...], constexprs: 
   return _Kernel(compiled, tuple(fn.arg_names))
 
 
-def build(fn, arg_types: tuple[str, ...], ones: tuple[int, ...], constexprs: tuple, num_warps: int,
-          num_stages: int, compute_capability: tuple[int, int], maxnreg: int = 0, aligned: bool = True):
-  """``triton.compile`` of kernel ``fn`` with jax-triton's specialization: Triton's ``CompiledKernel``.
-
-  arg_types: Triton types of the runtime arguments, outputs last (``"*bf16"``, ``"i32"``, ``"fp32"``).
-  ones: positions of the scalar arguments equal to 1 (compiled in as constexprs, as jax-triton does).
-  constexprs: ``(name, value)`` pairs of the kernel's remaining parameters.
-  maxnreg: a cap on registers per thread (Triton's option), 0 for none.
-  aligned: every pointer 16-byte aligned (jax-triton's specialization); False: no pointer assumed aligned (the torch
-  binding's prepared ops, which take any pointer offset without compiling again).
-  Needs no GPU: the cubin is built for ``compute_capability`` (or read from Triton's disk cache).
-  """
-  import triton  # noqa: PLC0415
-  from triton.backends.compiler import GPUTarget  # noqa: PLC0415
-  from triton.compiler import ASTSource  # noqa: PLC0415
-
-  if getattr(fn, "is_gluon", lambda: False)():  # a Gluon kernel is compiled from its own source type
-    from triton.experimental.gluon._runtime import GluonASTSource as ASTSource  # noqa: PLC0415, N814
-
-  _triton_cache_dir()
-  target = GPUTarget("cuda", 10 * compute_capability[0] + compute_capability[1], 32)
-  params, given, n_args = tuple(fn.arg_names), dict(constexprs), len(arg_types)
-  if len(params) < n_args or any(p not in given for p in params[n_args:]):
-    raise ValueError(f"kernel {fn.__name__} takes {params}; the plan gives {n_args} arguments (outputs included) "
-                     f"and the constexprs {sorted(given)}")
-  attrs = specialization(arg_types, target, aligned)
-  constants = {params[i]: 1 for i in ones}
-  constants.update({p: given[p] for p in params[n_args:]})
-  signature = dict(zip(params, arg_types))  # parameter order, the order of the launcher's arguments
-  signature.update({p: "constexpr" for p in constants})
-  options = dict(num_warps=num_warps, num_stages=num_stages, num_ctas=1, enable_fp_fusion=True, debug=False)
-  if maxnreg:
-    options["maxnreg"] = maxnreg
-  return triton.compile(ASTSource(fn, signature, constexprs=constants, attrs=attrs), target=target, options=options)
-
-
-def specialization(arg_types: tuple[str, ...], target, aligned: bool = True) -> dict:
-  """jax-triton's specialization attributes of a kernel's arguments (Triton types ``arg_types``) on ``target`` (a
-  ``GPUTarget``): every buffer 16-byte aligned ("D", what Triton's specializer says of a pointer divisible by 16;
-  none with ``aligned=False``), no scalar specialized beyond == 1 (""). Written out: the specializer imports torch."""
-  from triton.compiler import make_backend  # noqa: PLC0415
-
-  backend = make_backend(target)
-  return {(i,): backend.parse_attr("D" if t.startswith("*") and aligned else "") for i, t in enumerate(arg_types)}
-
-
 def _run_compiled(kernel: _Kernel, grid: tuple[int, int, int], template: tuple, refs: tuple[int, ...],
                   constexprs: tuple, ctx, outs, *ins):
   """The callback: the launch's arguments with XLA's device pointers in place of its buffers, on XLA's stream."""
@@ -324,12 +278,6 @@ def _run_interpreted(launch: plans.Launch, refs: tuple[int, ...], ctx, outs, *in
   args += [torch.from_dlpack(buf) for buf in outs]
   with _INTERPRETER_LOCK:
     launch.kernel[launch.grid](*args, **launch.constexprs, **launch.options())
-
-
-@functools.cache
-def _triton_cache_dir() -> str:
-  """Triton's cache directory, chosen as the jax-triton path chooses it (once, before the first compile)."""
-  return set_triton_cache_dir(os.environ.get("TRITON_CACHE_DIR"))
 
 
 @functools.cache

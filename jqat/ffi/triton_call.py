@@ -1,4 +1,5 @@
-"""One wrapper around ``jax_triton.triton_call`` shared by every op, and jqat's on-disk caches.
+"""One wrapper around ``jax_triton.triton_call`` shared by every op, jqat's on-disk caches, and :func:`build`, the
+compile of a kernel with jax-triton's specialization that the other launchers (callback, torch) use.
 
 - Works with jax-triton 0.3.1 (triton 3.6, the H200 image) and 0.4.x (triton >= 3.7):
   only keywords common to both are passed.
@@ -20,6 +21,9 @@
   factory as a metaparameter that the factory's wrapper here takes out again: that compile's backend then parses
   its options with Triton's ``maxnreg``, its kernel is keyed with the cap (on disk and in memory) and never enters
   jax-triton's own in-memory cache, whose key has no room for it.
+- Gluon kernels, which jax-triton 0.3.1's compile cannot take (it builds a Triton ``ASTSource``), are compiled by
+  the wrapper of its factory with :func:`build` and become the same jaxlib ``TritonKernel`` (PTX), launched by XLA as
+  any other custom call (:func:`compiles_gluon` says whether this jax-triton gets the wrapper).
 - Every cache directory is created with mode 0o700 and skipped, with a warning, when
   another user could write to it: whoever writes a cache chooses the code this
   process runs on the GPU (or, for Triton's launcher and XLA, on the host).
@@ -257,21 +261,19 @@ def _is_gluon(fn) -> bool:
 def _compile_gluon(fn, arg_dtypes, scalar_args, num_warps: int, num_stages: int, num_ctas: int, cc: int,
                    metaparams: dict, maxnreg: int):
   """(``_KERNEL_FIELDS`` values, specialization attributes) of a Gluon kernel, compiled with jax-triton's
-  specialization (``callback_launch.build``: the same as jax-triton gives a Triton kernel), so that jaxlib launches it
+  specialization (:func:`build`: the same as jax-triton gives a Triton kernel), so that jaxlib launches it
   as it launches jax-triton's kernels."""
   from triton.backends.compiler import GPUTarget  # noqa: PLC0415
-
-  from jqat.ffi import callback_launch  # noqa: PLC0415  (it imports this module)
 
   if num_ctas != 1 or any(v is None for _, _, v in scalar_args):
     raise ValueError(f"Gluon kernel {fn.__name__}: one CTA a program and no None scalar, got num_ctas={num_ctas}")
   ones = tuple(i for i, _, v in scalar_args if v == 1)
-  compiled = callback_launch.build(fn, tuple(arg_dtypes), ones, tuple(metaparams.items()), num_warps, num_stages,
-                                   divmod(cc, 10), maxnreg)
+  compiled = build(fn, tuple(arg_dtypes), ones, tuple(metaparams.items()), num_warps, num_stages, divmod(cc, 10),
+                   maxnreg)
   md = compiled.metadata
   values = (md.name, num_warps, num_ctas, md.shared, compiled.asm["ptx"], compiled.asm.get("ttgir", ""), cc,
             getattr(md, "global_scratch_size", 0) or 0, getattr(md, "global_scratch_align", 1) or 1)
-  return values, callback_launch.specialization(tuple(arg_dtypes), GPUTarget("cuda", cc, 32))
+  return values, specialization(tuple(arg_dtypes), GPUTarget("cuda", cc, 32))
 
 
 def _with_maxnreg(backend_init_func, maxnreg: int):
@@ -468,3 +470,55 @@ def _write_atomically(path: str, text: str):
   except OSError:
     with contextlib.suppress(OSError):
       os.unlink(tmp)
+
+
+@functools.cache
+def _triton_cache_dir() -> str:
+  """Triton's cache directory, chosen as the jax-triton path chooses it (once, before the first compile)."""
+  return set_triton_cache_dir(os.environ.get("TRITON_CACHE_DIR"))
+
+
+def build(fn, arg_types: tuple[str, ...], ones: tuple[int, ...], constexprs: tuple, num_warps: int,
+          num_stages: int, compute_capability: tuple[int, int], maxnreg: int = 0, aligned: bool = True):
+  """``triton.compile`` of kernel ``fn`` with jax-triton's specialization: Triton's ``CompiledKernel``.
+
+  arg_types: Triton types of the runtime arguments, outputs last (``"*bf16"``, ``"i32"``, ``"fp32"``).
+  ones: positions of the scalar arguments equal to 1 (compiled in as constexprs, as jax-triton does).
+  constexprs: ``(name, value)`` pairs of the kernel's remaining parameters.
+  maxnreg: a cap on registers per thread (Triton's option), 0 for none.
+  aligned: every pointer 16-byte aligned (jax-triton's specialization); False: no pointer assumed aligned (the torch
+  binding's prepared ops, which take any pointer offset without compiling again).
+  Needs no GPU: the cubin is built for ``compute_capability`` (or read from Triton's disk cache).
+  """
+  import triton  # noqa: PLC0415
+  from triton.backends.compiler import GPUTarget  # noqa: PLC0415
+  from triton.compiler import ASTSource  # noqa: PLC0415
+
+  if getattr(fn, "is_gluon", lambda: False)():  # a Gluon kernel is compiled from its own source type
+    from triton.experimental.gluon._runtime import GluonASTSource as ASTSource  # noqa: PLC0415, N814
+
+  _triton_cache_dir()
+  target = GPUTarget("cuda", 10 * compute_capability[0] + compute_capability[1], 32)
+  params, given, n_args = tuple(fn.arg_names), dict(constexprs), len(arg_types)
+  if len(params) < n_args or any(p not in given for p in params[n_args:]):
+    raise ValueError(f"kernel {fn.__name__} takes {params}; the plan gives {n_args} arguments (outputs included) "
+                     f"and the constexprs {sorted(given)}")
+  attrs = specialization(arg_types, target, aligned)
+  constants = {params[i]: 1 for i in ones}
+  constants.update({p: given[p] for p in params[n_args:]})
+  signature = dict(zip(params, arg_types))  # parameter order, the order of the launcher's arguments
+  signature.update({p: "constexpr" for p in constants})
+  options = dict(num_warps=num_warps, num_stages=num_stages, num_ctas=1, enable_fp_fusion=True, debug=False)
+  if maxnreg:
+    options["maxnreg"] = maxnreg
+  return triton.compile(ASTSource(fn, signature, constexprs=constants, attrs=attrs), target=target, options=options)
+
+
+def specialization(arg_types: tuple[str, ...], target, aligned: bool = True) -> dict:
+  """jax-triton's specialization attributes of a kernel's arguments (Triton types ``arg_types``) on ``target`` (a
+  ``GPUTarget``): every buffer 16-byte aligned ("D", what Triton's specializer says of a pointer divisible by 16;
+  none with ``aligned=False``), no scalar specialized beyond == 1 (""). Written out: the specializer imports torch."""
+  from triton.compiler import make_backend  # noqa: PLC0415
+
+  backend = make_backend(target)
+  return {(i,): backend.parse_attr("D" if t.startswith("*") and aligned else "") for i, t in enumerate(arg_types)}
