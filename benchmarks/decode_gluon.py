@@ -57,11 +57,14 @@ TIMES = [
 
 
 # --sweep: (B, N, K, T, D, Tq, page size) -> the (variant, splits) pairs timed, the default splits first.
-SWEEP = {
+SWEEP = {  # the program's structure, then split counts around the default
     (8, 32, 8, 32768, 128, 1, 0): [("gluon_kg1_stages3", 16), ("gluon_kg1_stages3_memonly", 16),
                                    ("gluon_kg1_stages3_computeonly", 16), ("gluon_kg8_stages3", 16),
                                    ("gluon_kg4_stages3", 16), ("gluon_kg4_stages2", 16), ("gluon_memonly", 16),
-                                   ("gluon_computeonly", 16)],
+                                   ("gluon_computeonly", 16), ("gluon_kg4_stages2", 20), ("gluon_kg4_stages2", 24),
+                                   ("gluon_kg2_stages2", 16)],
+    (32, 32, 8, 8192, 128, 1, 0): [("gluon_kg4_stages2", 4), ("gluon_kg4_stages2", 6)],
+    (1, 32, 8, 131072, 128, 1, 0): [("gluon_kg4_stages2", 128), ("gluon_kg2_stages2", 128)],
 }
 
 
