@@ -254,7 +254,8 @@ def test_decode_kernel_choice(monkeypatch):
 
 @pytest.mark.fresh_process  # a real compile: not in a process where the interpreter has run
 def test_gluon_kernel_builds_for_sm90(monkeypatch, tmp_path):
-  """The Gluon split kernel builds for sm_90 at D = 64 and 128, 8 and 16 rows, contiguous and paged, with no spills;
+  """The Gluon split kernel builds for sm_90 at D = 64 and 128, 8 and 16 rows, contiguous and paged, groups of 4, 2
+  and 1 KV heads a program, with no spills;
   its layout conversions inside the KV loop are asserted free (``assert_trivial``) when it is traced, so a build
   proves that no operand moves between threads there."""
   import re
@@ -269,15 +270,17 @@ def test_gluon_kernel_builds_for_sm90(monkeypatch, tmp_path):
   monkeypatch.setenv("JQAT_CACHE_DIR", str(tmp_path))
   monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
   dense = plans.Tensor.dense
-  for d, tq, page in ((128, 1, 0), (128, 4, 64), (64, 2, 0)):
+  for d, tq, page, kh in ((128, 1, 0, 8), (128, 4, 64, 8), (64, 2, 0, 2), (128, 1, 0, 1)):
     lead = (33, page) if page else (2, 1024)
-    codes, scales = dense(lead + (8, d // 2), "uint8"), dense(lead + (8, d // 16), "float8_e4m3fn")
+    codes, scales = dense(lead + (kh, d // 2), "uint8"), dense(lead + (kh, d // 16), "float8_e4m3fn")
     table = dense((2, 16), "int32") if page else None
-    plan = plans.decode_attention(dense((2, tq, 32, d), "bfloat16"), codes, scales, codes, scales,
+    plan = plans.decode_attention(dense((2, tq, 4 * kh, d), "bfloat16"), codes, scales, codes, scales,
                                   dense((2,), "int32"), DecodeOptions(scale=0.1, num_splits=2), plans.Target((9, 0)),
                                   page_table=table, kernel="gluon")
     launch = plan.launches[0]
     assert launch.name == "jqat_decode_split_gluon" and launch.constexprs["BLOCK_M"] == (8 if 4 * tq <= 8 else 16)
+    group = min(kh, 4)  # a program per group of KV heads, a warp each
+    assert (launch.constexprs["KV_GROUP"], launch.num_warps, launch.grid) == (group, group, (2 * kh // group, 2))
     types = tuple("*" + callback_launch._POINTER_TYPES[plan.buffers[a.name].dtype] if isinstance(a, plans.Ref)
                   else "fp32" if isinstance(a, float) else "i32" for a in launch.args)
     types += tuple("*" + callback_launch._POINTER_TYPES[plan.buffers[o].dtype] for o in launch.outputs)
@@ -288,6 +291,12 @@ def test_gluon_kernel_builds_for_sm90(monkeypatch, tmp_path):
     cuobjdump = str(triton.__path__[0]) + "/backends/nvidia/bin/cuobjdump"
     usage = subprocess.run([cuobjdump, "-res-usage", str(path)], capture_output=True, text=True, check=True).stdout
     assert re.search(r"STACK:0\b", usage), (d, tq, page, usage)
+
+
+def test_gluon_kv_group_divides_the_kv_heads():
+  from jqat.kernels_triton import decode_gluon
+
+  assert [decode_gluon.kv_group(k) for k in (1, 2, 3, 4, 6, 8, 12, 32)] == [1, 2, 1, 4, 2, 4, 4, 4]
 
 
 def test_default_splits_are_a_function_of_shapes():
