@@ -194,16 +194,15 @@ def _install_disk_cache():
     kwargs = {"num_warps": num_warps, "num_stages": num_stages, "num_ctas": num_ctas,
               "compute_capability": compute_capability, "enable_fp_fusion": enable_fp_fusion,
               "metaparams": metaparams, "dump": dump}
-    cc = compute_capability if compute_capability is not None else kernel_lib.get_compute_capability(0)
     gluon = _is_gluon(fn)
-    if gluon:
-      if platform != "cuda":
-        raise ValueError(f"Gluon kernel {fn.__name__}: CUDA only, not {platform}")
-      compile_gluon = lambda: _compile_gluon(fn, arg_dtypes, scalar_args, num_warps, num_stages, num_ctas, cc,
-                                             metaparams, maxnreg)
+    if gluon and platform != "cuda":
+      raise ValueError(f"Gluon kernel {fn.__name__}: CUDA only, not {platform}")
     # Only CUDA's binary is text (PTX); on ROCm it is the path of a temporary file.
-    elif platform != "cuda" and not maxnreg:
+    if platform != "cuda" and not maxnreg:
       return factory(*args, **kwargs)
+    cc = compute_capability if compute_capability is not None else kernel_lib.get_compute_capability(0)
+    compile_gluon = lambda: _compile_gluon(fn, arg_dtypes, scalar_args, num_warps, num_stages, num_ctas, cc,
+                                           metaparams, maxnreg)
     if dump or not hasattr(fn, "cache_key") or platform != "cuda":
       if gluon:
         values, attrs = compile_gluon()
@@ -494,7 +493,7 @@ def build(fn, arg_types: tuple[str, ...], ones: tuple[int, ...], constexprs: tup
   from triton.backends.compiler import GPUTarget  # noqa: PLC0415
   from triton.compiler import ASTSource  # noqa: PLC0415
 
-  if getattr(fn, "is_gluon", lambda: False)():  # a Gluon kernel is compiled from its own source type
+  if _is_gluon(fn):  # a Gluon kernel is compiled from its own source type
     from triton.experimental.gluon._runtime import GluonASTSource as ASTSource  # noqa: PLC0415, N814
 
   _triton_cache_dir()
