@@ -49,7 +49,6 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from jqat.kernels_triton import decode as kdec
 from jqat.kernels_triton.attention_common import LOG2_P_ROW_RANGE, LOG2E
 from jqat.kernels_triton.nvfp4 import fq_probs, fq_tile
 
@@ -379,12 +378,24 @@ def _e4m3_to_f16(b):
 
 
 @gluon.jit
-def _tile_base(b, kvh, tile, pt_ptr, pages_per_seq, num_pages, stride_p, stride_k, T: gl.constexpr,
-               PAGE_SIZE: gl.constexpr, live):
-  """Offset (int64 elements) of key 0 of KV tile ``tile`` of sequence ``b``, KV head ``kvh``: the Triton kernel's
-  row offset of that key (``decode._cache_rows``; a tile lies in one page, PAGE_SIZE % 64 == 0). ``live``: the tile
-  is read (its page id is loaded)."""
-  return kdec._cache_rows(b, kvh, tile * 64, live, pt_ptr, pages_per_seq, num_pages, stride_p, T, stride_k, PAGE_SIZE)
+def _page(b, tile, t_hi, pt_ptr, pages_per_seq, num_pages, PAGE_SIZE: gl.constexpr):
+  """Where KV tile ``tile`` of sequence ``b`` lies (int64): its page id, read from the page table and clamped into
+  ``[0, num_pages)`` as ``decode._cache_rows`` clamps it (0 for a tile at or past ``t_hi``: not read); in a contiguous
+  cache, the sequence ``b`` itself. The walk reads each id one tile ahead of its copies, so that the table's latency
+  is not on the path of the copies' issue."""
+  if PAGE_SIZE > 0:
+    page = gl.load(pt_ptr + b.to(gl.int64) * pages_per_seq + tile * 64 // PAGE_SIZE, mask=tile < t_hi, other=0)
+    return gl.minimum(gl.maximum(page, 0), num_pages - 1).to(gl.int64)
+  else:
+    return b.to(gl.int64)
+
+
+@gluon.jit
+def _tile_base(page, kvh, tile, stride_p, stride_k, T: gl.constexpr, PAGE_SIZE: gl.constexpr):
+  """Offset (int64 elements) of key 0 of KV tile ``tile`` in ``page`` (:func:`_page`), KV head ``kvh``: the Triton
+  kernel's row offset of that key (``decode._cache_rows``; a tile lies in one page, PAGE_SIZE % 64 == 0)."""
+  kn = tile * 64 % PAGE_SIZE if PAGE_SIZE > 0 else tile * 64
+  return page * stride_p + kn.to(gl.int64) * T + kvh.to(gl.int64) * stride_k
 
 
 @gluon.jit
@@ -398,21 +409,18 @@ def _copy(dst, ptr, at, key, n_valid):
 
 @gluon.jit
 def _issue_tile(kc_s, ks_s, vc_s, vs_s, kc_ptr, ks_ptr, vc_ptr, vs_ptr, kc_at, ks_at, vc_at, vs_at, kc_key, ks_key,
-                b, kvh0, tile, t_hi, kv_len, pt_ptr, pages_per_seq, num_pages, stride_kcp, stride_kck, stride_ksp,
-                stride_ksk, stride_vcp, stride_vck, stride_vsp, stride_vsk, KC_T: gl.constexpr, KS_T: gl.constexpr,
-                VC_T: gl.constexpr, VS_T: gl.constexpr, PAGE_SIZE: gl.constexpr):
-  """Starts the copies of KV tile ``tile`` of the group's KV heads (from ``kvh0``; nothing past ``t_hi``:
-  zero-filled) and commits them as one group."""
-  live = tile < t_hi
-  n_valid = gl.where(live, gl.minimum(kv_len - tile * 64, 64), 0)
-  _copy(kc_s, kc_ptr + _tile_base(b, kvh0, tile, pt_ptr, pages_per_seq, num_pages, stride_kcp, stride_kck, KC_T,
-                                  PAGE_SIZE, live) // 4, kc_at, kc_key, n_valid)
-  _copy(ks_s, ks_ptr + _tile_base(b, kvh0, tile, pt_ptr, pages_per_seq, num_pages, stride_ksp, stride_ksk, KS_T,
-                                  PAGE_SIZE, live), ks_at, ks_key, n_valid)
-  _copy(vc_s, vc_ptr + _tile_base(b, kvh0, tile, pt_ptr, pages_per_seq, num_pages, stride_vcp, stride_vck, VC_T,
-                                  PAGE_SIZE, live) // 4, vc_at, kc_key, n_valid)
-  _copy(vs_s, vs_ptr + _tile_base(b, kvh0, tile, pt_ptr, pages_per_seq, num_pages, stride_vsp, stride_vsk, VS_T,
-                                  PAGE_SIZE, live), vs_at, ks_key, n_valid)
+                page, kvh0, tile, t_hi, kv_len, stride_kcp, stride_kck, stride_ksp, stride_ksk, stride_vcp, stride_vck,
+                stride_vsp, stride_vsk, KC_T: gl.constexpr, KS_T: gl.constexpr, VC_T: gl.constexpr,
+                VS_T: gl.constexpr, PAGE_SIZE: gl.constexpr):
+  """Starts the copies of KV tile ``tile`` (in ``page``: :func:`_page`) of the group's KV heads (from ``kvh0``;
+  nothing past ``t_hi``: zero-filled) and commits them as one group."""
+  n_valid = gl.where(tile < t_hi, gl.minimum(kv_len - tile * 64, 64), 0)
+  _copy(kc_s, kc_ptr + _tile_base(page, kvh0, tile, stride_kcp, stride_kck, KC_T, PAGE_SIZE) // 4, kc_at, kc_key,
+        n_valid)
+  _copy(ks_s, ks_ptr + _tile_base(page, kvh0, tile, stride_ksp, stride_ksk, KS_T, PAGE_SIZE), ks_at, ks_key, n_valid)
+  _copy(vc_s, vc_ptr + _tile_base(page, kvh0, tile, stride_vcp, stride_vck, VC_T, PAGE_SIZE) // 4, vc_at, kc_key,
+        n_valid)
+  _copy(vs_s, vs_ptr + _tile_base(page, kvh0, tile, stride_vsp, stride_vsk, VS_T, PAGE_SIZE), vs_at, ks_key, n_valid)
   async_copy.commit_group()
 
 
@@ -565,9 +573,11 @@ def decode_split_kernel(
   t_hi = gl.minimum(t_lo + chunk, tiles)
   for s0 in gl.static_range(STAGES - 1):
     _issue_tile(kc_s.index(s0), ks_s.index(s0), vc_s.index(s0), vs_s.index(s0), kw_ptr, ks_ptr, vw_ptr, vs_ptr, kc_at,
-                ks_at, vc_at, vs_at, kc_key, ks_key, b, kvh0, t_lo + s0, t_hi, kv_len, pt_ptr, pages_per_seq,
-                num_pages, stride_kcp, stride_kck, stride_ksp, stride_ksk, stride_vcp, stride_vck, stride_vsp,
-                stride_vsk, KC_T, KS_T, VC_T, VS_T, PAGE_SIZE)
+                ks_at, vc_at, vs_at, kc_key, ks_key,
+                _page(b, t_lo + s0, t_hi, pt_ptr, pages_per_seq, num_pages, PAGE_SIZE), kvh0, t_lo + s0, t_hi,
+                kv_len, stride_kcp, stride_kck, stride_ksp, stride_ksk, stride_vcp, stride_vck, stride_vsp, stride_vsk,
+                KC_T, KS_T, VC_T, VS_T, PAGE_SIZE)
+  next_page = _page(b, t_lo + STAGES - 1, t_hi, pt_ptr, pages_per_seq, num_pages, PAGE_SIZE)
 
   qk_scale = scale * LOG2E * 64.0  # log2 units; the values are read 2**6 too small (E4M3 conversion)
   mrow = gl.arange(0, 64, layout=gl.SliceLayout(0, gl.SliceLayout(2, MMA)))
@@ -588,9 +598,10 @@ def decode_split_kernel(
     st = (i + STAGES - 1) % STAGES
     if PROBE != 2:
       _issue_tile(kc_s.index(st), ks_s.index(st), vc_s.index(st), vs_s.index(st), kw_ptr, ks_ptr, vw_ptr, vs_ptr,
-                  kc_at, ks_at, vc_at, vs_at, kc_key, ks_key, b, kvh0, tile + STAGES - 1, t_hi, kv_len, pt_ptr,
-                  pages_per_seq, num_pages, stride_kcp, stride_kck, stride_ksp, stride_ksk, stride_vcp, stride_vck,
-                  stride_vsp, stride_vsk, KC_T, KS_T, VC_T, VS_T, PAGE_SIZE)
+                  kc_at, ks_at, vc_at, vs_at, kc_key, ks_key, next_page, kvh0, tile + STAGES - 1, t_hi, kv_len,
+                  stride_kcp, stride_kck, stride_ksp, stride_ksk, stride_vcp, stride_vck, stride_vsp, stride_vsk,
+                  KC_T, KS_T, VC_T, VS_T, PAGE_SIZE)
+      next_page = _page(b, tile + STAGES, t_hi, pt_ptr, pages_per_seq, num_pages, PAGE_SIZE)
     cur = i % STAGES if PROBE != 2 else i % (STAGES - 1)
     if PROBE != 1:
       s = _scores(kc_s.index(cur), ks_s.index(cur), qt, HEAD_DIM, G, R)
