@@ -64,7 +64,8 @@ SWEEP = {  # the program's structure, then split counts around the default
                                    ("gluon_computeonly", 16), ("gluon_kg4_stages2", 20), ("gluon_kg4_stages2", 24),
                                    ("gluon_kg2_stages2", 16)],
     (32, 32, 8, 8192, 128, 1, 0): [("gluon_kg4_stages2", 4), ("gluon_kg4_stages2", 6)],
-    (1, 32, 8, 131072, 128, 1, 0): [("gluon_kg4_stages2", 128), ("gluon_kg2_stages2", 128)],
+    (1, 32, 8, 131072, 128, 1, 0): [("gluon_kg4_stages2", 128), ("gluon_kg2_stages2", 128), ("gluon_kg4_stages3", 128),
+                                    ("gluon_kg2_stages2", 64), ("gluon_kg2_stages3", 64), ("gluon_kg4_stages2", 96)],
 }
 
 
