@@ -165,6 +165,14 @@ def dequant_tile(codes, scales, ROWS: tl.constexpr, DH: tl.constexpr, NB: tl.con
 
 
 @triton.jit
+def page_ids(pt_ptr, b, pages_per_seq, num_pages, index, ok):
+  """Page ids ``page_table[b, index]`` (int64) where ``ok``, else 0, clamped into ``[0, num_pages)``: a bad table
+  reads wrong rows of the cache, never memory outside it."""
+  page = tl.load(pt_ptr + b.to(tl.int64) * pages_per_seq + index, mask=ok, other=0)
+  return tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)
+
+
+@triton.jit
 def _cache_rows(b, kvh, kn, key_ok, pt_ptr, pages_per_seq, num_pages, stride_p, stride_t, stride_k,
                 PAGE_SIZE: tl.constexpr):
   """Offsets (int64, in elements) of the cache rows of keys ``kn`` of sequence ``b``, KV head ``kvh``.
@@ -173,8 +181,7 @@ def _cache_rows(b, kvh, kn, key_ok, pt_ptr, pages_per_seq, num_pages, stride_p, 
   of ``b`` (``pages_per_seq`` entries). Page ids outside ``[0, num_pages)`` are clamped into it: a bad table
   reads wrong rows of the cache, never memory outside it."""
   if PAGE_SIZE > 0:
-    page = tl.load(pt_ptr + b.to(tl.int64) * pages_per_seq + kn // PAGE_SIZE, mask=key_ok, other=0)
-    page = tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)
+    page = page_ids(pt_ptr, b, pages_per_seq, num_pages, kn // PAGE_SIZE, key_ok)
     return page * stride_p + (kn % PAGE_SIZE).to(tl.int64) * stride_t + kvh.to(tl.int64) * stride_k
   else:
     return b.to(tl.int64) * stride_p + kn.to(tl.int64) * stride_t + kvh.to(tl.int64) * stride_k

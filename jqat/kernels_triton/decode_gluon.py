@@ -49,6 +49,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
+from jqat.kernels_triton import decode as kdec
 from jqat.kernels_triton.attention_common import LOG2_P_ROW_RANGE, LOG2E
 from jqat.kernels_triton.nvfp4 import fq_probs, fq_tile
 
@@ -379,13 +380,11 @@ def _e4m3_to_f16(b):
 
 @gluon.jit
 def _page(b, tile, t_hi, pt_ptr, pages_per_seq, num_pages, PAGE_SIZE: gl.constexpr):
-  """Where KV tile ``tile`` of sequence ``b`` lies (int64): its page id, read from the page table and clamped into
-  ``[0, num_pages)`` as ``decode._cache_rows`` clamps it (0 for a tile at or past ``t_hi``: not read); in a contiguous
-  cache, the sequence ``b`` itself. The walk reads each id one tile ahead of its copies, so that the table's latency
-  is not on the path of the copies' issue."""
+  """Where KV tile ``tile`` of sequence ``b`` lies (int64): its page id (``decode.page_ids``, as the Triton kernel
+  reads it; 0 for a tile at or past ``t_hi``: not read); in a contiguous cache, the sequence ``b`` itself. The walk
+  reads each id one tile ahead of its copies, so that the table's latency is not on the path of the copies' issue."""
   if PAGE_SIZE > 0:
-    page = gl.load(pt_ptr + b.to(gl.int64) * pages_per_seq + tile * 64 // PAGE_SIZE, mask=tile < t_hi, other=0)
-    return gl.minimum(gl.maximum(page, 0), num_pages - 1).to(gl.int64)
+    return kdec.page_ids(pt_ptr, b, pages_per_seq, num_pages, tile * 64 // PAGE_SIZE, tile < t_hi)
   else:
     return b.to(gl.int64)
 
