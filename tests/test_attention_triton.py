@@ -43,6 +43,7 @@ from jqat._src import attention_reference as reference  # noqa: E402
 from jqat.ffi import plan as plans  # noqa: E402
 from jqat.ffi import torch_launch  # noqa: E402
 from jqat.ffi.options import (  # noqa: E402
+  P_ROW_RANGE,  # noqa: E402
   AttentionOptions,  # noqa: E402
   QATConfig,  # noqa: E402
 )
@@ -466,3 +467,31 @@ def test_triton_masks_under_vmap_gpu():
   want = grad(q, k, v, segs, lens, "xla")
   for name, a, e in zip(("dQ", "dK", "dV"), got, want):
     assert_close(np.asarray(a.astype(jnp.float32)), np.asarray(e.astype(jnp.float32)), rel=BOUNDS[name], name=name)
+
+
+def test_row_factors_kernel_matches_float64():
+  """p_scale="row": ``attention_bwd_row_factors_kernel`` writes R * l and 1 / (R * l), l = exp(lse - m), per query
+  row into [B, N, 2, Tq] (rows without keys: 1 and 0; a NaN lse stays NaN), against float64 NumPy; every element of
+  the poisoned output is written, the ragged last block included."""
+  device = kernel_device()
+  b, n, tq = 2, 3, 700
+  gen = torch.Generator().manual_seed(5)
+  m = torch.randn(b, n, tq, generator=gen) * 8
+  lse = m + torch.rand(b, n, tq, generator=gen) * 9  # lse >= m: l in [1, e^9)
+  lse[0, 1, :5] = m[0, 1, :5] = float("-inf")  # rows that see no key
+  lse[1, 2, 7] = float("nan")
+  rf = torch.full((b, n, 2, tq), float("nan"), device=device)
+  block = kbwd.ROW_FACTORS_LAUNCH["BLOCK"]
+  kbwd.attention_bwd_row_factors_kernel[(triton.cdiv(b * n * tq, block),)](
+      lse.to(device), m.to(device), b * n * tq, tq, rf, P_ROW_RANGE=P_ROW_RANGE, BLOCK=block)
+  rf = rf.cpu().double().numpy()
+  lse64, m64 = lse.double().numpy(), m.double().numpy()
+  empty = lse64 == -np.inf
+  with np.errstate(invalid="ignore"):
+    rl = np.where(empty, 1.0, np.exp(lse64 - m64) * P_ROW_RANGE)
+    inv = np.where(empty, 0.0, 1.0 / rl)
+  live = ~np.isnan(lse64)
+  np.testing.assert_allclose(rf[:, :, 0][live], rl[live], rtol=2e-6)
+  np.testing.assert_allclose(rf[:, :, 1][live], inv[live], rtol=2e-6)
+  nan = np.isnan(rf)
+  assert nan[1, 2, :, 7].all() and nan.sum() == 2

@@ -180,10 +180,11 @@ def test_tensor_scale_plans(p_scale):
   scales = ["jqat_nvfp4_tensor_scale_q", "jqat_nvfp4_tensor_scale_k", "jqat_nvfp4_tensor_scale_v"]
   assert [la.name for la in fwd.launches] == scales + ["jqat_nvfp4_fake_quantize_scaled_k",
                                                        "jqat_nvfp4_fake_quantize_scaled_v", "jqat_attention_fwd"]
+  row = ["jqat_attention_bwd_row_factors"] if p_scale == "row" else []  # R * l, 1 / (R * l) per query row
   assert [la.name for la in bwd.launches] == scales + [f"jqat_nvfp4_fake_quantize_scaled_{n}" for n in "qkv"] + [
-      "jqat_attention_bwd_delta", "jqat_attention_bwd_dq", "jqat_attention_bwd_dkdv"]
+      "jqat_attention_bwd_delta", *row, "jqat_attention_bwd_dq", "jqat_attention_bwd_dkdv"]
   assert fwd.scratch == ("q_enc", "k_enc", "v_enc", "k_hat", "v_hat")
-  assert bwd.scratch == ("q_enc", "k_enc", "v_enc", "q_hat", "delta")
+  assert bwd.scratch == ("q_enc", "k_enc", "v_enc", "q_hat", "delta") + ("row_factors",) * (p_scale == "row")
   assert bwd.stored_in == {"k_hat": "dk", "v_hat": "dv"}
   assert fwd.launches[-1].kernel is kfwd.attention_fwd_kernel and fwd.launches[-1].constexprs["QKV_TENSOR"]
   assert (bwd.launches[-2].kernel, bwd.launches[-1].kernel) == (kbwd.attention_bwd_dq_kernel,

@@ -525,8 +525,16 @@ def attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out_for_d
               ("dq",), dict(BLOCK_M=c.dq_block_m, BLOCK_N=c.dq_block_n, **flags,
                             SEQ_ALIGN=seq_align(tq, tk)),
               c.dq_num_warps, c.dq_num_stages)
-  # The dK/dV kernel's m_ptr follows delta; "block" never reads it (lse stands in).
-  kv_args = common[:6] + (Ref(stats[-1]),) + common[6:]
+  # The dK/dV kernel's rf_ptr follows delta: with "row" the per-row factors R * l, 1 / (R * l) of the forward's
+  # row max, formed by a launch of their own; "block" never reads it (lse stands in).
+  row_factors = ()
+  if row:
+    buffers["row_factors"] = Tensor.dense((b, n, 2, tq), "float32")
+    rows, rf = b * n * tq, kbwd.ROW_FACTORS_LAUNCH
+    row_factors = (Launch("jqat_attention_bwd_row_factors", kbwd.attention_bwd_row_factors_kernel,
+                          (triton.cdiv(rows, rf["BLOCK"]),), (Ref("lse"), Ref("row_max"), rows, tq), ("row_factors",),
+                          dict(P_ROW_RANGE=P_ROW_RANGE, BLOCK=rf["BLOCK"]), rf["num_warps"], rf["num_stages"]),)
+  kv_args = common[:6] + (Ref("row_factors" if row else "lse"),) + common[6:]
   row_range = P_ROW_RANGE if row else 0.0
   # fq(K) and fq(V), the pass's or the forward's (given), live in dK's and dV's storage (issue 13's memory bound:
   # two fewer K/V-sized buffers at the backward's peak). Safe in place: the dQ kernel, which reads every key, runs
@@ -540,8 +548,8 @@ def attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out_for_d
                 dict(BLOCK_M=c.kv_block_m, BLOCK_N=c.kv_block_n, QUANTIZE_P=cfg.quantize_p_backward, **flags,
                      **target.quant_flags(), P_ROW_RANGE=row_range),
                 c.kv_num_warps, c.kv_num_stages, aliases)
-  scratch = tuple(name for name in scratch if name not in stored_in) + ("delta",)
-  return Plan(buffers, inputs, scratch, outputs, launches + (delta, dq, dkdv), stored_in=stored_in)
+  scratch = tuple(name for name in scratch if name not in stored_in) + ("delta",) + ("row_factors",) * row
+  return Plan(buffers, inputs, scratch, outputs, launches + (delta, *row_factors, dq, dkdv), stored_in=stored_in)
 
 
 # ----------------------------------------------------------------------------- qat_matmul's quantize passes

@@ -9,8 +9,8 @@ and ``delta = rowsum(O_for_delta * dO)`` (``attention_bwd_delta_kernel``):
     dK = scale * bf16(dS)^T @ Qh,  dV = fq(P)^T @ dO             (dK/dV kernel)
 
 With ``p_scale="row"`` (``P_ROW_RANGE`` = R = 6 * 448, docs/NUMERICS.md) the dK/dV kernel
-also reads the forward's row max m and uses bf16(fq(R * exp(S - m)) * (1 / (R * l))),
-l = exp(lse - m), in place of fq(P) for dV; dS keeps P.
+uses bf16(fq(R * exp(S - m)) * (1 / (R * l))), l = exp(lse - m) with m the forward's row max, in place of fq(P)
+for dV; dS keeps P. ``attention_bwd_row_factors_kernel`` forms R * l and 1 / (R * l) once per query row.
 
 With ``qkv_scale="tensor"`` (``QKV_TENSOR``; the encode scales are placeholders otherwise) fq(Q), fq(K), fq(V)
 are fq(enc * X), one FP32 encode scale per (batch, head) (``nvfp4.tensor_scale_kernel``); the decode scales
@@ -86,6 +86,7 @@ def backward_config(head_dim: int, windowed: bool = False) -> BackwardConfig:
 
 # Launch parameters of the delta kernel (grid: (cdiv(Tq, BLOCK_M), B * N)).
 DELTA_LAUNCH = {"BLOCK_M": 64, "num_warps": 4, "num_stages": 1}
+ROW_FACTORS_LAUNCH = {"BLOCK": 1024, "num_warps": 4, "num_stages": 1}
 
 
 NAN_CHANNELS = tl.constexpr(16)  # channels per step of the exact walks' NaN passes (attention_fwd.NAN_CHANNELS)
@@ -153,6 +154,29 @@ def attention_bwd_delta_fq_kernel(o_ptr, do_ptr, q_ptr, tq, n_heads, stride_ob, 
     q = tl.load(q_ptr + q_off, mask=ok, other=0.0)
     q_hat = fq_tile(q.to(tl.float32), ok, FQ_ROWS, D_PAD, HW_E4M3, HW_E2M1)
     tl.store(q_hat_ptr + q_off, cast_fq(q_hat, q_hat_ptr.dtype.element_ty, HW_E4M3), mask=ok)
+
+
+@triton.jit
+def attention_bwd_row_factors_kernel(lse_ptr, m_ptr, rows, tq, rf_ptr, P_ROW_RANGE: tl.constexpr,
+                                     BLOCK: tl.constexpr):
+  """``p_scale="row"``: per query row, ``R * l`` and ``1 / (R * l)`` with ``l = exp(lse - m)`` (m the forward's row
+  max), into ``rf [B, N, 2, Tq]`` fp32 (``rf[b, n, 0]`` the first, ``rf[b, n, 1]`` the second); a row without keys
+  (lse = -inf) gets 1 and 0. lse, m: ``[B, N, Tq]`` dense, ``rows = B * N * Tq``. Grid: ``cdiv(rows, BLOCK)``.
+
+  The dK/dV kernel forms ``R * exp(S - m)`` as ``p * (R * l)`` (one product per probability; the rounding of lse
+  cancels between p and l) and scales fq of it by ``1 / (R * l)``. Formed there, the exp2 and the division ran for
+  every query row of every query tile in each key tile's program (and spilled registers); here once per row."""
+  i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+  ok = i < rows
+  lse = tl.load(lse_ptr + i, mask=ok, other=float("-inf"))
+  m = tl.load(m_ptr + i, mask=ok, other=float("-inf"))
+  empty = lse == float("-inf")
+  lse2 = tl.where(empty, float("inf"), lse * LOG2E)
+  rl = tl.where(empty, 1.0, tl.math.exp2(lse2 - m * LOG2E) * P_ROW_RANGE)
+  inv_rl = tl.where(empty, 0.0, tl.div_rn(1.0, rl))
+  at = rf_ptr + (i // tq) * (2 * tq) + i % tq
+  tl.store(at, rl, mask=ok)
+  tl.store(at + tq, inv_rl, mask=ok)
 
 
 @triton.jit
@@ -323,7 +347,7 @@ def attention_bwd_dq_kernel(
                   HAS_KV_LEN, HAS_SEG, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, QKV_TENSOR, SEQ_ALIGN, EXACT=True)
 
 @triton.jit
-def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, m_base, start_m, kn, offs_m, offs_d, seg_k,
+def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, rf_base, start_m, kn, offs_m, offs_d, seg_k,
                q_seg_base, q_lim, kv_lim, off, tq, stride_qt, stride_dt, qk_scale, q_dec, v_dec, MASKED: tl.constexpr,
                HEAD_DIM: tl.constexpr, IS_CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
                HAS_SEG: tl.constexpr, QUANTIZE_P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -355,12 +379,11 @@ def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, m_base, star
   if QUANTIZE_P and P_ROW_RANGE > 0:
     # Two-level: R * exp(S - m) with m the forward's final row max, formed below as p * (R * l),
     # l = exp(lse - m): one product per probability (a second exp per probability made "row" 40% slower),
-    # and the rounding of lse cancels between p and l. Rows without keys (lse = -inf) have p = 0, factor 0.
-    # Loaded and formed here, beside lse, so nothing waits on a load between the tile's dots.
-    m = tl.load(m_base + qm, mask=qm < q_lim, other=float("-inf"))
-    empty = lse == float("-inf")
-    rl = tl.where(empty, 1.0, tl.math.exp2(lse2 - m * LOG2E) * P_ROW_RANGE)
-    inv_rl = tl.where(empty, 0.0, tl.div_rn(1.0, rl))
+    # and the rounding of lse cancels between p and l. R * l and 1 / (R * l) come per row from
+    # attention_bwd_row_factors_kernel (1 and 0 for rows without keys, whose p is 0). Loaded here, beside lse, so
+    # nothing waits on a load between the tile's dots.
+    rl = tl.load(rf_base + qm, mask=qm < q_lim, other=1.0)
+    inv_rl = tl.load(rf_base + tq + qm, mask=qm < q_lim, other=0.0)
   s_t = qk_dot(k, q, QK_F32, DOT_PREC) * qk_scale
   p_t = tl.math.exp2(s_t - lse2[None, :])  # [BLOCK_N, BLOCK_M]
   if MASKED:
@@ -396,7 +419,7 @@ def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, m_base, star
 
 @triton.jit
 def _dkdv_program(
-    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, m_ptr, scale, tq, tk, n_heads, group,
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, rf_ptr, scale, tq, tk, n_heads, group,
     q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr,
     dk_ptr, dv_ptr, strides,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -456,11 +479,11 @@ def _dkdv_program(
         qk_scale = scale * q_dec * k_dec * LOG2E
       for start_m in range(lo, hi, BLOCK_M):
         dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_ptr + bh.to(tl.int64) * tq,
-                            delta_ptr + bh.to(tl.int64) * tq, m_ptr + bh.to(tl.int64) * tq, start_m, kn, offs_m, offs_d,
-                            seg_k, q_seg_base, q_lim, kv_lim, off, tq, stride_qt, stride_dt, qk_scale, q_dec, v_dec,
-                            True, HEAD_DIM, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M,
-                            BLOCK_N, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, QKV_TENSOR,
-                            EXACT=True)
+                            delta_ptr + bh.to(tl.int64) * tq, rf_ptr + bh.to(tl.int64) * (2 * tq), start_m, kn,
+                            offs_m, offs_d, seg_k, q_seg_base, q_lim, kv_lim, off, tq, stride_qt, stride_dt, qk_scale,
+                            q_dec, v_dec, True, HEAD_DIM, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P,
+                            BLOCK_M, BLOCK_N, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE,
+                            QKV_TENSOR, EXACT=True)
     tl.store(dk_ptr + k_off, cast_out(dk * scale, dk_ptr, SOFT_BF16), mask=ok)
     tl.store(dv_ptr + v_off, cast_out(dv, dv_ptr, SOFT_BF16), mask=ok)
     # NaN where a visible pair meets a NaN of Q (dK) or dO (dV), 16 channels at a time.
@@ -499,23 +522,23 @@ def _dkdv_program(
       do_base = do_ptr + b.to(tl.int64) * stride_db + h.to(tl.int64) * stride_dn
       lse_base = lse_ptr + bh.to(tl.int64) * tq
       delta_base = delta_ptr + bh.to(tl.int64) * tq
-      m_base = m_ptr + bh.to(tl.int64) * tq
+      rf_base = rf_ptr + bh.to(tl.int64) * (2 * tq)
       q_dec = 1.0
       if QKV_TENSOR:
         q_dec = tl.div_rn(1.0, tl.load(q_enc_ptr + bh))
         qk_scale = scale * q_dec * k_dec * LOG2E
       for start_m in range(lo, a, BLOCK_M):
-        dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, m_base, start_m, kn, offs_m, offs_d,
+        dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, rf_base, start_m, kn, offs_m, offs_d,
                             seg_k, q_seg_base, q_lim, kv_lim, off, tq, stride_qt, stride_dt, qk_scale, q_dec, v_dec,
                             True, HEAD_DIM, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N,
                             QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, QKV_TENSOR)
       for start_m in range(a, c, BLOCK_M):
-        dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, m_base, start_m, kn, offs_m, offs_d,
+        dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, rf_base, start_m, kn, offs_m, offs_d,
                             seg_k, q_seg_base, q_lim, kv_lim, off, tq, stride_qt, stride_dt, qk_scale, q_dec, v_dec,
                             False, HEAD_DIM, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M,
                             BLOCK_N, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, QKV_TENSOR)
       for start_m in range(c, hi, BLOCK_M):
-        dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, m_base, start_m, kn, offs_m, offs_d,
+        dk, dv = _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, rf_base, start_m, kn, offs_m, offs_d,
                             seg_k, q_seg_base, q_lim, kv_lim, off, tq, stride_qt, stride_dt, qk_scale, q_dec, v_dec,
                             True, HEAD_DIM, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, HAS_SEG, QUANTIZE_P, BLOCK_M, BLOCK_N,
                             QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, QKV_TENSOR)
@@ -531,7 +554,7 @@ def _dkdv_program(
 
 @triton.jit
 def attention_bwd_dkdv_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, m_ptr, scale, tq, tk, n_heads, group,
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, rf_ptr, scale, tq, tk, n_heads, group,
     q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr,
     stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
     stride_db, stride_dt, stride_dn,
@@ -547,21 +570,21 @@ def attention_bwd_dkdv_kernel(
   Arrays and masks as in ``attention_bwd_dq_kernel``; dk, dv: [B, Tk, K, D] with the
   strides of k and v. Grid: (cdiv(Tk, BLOCK_N), B * K), longest walk first when causal (``program_tile``).
   BLOCK_N % 16 == 0.
-  P_ROW_RANGE: 0 (p_scale="block"; ``m_ptr`` is not read) or R = 6 * 448 ("row": m [B, N, Tq] fp32, the
-  forward's row max in natural units, contiguous like lse).
+  P_ROW_RANGE: 0 (p_scale="block"; ``rf_ptr`` is not read) or R = 6 * 448 ("row": rf [B, N, 2, Tq] fp32, R * l
+  and 1 / (R * l) per query row from ``attention_bwd_row_factors_kernel``).
   QKV_TENSOR: as in ``attention_bwd_dq_kernel`` (the enc pointers are read only then).
   """
   strides = (stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
              stride_db, stride_dt, stride_dn)
   leaked = _dkdv_program(
-      q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, m_ptr, scale, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr,
+      q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, rf_ptr, scale, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr,
       q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr, dk_ptr, dv_ptr, strides, HEAD_DIM,
       D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN, HAS_SEG,
       QUANTIZE_P, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, QKV_TENSOR, EXACT=False)
   HIDES: tl.constexpr = IS_CAUSAL or WINDOW_LEFT >= 0 or WINDOW_RIGHT >= 0 or HAS_SEG or HAS_Q_LEN or HAS_KV_LEN
   if HIDES:
     if leaked:  # a NaN reached dK or dV: the exact walk (_dkdv_program)
-      _dkdv_program(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, m_ptr, scale, tq, tk, n_heads, group, q_len_ptr,
+      _dkdv_program(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, rf_ptr, scale, tq, tk, n_heads, group, q_len_ptr,
                     kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr, dk_ptr, dv_ptr,
                     strides, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, BOTTOM_RIGHT,
                     HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, QUANTIZE_P, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3,
