@@ -382,8 +382,12 @@ def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, rf_base, sta
     # and the rounding of lse cancels between p and l. R * l and 1 / (R * l) come per row from
     # attention_bwd_row_factors_kernel (1 and 0 for rows without keys, whose p is 0). Loaded here, beside lse, so
     # nothing waits on a load between the tile's dots.
-    rl = tl.load(rf_base + qm, mask=qm < q_lim, other=1.0)
-    inv_rl = tl.load(rf_base + tq + qm, mask=qm < q_lim, other=0.0)
+    if MASKED:
+      rl = tl.load(rf_base + qm, mask=qm < q_lim, other=1.0)
+      inv_rl = tl.load(rf_base + tq + qm, mask=qm < q_lim, other=0.0)
+    else:
+      rl = tl.load(rf_base + qm)
+      inv_rl = tl.load(rf_base + tq + qm)
   s_t = qk_dot(k, q, QK_F32, DOT_PREC) * qk_scale
   p_t = tl.math.exp2(s_t - lse2[None, :])  # [BLOCK_N, BLOCK_M]
   if MASKED:
