@@ -224,7 +224,13 @@ def check() -> list[dict]:
   return rows
 
 
-def time_shapes(iters: int, repeats: int) -> list[dict]:
+def _save_partial() -> None:
+  if PARTIAL.get("out"):
+    with open(PARTIAL["out"], "w") as f:
+      json.dump(PARTIAL["result"], f, indent=1)
+
+
+def time_shapes(iters: int, repeats: int, variants=VARIANTS) -> list[dict]:
   import torch
   from _timing import cuda_event_ms
   from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -234,19 +240,13 @@ def time_shapes(iters: int, repeats: int) -> list[dict]:
     raw, (q, k, v) = inputs(b, h, kh, t, d, seed=1)
     flop = 4.0 * b * h * t * t * d
     row = {"B": b, "H": h, "K": kh, "T": t, "D": d}
+    rows.append(row)
     ref = triton_out(q, k, v)
     finish_or_die("triton forward")
-    for name, consumers, pingpong, stages in VARIANTS:
-      fn = functools.partial(ws.attention_fwd_ws, q, k, v, stages=stages, consumers=consumers, pingpong=pingpong)
-      try:
-        o, _ = fn()
-        finish_or_die(f"{name} at {(b, h, kh, t, d)}")
-        row[f"{name}_vs_triton"] = rel(o.float().cpu().numpy(), ref.float().cpu().numpy())
-        row[f"{name}_ms"] = cuda_event_ms(fn, iters, repeats)
-      except Exception as e:  # recorded; the other variants still run
-        row[f"{name}_error"] = f"{type(e).__name__}: {e}"[:2000]
-        print(f"time {(b, h, kh, t, d)} {name} FAILED: {row[f'{name}_error'][:300]}", flush=True)
+    # The baselines first, and every time printed and saved as it is measured: a variant that faults leaves the CUDA
+    # context unusable for everything after it.
     row["triton_ms"] = cuda_event_ms(functools.partial(triton_out, q, k, v), iters, repeats)
+    print(f"time {(b, h, kh, t, d)} triton {row['triton_ms']:.4f} ms", flush=True)
     row["cudnn_bf16_ms"] = None
     for layout, prep in (("btnh_view", bhsd), ("bhsd_contiguous", lambda x: bhsd(x).contiguous())):
       qb, kb, vb = (prep(x) for x in raw)
@@ -256,13 +256,27 @@ def time_shapes(iters: int, repeats: int) -> list[dict]:
                                    enable_gqa=kh != h)
           row["cudnn_bf16_ms"] = cuda_event_ms(sdpa, iters, repeats)
           row["cudnn_layout"] = layout
+          print(f"time {(b, h, kh, t, d)} cudnn_bf16 {row['cudnn_bf16_ms']:.4f} ms ({layout})", flush=True)
           break
       except RuntimeError as e:  # cuDNN refused this layout (or this torch build has no cuDNN attention)
         row[f"cudnn_error_{layout}"] = str(e).splitlines()[0]
-    for key in [k_ for k_ in row if k_.endswith("_ms")]:
-      if row[key]:
-        row[key.replace("_ms", "_tflops")] = flop / row[key] / 1e9
-    rows.append(row)
+    _save_partial()
+    for name, consumers, pingpong, stages in variants:
+      fn = functools.partial(ws.attention_fwd_ws, q, k, v, stages=stages, consumers=consumers, pingpong=pingpong)
+      try:
+        o, _ = fn()
+        finish_or_die(f"{name} at {(b, h, kh, t, d)}")
+        row[f"{name}_vs_triton"] = rel(o.float().cpu().numpy(), ref.float().cpu().numpy())
+        row[f"{name}_ms"] = cuda_event_ms(fn, iters, repeats)
+        print(f"time {(b, h, kh, t, d)} {name} {row[f'{name}_ms']:.4f} ms "
+              f"({row['triton_ms'] / row[f'{name}_ms']:.3f}x the Triton forward's speed)", flush=True)
+      except Exception as e:  # recorded; the other variants still run (if the context survived)
+        row[f"{name}_error"] = f"{type(e).__name__}: {e}"[:2000]
+        print(f"time {(b, h, kh, t, d)} {name} FAILED: {row[f'{name}_error'][:300]}", flush=True)
+      for key in [k_ for k_ in row if k_.endswith("_ms")]:
+        if row[key]:
+          row[key.replace("_ms", "_tflops")] = flop / row[key] / 1e9
+      _save_partial()
   return rows
 
 
@@ -286,7 +300,10 @@ def main():
   ap.add_argument("--time-only", action="store_true")
   ap.add_argument("--iters", type=int, default=20)
   ap.add_argument("--repeats", type=int, default=5)
+  ap.add_argument("--variants", default=",".join(v[0] for v in VARIANTS),
+                  help="comma-separated names of VARIANTS to time (ws_c1 last: it faulted at 4096)")
   args = ap.parse_args()
+  variants = [v for v in VARIANTS if v[0] in args.variants.split(",")]
   if args.compile_only:
     compile_only()
     return
@@ -300,7 +317,7 @@ def main():
     result["check_ok"] = all(r["ok"] for r in result["check"])
     print("check ok:", result["check_ok"], flush=True)
   if not args.check_only:
-    result["time"] = time_shapes(args.iters, args.repeats)
+    result["time"] = time_shapes(args.iters, args.repeats, variants)
     print_times(result["time"])
   with open(args.out, "w") as f:
     json.dump(result, f, indent=1)
