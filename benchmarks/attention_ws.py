@@ -47,9 +47,11 @@ VARIANTS = [
     ("ws_c2_pingpong_s4", 2, True, 4),
     ("ws_c1", 1, False, 3),
 ]
-# (B, H, K, T, D): K the KV heads (GQA where K < H)
-CHECKS = [(1, 2, 2, 256, 128), (2, 4, 4, 1024, 128), (1, 4, 2, 512, 128), (1, 2, 2, 512, 64)]
-TIMES = [(1, 16, 16, 4096, 128), (1, 16, 16, 16384, 128)]
+# (B, H, K, T, D, causal): K the KV heads (GQA where K < H); causal is top-left (Tq = Tk here)
+CHECKS = [(1, 2, 2, 256, 128, False), (2, 4, 4, 1024, 128, False), (1, 4, 2, 512, 128, False),
+          (1, 2, 2, 512, 64, False), (1, 2, 2, 512, 128, True), (2, 4, 2, 1024, 128, True), (1, 2, 2, 384, 64, True)]
+TIMES = [(1, 16, 16, 4096, 128, False), (1, 16, 16, 16384, 128, False), (1, 16, 16, 4096, 128, True),
+         (1, 16, 16, 16384, 128, True)]
 WATCHDOG_S = 60.0  # a first launch still running after this long is taken for a deadlock (barrier phases)
 PARTIAL: dict = {}  # the results so far and where they go, written out if the watchdog fires
 
@@ -70,9 +72,9 @@ def compile_only(arch: int = 90) -> list[dict]:
 
   rows = []
   types = ("*bf16", ) * 4 + ("*fp32", "fp32") + ("i32", ) * 16
-  for d in (128, 64):
+  for d, causal in ((128, False), (64, False), (128, True)):
     for name, consumers, pingpong, stages in VARIANTS:
-      params = ws.launch_params(d, stages, consumers, pingpong, (arch // 10, arch % 10))
+      params = ws.launch_params(d, stages, consumers, pingpong, (arch // 10, arch % 10), causal)
       num_warps, maxnreg = params.pop("num_warps"), params.pop("maxnreg")
       t0 = time.time()
       kernel = triton_call.build(ws.attention_fwd_ws_kernel, types, (), tuple(params.items()), num_warps, 1,
@@ -83,14 +85,16 @@ def compile_only(arch: int = 90) -> list[dict]:
       # The consumers' KV loops: the loops issuing one tile's products (D / 16 wgmma for S, 4 for P V), not the
       # partitions' dispatch loop around them.
       loops = [lp["instructions"] for lp in st["loops"] if lp["mix"].get("HGMMA") == d // 16 + 4]
-      row = {"variant": name, "D": d, "compile_s": round(time.time() - t0, 2), "warps": kernel.metadata.num_warps,
+      row = {"variant": name, "D": d, "causal": causal, "compile_s": round(time.time() - t0, 2),
+             "warps": kernel.metadata.num_warps,
              "launch_registers": st["registers"], "maxnreg": maxnreg,
              "setmaxnreg": sorted({int(x) for x in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)}),
              "stack_bytes": st["stack_bytes"], "local_ld_st": sass.count("LDL") + sass.count("STL"),
              "shared_bytes": st["shared_bytes"], "global_scratch": kernel.metadata.global_scratch_size,
              "hgmma": st["mix"].get("HGMMA", 0), "kv_loops": loops, "ptxas_warnings": ptxas_warnings(kernel, arch)}
       rows.append(row)
-      print(f"{name:18s} D={d:3d} warps {row['warps']:2d} regs {row['launch_registers']} (setmaxnreg "
+      print(f"{name:18s} D={d:3d}{' causal' if causal else ''} warps {row['warps']:2d} regs "
+            f"{row['launch_registers']} (setmaxnreg "
             f"{row['setmaxnreg']}) stack {row['stack_bytes']} B, LDL/STL {row['local_ld_st']}, smem "
             f"{row['shared_bytes']} B, scratch {row['global_scratch']} B, KV loops {row['kv_loops']} instr, "
             f"ptxas notes {row['ptxas_warnings'] or 'none'} ({row['compile_s']} s)", flush=True)
@@ -124,11 +128,11 @@ def inputs(b, h, kh, t, d, seed):
   return raw, tuple(quantize(x) for x in raw)
 
 
-def triton_static(d: int) -> tuple:
+def triton_static(d: int, causal: bool = False) -> tuple:
   """The static scalars of jqat's torch ops for the O-alone forward on already-quantized inputs."""
   from jqat.ffi import options
 
-  return options.keyword_scalars(head_dim=d, scale=d**-0.5, is_causal=False, block_n=ws.BLOCK_N, quantize_qkv=False,
+  return options.keyword_scalars(head_dim=d, scale=d**-0.5, is_causal=causal, block_n=ws.BLOCK_N, quantize_qkv=False,
                                  quantize_p=True, high_precision_delta=True, quantize_p_backward=True,
                                  local_window_size=None, causal_alignment="top_left", p_scale="block",
                                  qkv_scale="block")
@@ -138,18 +142,20 @@ def bhsd(x):
   return x.transpose(1, 2)
 
 
-def triton_out(q, k, v):
+def triton_out(q, k, v, causal=False):
   """jqat's Triton O-alone forward (one launch) on BTNH q, k, v: O as BTNH."""
   from jqat.torch._attention import attention_out_op
 
-  return bhsd(attention_out_op(bhsd(q), bhsd(k), bhsd(v), None, None, None, None, *triton_static(q.shape[-1])))
+  return bhsd(attention_out_op(bhsd(q), bhsd(k), bhsd(v), None, None, None, None,
+                               *triton_static(q.shape[-1], causal)))
 
 
-def triton_forward(q, k, v):
+def triton_forward(q, k, v, causal=False):
   """jqat's Triton training forward on BTNH q, k, v: (O as BTNH, lse [B, H, T])."""
   from jqat.torch._attention import attention_fwd_op
 
-  o, _, lse, _ = attention_fwd_op(bhsd(q), bhsd(k), bhsd(v), None, None, None, None, *triton_static(q.shape[-1]))
+  o, _, lse, _ = attention_fwd_op(bhsd(q), bhsd(k), bhsd(v), None, None, None, None,
+                                  *triton_static(q.shape[-1], causal))
   return bhsd(o), lse
 
 
@@ -185,17 +191,17 @@ def check() -> list[dict]:
   from oracle import attention_oracle, fq_oracle
 
   rows = PARTIAL.setdefault("result", {}).setdefault("check", [])
-  for i, (b, h, kh, t, d) in enumerate(CHECKS):
+  for i, (b, h, kh, t, d, causal) in enumerate(CHECKS):
     raw, (q, k, v) = inputs(b, h, kh, t, d, seed=10 + i)
     fq_ok = all(np.array_equal(fq_oracle(r.float().cpu().numpy()), x.float().cpu().numpy())
                 for r, x in zip(raw, (q, k, v)))
     want_o, _, want_lse = attention_oracle(*(x.float().cpu().numpy() for x in (q, k, v)), scale=d**-0.5,
-                                           is_causal=False, block_n=ws.BLOCK_N, quantize_qkv=False, quantize_p=True)
-    tri_o, tri_lse = triton_forward(q, k, v)
-    tri_o_alone = triton_out(q, k, v)
+                                           is_causal=causal, block_n=ws.BLOCK_N, quantize_qkv=False, quantize_p=True)
+    tri_o, tri_lse = triton_forward(q, k, v, causal)
+    tri_o_alone = triton_out(q, k, v, causal)
     torch.cuda.synchronize()
     tri = tri_o.float().cpu().numpy()
-    base = {"B": b, "H": h, "K": kh, "T": t, "D": d, "fq_inputs_bitwise": fq_ok,
+    base = {"B": b, "H": h, "K": kh, "T": t, "D": d, "causal": causal, "fq_inputs_bitwise": fq_ok,
             "triton_vs_oracle": rel(tri, want_o),
             "triton_o_alone_equals_training_o": bool(torch.equal(tri_o_alone, tri_o)),
             "triton_lse_max_abs": float(np.max(np.abs(tri_lse.cpu().numpy() - want_lse)))}
@@ -203,12 +209,13 @@ def check() -> list[dict]:
       if t % (int(ws.WG_ROWS.value) * consumers):
         continue
       try:
-        o, lse = ws.attention_fwd_ws(q, k, v, stages=stages, consumers=consumers, pingpong=pingpong)
-        finish_or_die(f"{name} at {(b, h, kh, t, d)}")
+        o, lse = ws.attention_fwd_ws(q, k, v, stages=stages, consumers=consumers, pingpong=pingpong,
+                                     is_causal=causal)
+        finish_or_die(f"{name} at {(b, h, kh, t, d, causal)}")
         got = o.float().cpu().numpy()
       except Exception as e:  # a build or launch failure: recorded, and the other variants still run
         rows.append(dict(base, variant=name, ok=False, error=f"{type(e).__name__}: {e}"[:2000]))
-        print(f"check {(b, h, kh, t, d)} {name:18s} FAILED: {rows[-1]['error'][:300]}", flush=True)
+        print(f"check {(b, h, kh, t, d, causal)} {name:18s} FAILED: {rows[-1]['error'][:300]}", flush=True)
         continue
       row = dict(base, variant=name, finite=bool(np.isfinite(got).all()), ws_vs_oracle=rel(got, want_o),
                  ws_vs_triton=rel(got, tri), differing=float(np.mean(got != tri)),
@@ -218,7 +225,7 @@ def check() -> list[dict]:
       row["ok"] = (row["finite"] and fq_ok and row["ws_vs_oracle"] <= 1.5 * row["triton_vs_oracle"] + 1e-3
                    and row["ws_vs_triton"] < 1e-2 and row["ws_lse_max_abs"] < 1e-3)
       rows.append(row)
-      print(f"check {(b, h, kh, t, d)} {name:18s} ws-oracle {row['ws_vs_oracle']:.3e} triton-oracle "
+      print(f"check {(b, h, kh, t, d, causal)} {name:18s} ws-oracle {row['ws_vs_oracle']:.3e} triton-oracle "
             f"{row['triton_vs_oracle']:.3e} ws-triton {row['ws_vs_triton']:.3e} differing {row['differing']:.5f} "
             f"lse {row['ws_lse_max_abs']:.1e} fq {fq_ok} ok {row['ok']}", flush=True)
   return rows
@@ -236,43 +243,45 @@ def time_shapes(iters: int, repeats: int, variants=VARIANTS) -> list[dict]:
   from torch.nn.attention import SDPBackend, sdpa_kernel
 
   rows = PARTIAL.setdefault("result", {}).setdefault("time", [])
-  for b, h, kh, t, d in TIMES:
+  for b, h, kh, t, d, causal in TIMES:
     raw, (q, k, v) = inputs(b, h, kh, t, d, seed=1)
-    flop = 4.0 * b * h * t * t * d
-    row = {"B": b, "H": h, "K": kh, "T": t, "D": d}
+    flop = 4.0 * b * h * t * t * d / (2 if causal else 1)
+    shape = (b, h, kh, t, d, causal)
+    row = {"B": b, "H": h, "K": kh, "T": t, "D": d, "causal": causal}
     rows.append(row)
-    ref = triton_out(q, k, v)
+    ref = triton_out(q, k, v, causal)
     finish_or_die("triton forward")
     # The baselines first, and every time printed and saved as it is measured: a variant that faults leaves the CUDA
     # context unusable for everything after it.
-    row["triton_ms"] = cuda_event_ms(functools.partial(triton_out, q, k, v), iters, repeats)
-    print(f"time {(b, h, kh, t, d)} triton {row['triton_ms']:.4f} ms", flush=True)
+    row["triton_ms"] = cuda_event_ms(functools.partial(triton_out, q, k, v, causal), iters, repeats)
+    print(f"time {shape} triton {row['triton_ms']:.4f} ms", flush=True)
     row["cudnn_bf16_ms"] = None
     for layout, prep in (("btnh_view", bhsd), ("bhsd_contiguous", lambda x: bhsd(x).contiguous())):
       qb, kb, vb = (prep(x) for x in raw)
       try:
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
           sdpa = functools.partial(torch.nn.functional.scaled_dot_product_attention, qb, kb, vb,
-                                   enable_gqa=kh != h)
+                                   enable_gqa=kh != h, is_causal=causal)
           row["cudnn_bf16_ms"] = cuda_event_ms(sdpa, iters, repeats)
           row["cudnn_layout"] = layout
-          print(f"time {(b, h, kh, t, d)} cudnn_bf16 {row['cudnn_bf16_ms']:.4f} ms ({layout})", flush=True)
+          print(f"time {shape} cudnn_bf16 {row['cudnn_bf16_ms']:.4f} ms ({layout})", flush=True)
           break
       except RuntimeError as e:  # cuDNN refused this layout (or this torch build has no cuDNN attention)
         row[f"cudnn_error_{layout}"] = str(e).splitlines()[0]
     _save_partial()
     for name, consumers, pingpong, stages in variants:
-      fn = functools.partial(ws.attention_fwd_ws, q, k, v, stages=stages, consumers=consumers, pingpong=pingpong)
+      fn = functools.partial(ws.attention_fwd_ws, q, k, v, stages=stages, consumers=consumers, pingpong=pingpong,
+                             is_causal=causal)
       try:
         o, _ = fn()
-        finish_or_die(f"{name} at {(b, h, kh, t, d)}")
+        finish_or_die(f"{name} at {shape}")
         row[f"{name}_vs_triton"] = rel(o.float().cpu().numpy(), ref.float().cpu().numpy())
         row[f"{name}_ms"] = cuda_event_ms(fn, iters, repeats)
-        print(f"time {(b, h, kh, t, d)} {name} {row[f'{name}_ms']:.4f} ms "
+        print(f"time {shape} {name} {row[f'{name}_ms']:.4f} ms "
               f"({row['triton_ms'] / row[f'{name}_ms']:.3f}x the Triton forward's speed)", flush=True)
       except Exception as e:  # recorded; the other variants still run (if the context survived)
         row[f"{name}_error"] = f"{type(e).__name__}: {e}"[:2000]
-        print(f"time {(b, h, kh, t, d)} {name} FAILED: {row[f'{name}_error'][:300]}", flush=True)
+        print(f"time {shape} {name} FAILED: {row[f'{name}_error'][:300]}", flush=True)
       for key in [k_ for k_ in row if k_.endswith("_ms")]:
         if row[key]:
           row[key.replace("_ms", "_tflops")] = flop / row[key] / 1e9
@@ -282,14 +291,14 @@ def time_shapes(iters: int, repeats: int, variants=VARIANTS) -> list[dict]:
 
 def print_times(rows: list[dict]) -> None:
   names = [v[0] for v in VARIANTS] + ["triton", "cudnn_bf16"]
-  print("\nshape (B, H, K, T, D)      | " + " | ".join(f"{n:>18s}" for n in names))
+  print("\nshape (B, H, K, T, D, causal) | " + " | ".join(f"{n:>18s}" for n in names))
   for r in rows:
     cells = []
     for n in names:
       ms = r.get(f"{n}_ms")
       cells.append(f"{ms:7.3f} ms {r[f'{n}_tflops']:5.0f} TF" if ms else f"{'-':>18s}")
-    print(f"{str((r['B'], r['H'], r['K'], r['T'], r['D'])):26s} | " + " | ".join(cells))
-  print("(TF: TFLOP/s of the two matmuls, 4 B H T^2 D)")
+    print(f"{str((r['B'], r['H'], r['K'], r['T'], r['D'], r['causal'])):29s} | " + " | ".join(cells))
+  print("(TF: TFLOP/s of the two matmuls, 4 B H T^2 D, halved when causal)")
 
 
 def main():

@@ -2,9 +2,10 @@
 into the library.
 
 The function is the O-alone forward of ``attention_fwd.attention_fwd_kernel`` (docs/NUMERICS.md, sections 4.3-4.4)
-for its simplest case: Q, K, V already fake-quantized (the quantize pass's output, ``QUANTIZE_Q`` off), p_scale
-"block", non-causal, no masks, no segment ids, D = 128 (or 64), KV tiles of BLOCK_N = 64 keys, sequence lengths
-multiples of the program's rows. It also writes lse (cheap, and a check of m and l).
+for its simplest cases: Q, K, V already fake-quantized (the quantize pass's output, ``QUANTIZE_Q`` off), p_scale
+"block", non-causal or causal (top-left; IS_CAUSAL), no other masks, no segment ids, D = 128 (or 64), KV tiles of
+BLOCK_N = 64 keys, sequence lengths multiples of the program's rows. It also writes lse (cheap, and a check of m and
+l).
 
 Why: the Triton forward runs 64 rows on one warpgroup, two programs per SM, and is latency-bound (docs/PERFORMANCE.md,
 section 3): within a program every step waits for the one before, and only the other program's work fills the gaps.
@@ -109,12 +110,18 @@ def registers(consumers: int) -> tuple[int, int]:
 
 
 @gluon.jit
-def _softmax_step(s, m, l, qk_scale, O_LAYOUT: gl.constexpr, HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr):
+def _softmax_step(s, m, l, qk_scale, O_LAYOUT: gl.constexpr, HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr,
+                  MASKED: gl.constexpr = False, row0=0, j=0):
   """One KV tile's online-softmax step on the raw scores ``s = q . k`` (FP32 [64, BLOCK_N], S's accumulator layout):
   returns the new running max, the new row sum, the rescale ``alpha`` of the old state (in O's row layout) and fq(P)
   in bf16 as the A operand of ``P V``. The Triton kernel's expressions (``attention_fwd._kv_tile``, unmasked, block
   mode), in its order."""
   s = mul_rn(s, qk_scale, False)  # log2 units, rounded once: the max's p is exp2(0) = 1 exactly
+  if MASKED:  # causal (top-left): query row r sees keys k <= r; hidden scores -inf, their p exactly +0
+    S_LAYOUT: gl.constexpr = s.type.layout
+    rows = row0 + gl.arange(0, s.shape[0], layout=gl.SliceLayout(1, S_LAYOUT))
+    keys = j * s.shape[1] + gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, S_LAYOUT))
+    s = gl.where(keys[None, :] <= rows[:, None], s, float("-inf"))
   m_new = gl.maximum(m, gl.max(s, axis=1))
   m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
   p = gl.exp2(s - m_safe[:, None])
@@ -144,8 +151,31 @@ def _pass_turn(turns, WG: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
+def _tile(j, m, l, acc, p_op, q_s, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turns, s_init, qk_scale, row0,
+          WG: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, MASKED: gl.constexpr,
+          O_LAYOUT: gl.constexpr, HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr):
+  """KV tile ``j > 0`` of a consumer: S_j = Q K_j^T and acc += fq(P_{j-1}) V_{j-1} in flight together (wgmma groups
+  complete in issue order), the softmax step of S_j (causal mask with MASKED) while P_{j-1} V_{j-1} runs, then the
+  rescale of acc. Returns ``(m, l, acc, fq(P_j))``."""
+  st = j % STAGES
+  sp = (j - 1) % STAGES
+  mbarrier.wait(k_ready.index(st), (j // STAGES) & 1)
+  mbarrier.wait(v_ready.index(sp), ((j - 1) // STAGES) & 1)
+  _take_turn(turns, WG, j, PINGPONG)
+  s_tok = warpgroup_mma(q_s, k_bufs.index(st).permute((1, 0)), s_init, use_acc=False, is_async=True)
+  o_tok = warpgroup_mma(p_op, v_bufs.index(sp), acc, is_async=True)
+  _pass_turn(turns, WG, PINGPONG)
+  s = warpgroup_mma_wait(1, deps=[s_tok])  # S_j done (P V may still run)
+  mbarrier.arrive(k_empty.index(st))
+  m, l, alpha, p_next = _softmax_step(s, m, l, qk_scale, O_LAYOUT, HW_E4M3, HW_E2M1, MASKED, row0, j)
+  acc, p_op = warpgroup_mma_wait(0, deps=[o_tok, p_op])  # P_{j-1} V_{j-1} done: its A registers are free
+  mbarrier.arrive(v_empty.index(sp))
+  return m, l, acc * alpha[:, None], p_next
+
+
+@gluon.jit
 def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              PINGPONG: gl.constexpr, HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr):
+              PINGPONG: gl.constexpr, HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr, IS_CAUSAL: gl.constexpr):
   """Consumer warpgroup WG: query rows ``[start_m + 64 WG, +64)`` of head ``h``, batch ``b``; walks the
   ``n_tiles`` KV tiles of the ring and stores O and lse of its rows. ``smem``: the shared buffers and barriers,
   ``scalars``: pointers and integers (tuples: the two consumers are one function with one argument list).
@@ -186,25 +216,20 @@ def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, BLOCK_N: 
   _pass_turn(turns, WG, PINGPONG)
   s = warpgroup_mma_wait(0, deps=[s_tok])
   mbarrier.arrive(k_empty.index(0))
-  m, l, alpha, p_op = _softmax_step(s, m, l, qk_scale, O_LAYOUT, HW_E4M3, HW_E2M1)
+  m, l, alpha, p_op = _softmax_step(s, m, l, qk_scale, O_LAYOUT, HW_E4M3, HW_E2M1, IS_CAUSAL, row0, 0)
 
-  for j in range(1, n_tiles):
-    st = j % STAGES
-    sp = (j - 1) % STAGES
-    # S_j = Q K_j^T and acc += fq(P_{j-1}) V_{j-1}, both in flight; wgmma groups complete in issue order.
-    mbarrier.wait(k_ready.index(st), (j // STAGES) & 1)
-    mbarrier.wait(v_ready.index(sp), ((j - 1) // STAGES) & 1)
-    _take_turn(turns, WG, j, PINGPONG)
-    s_tok = warpgroup_mma(q_s, k_bufs.index(st).permute((1, 0)), s_init, use_acc=False, is_async=True)
-    o_tok = warpgroup_mma(p_op, v_bufs.index(sp), acc, is_async=True)
-    _pass_turn(turns, WG, PINGPONG)
-    s = warpgroup_mma_wait(1, deps=[s_tok])  # S_j done (P V may still run)
-    mbarrier.arrive(k_empty.index(st))
-    m, l, alpha, p_next = _softmax_step(s, m, l, qk_scale, O_LAYOUT, HW_E4M3, HW_E2M1)
-    acc, p_op = warpgroup_mma_wait(0, deps=[o_tok, p_op])  # P_{j-1} V_{j-1} done: its A registers are free
-    mbarrier.arrive(v_empty.index(sp))
-    acc = acc * alpha[:, None]
-    p_op = p_next
+  if IS_CAUSAL:  # tiles below the diagonal unmasked, from the first that holds a key past row0 masked
+    diag = gl.minimum(gl.maximum(row0 // BLOCK_N, 1), n_tiles)
+    for j in range(1, diag):
+      m, l, acc, p_op = _tile(j, m, l, acc, p_op, q_s, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turns,
+                              s_init, qk_scale, row0, WG, STAGES, PINGPONG, False, O_LAYOUT, HW_E4M3, HW_E2M1)
+    for j in range(diag, n_tiles):
+      m, l, acc, p_op = _tile(j, m, l, acc, p_op, q_s, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turns,
+                              s_init, qk_scale, row0, WG, STAGES, PINGPONG, True, O_LAYOUT, HW_E4M3, HW_E2M1)
+  else:
+    for j in range(1, n_tiles):
+      m, l, acc, p_op = _tile(j, m, l, acc, p_op, q_s, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turns,
+                              s_init, qk_scale, row0, WG, STAGES, PINGPONG, False, O_LAYOUT, HW_E4M3, HW_E2M1)
 
   sp = (n_tiles - 1) % STAGES
   mbarrier.wait(v_ready.index(sp), ((n_tiles - 1) // STAGES) & 1)
@@ -262,7 +287,8 @@ def attention_fwd_ws_kernel(
     stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     stride_ob, stride_ot, stride_oh,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
-    PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr):
+    PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr,
+    IS_CAUSAL: gl.constexpr = False):
   """O (and lse) of ``64 * CONSUMERS`` query rows of one head per program: grid ``(tq / (64 CONSUMERS), B * N)``.
 
   q, o: [B, Tq, N, D] bf16; k, v: [B, Tk, K, D] bf16, N = K * group (query head h reads KV head h // group); every
@@ -283,13 +309,19 @@ def attention_fwd_ws_kernel(
   stride_vb, stride_vt, stride_vh = stride_vb // 16 * 16, stride_vt // 16 * 16, stride_vh // 16 * 16
   stride_ob, stride_ot, stride_oh = stride_ob // 16 * 16, stride_ot // 16 * 16, stride_oh // 16 * 16
   tk = tk // BLOCK_N * BLOCK_N
-  pid_m = gl.program_id(0)
-  pid_bh = gl.program_id(1)
+  if IS_CAUSAL:  # grid (B * N, row blocks): heads fastest, the longest walks (last row blocks) launched first
+    pid_bh = gl.program_id(0)
+    pid_m = gl.num_programs(1) - 1 - gl.program_id(1)
+  else:
+    pid_m = gl.program_id(0)
+    pid_bh = gl.program_id(1)
   b = pid_bh // n_heads
   h = pid_bh % n_heads
   kvh = h // group
   start_m = pid_m * (WG_ROWS * CONSUMERS)
   n_tiles = tk // BLOCK_N
+  if IS_CAUSAL:  # top-left: the program's last row sees keys up to start_m + 64 CONSUMERS - 1
+    n_tiles = gl.minimum(n_tiles, (start_m + WG_ROWS * CONSUMERS) // BLOCK_N)
   qk_scale = scale * LOG2E  # as the Triton kernel forms it: one FP32 product
 
   TILE: gl.constexpr = tile_smem_layout(BLOCK_N, HEAD_DIM)
@@ -316,23 +348,26 @@ def attention_fwd_ws_kernel(
   # tensors.)
   kv = (k_ptr, v_ptr, n_tiles, tk, b, kvh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh)
   if CONSUMERS == 2:
-    gl.warp_specialize([(_consumer, (0, smem, scalars, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, HW_E4M3, HW_E2M1)),
-                        (_consumer, (1, smem, scalars, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, HW_E4M3, HW_E2M1)),
+    gl.warp_specialize([(_consumer, (0, smem, scalars, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, HW_E4M3, HW_E2M1,
+                                     IS_CAUSAL)),
+                        (_consumer, (1, smem, scalars, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, HW_E4M3, HW_E2M1,
+                                     IS_CAUSAL)),
                         (_producer, (smem, kv, HEAD_DIM, BLOCK_N, STAGES))], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
   else:
-    gl.warp_specialize([(_consumer, (0, smem, scalars, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, HW_E4M3, HW_E2M1)),
+    gl.warp_specialize([(_consumer, (0, smem, scalars, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, HW_E4M3, HW_E2M1,
+                                     IS_CAUSAL)),
                         (_producer, (smem, kv, HEAD_DIM, BLOCK_N, STAGES))], [1], [PRODUCER_REGS])
 
 
 def launch_params(head_dim: int, stages: int = 3, consumers: int = 2, pingpong: bool = False,
-                  compute_capability=(9, 0)) -> dict:
+                  compute_capability=(9, 0), is_causal: bool = False) -> dict:
   """Constexprs and launch options of :func:`attention_fwd_ws_kernel`."""
   maxnreg, consumer_regs = registers(consumers)
   flags = quant_flags(compute_capability)
   return {"HEAD_DIM": head_dim, "BLOCK_N": BLOCK_N, "STAGES": stages, "CONSUMERS": consumers,
           "PINGPONG": bool(pingpong and consumers == 2),
-          "CONSUMER_REGS": consumer_regs, "HW_E4M3": flags["HW_E4M3"], "HW_E2M1": flags["HW_E2M1"], "num_warps": 4,
-          "maxnreg": maxnreg}
+          "CONSUMER_REGS": consumer_regs, "HW_E4M3": flags["HW_E4M3"], "HW_E2M1": flags["HW_E2M1"],
+          "IS_CAUSAL": bool(is_causal), "num_warps": 4, "maxnreg": maxnreg}
 
 
 def _launch_with_scratch(kernel, grid, args, params, device) -> None:
@@ -353,11 +388,12 @@ def _launch_with_scratch(kernel, grid, args, params, device) -> None:
 
 
 def attention_fwd_ws(q, k, v, scale: float | None = None, *, stages: int = 3, consumers: int = 2,
-                     pingpong: bool = False):
+                     pingpong: bool = False, is_causal: bool = False):
   """O and lse of the O-alone forward on torch CUDA tensors (sm_90): q [B, T, N, D], k, v [B, Tk, K, D] bf16,
   already fake-quantized, BTNH with a contiguous last axis. Returns ``(o [B, T, N, D] bf16, lse [B, N, T] fp32)``.
 
-  A prototype: no masks, non-causal, p_scale "block"; ``T % (64 consumers) == 0``, ``Tk % 64 == 0``."""
+  A prototype: no masks but the causal one (top-left: query row r sees keys k <= r), p_scale "block";
+  ``T % (64 consumers) == 0``, ``Tk % 64 == 0``."""
   import torch  # noqa: PLC0415
 
   b, t, n, d = q.shape
@@ -371,8 +407,9 @@ def attention_fwd_ws(q, k, v, scale: float | None = None, *, stages: int = 3, co
   scale = d**-0.5 if scale is None else float(scale)
   o = torch.empty_like(q)
   lse = torch.empty((b, n, t), dtype=torch.float32, device=q.device)
-  params = launch_params(d, stages, consumers, pingpong, torch.cuda.get_device_capability(q.device))
+  params = launch_params(d, stages, consumers, pingpong, torch.cuda.get_device_capability(q.device), is_causal)
   args = (q, k, v, o, lse, scale, t, tk, n, n // kh, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
           *o.stride()[:3])
-  _launch_with_scratch(attention_fwd_ws_kernel, (t // rows, b * n), args, params, q.device)
+  grid = (b * n, t // rows) if is_causal else (t // rows, b * n)  # causal: longest walks first (the kernel)
+  _launch_with_scratch(attention_fwd_ws_kernel, grid, args, params, q.device)
   return o, lse
