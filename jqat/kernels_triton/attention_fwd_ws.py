@@ -283,13 +283,15 @@ def _producer(smem, kv, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: g
 
 @gluon.jit
 def attention_fwd_ws_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, scale, tq, tk, n_heads, group,
+    q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group,
     stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
-    stride_ob, stride_ot, stride_oh,
+    stride_ob, stride_ot, stride_oh, o_ptr, lse_ptr,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
     PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr,
     IS_CAUSAL: gl.constexpr = False):
-  """O (and lse) of ``64 * CONSUMERS`` query rows of one head per program: grid ``(tq / (64 CONSUMERS), B * N)``.
+  """O (and lse) of ``64 * CONSUMERS`` query rows of one head per program: grid ``(tq / (64 CONSUMERS), B * N)``, or
+  ``(B * N, tq / (64 CONSUMERS))`` with IS_CAUSAL (heads fastest, longest walks first). Outputs last, as the launch
+  plans order arguments.
 
   q, o: [B, Tq, N, D] bf16; k, v: [B, Tk, K, D] bf16, N = K * group (query head h reads KV head h // group); every
   last axis contiguous, the other strides multiples of 16 elements; q, k, v already fake-quantized (fq along D).
@@ -408,8 +410,8 @@ def attention_fwd_ws(q, k, v, scale: float | None = None, *, stages: int = 3, co
   o = torch.empty_like(q)
   lse = torch.empty((b, n, t), dtype=torch.float32, device=q.device)
   params = launch_params(d, stages, consumers, pingpong, torch.cuda.get_device_capability(q.device), is_causal)
-  args = (q, k, v, o, lse, scale, t, tk, n, n // kh, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-          *o.stride()[:3])
+  args = (q, k, v, scale, t, tk, n, n // kh, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3], o,
+          lse)
   grid = (b * n, t // rows) if is_causal else (t // rows, b * n)  # causal: longest walks first (the kernel)
   _launch_with_scratch(attention_fwd_ws_kernel, grid, args, params, q.device)
   return o, lse
