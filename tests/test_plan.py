@@ -375,8 +375,8 @@ def test_forward_without_residuals(p_scale, qkv_scale):
 def test_ws_forward_plan_builds_for_sm90(monkeypatch, tmp_path):
   """``JQAT_ATTN_FWD_KERNEL=ws``: the O-alone forward ends in the warp-specialized Gluon prototype on fq(Q), fq(K),
   fq(V) from the pass (lse to scratch), causal grids heads-fastest; it builds for sm_90 with its worker warps (12 in
-  all) and no spills. The training forward keeps the Triton kernel, and a case the prototype does not take is a
-  ValueError naming the variable."""
+  all) and no spills. The training forward, and a case the warp-specialized kernel does not take, keep the Triton
+  kernel; an unknown value is a ValueError naming the variable."""
   import re
   import subprocess
 
@@ -408,9 +408,15 @@ def test_ws_forward_plan_builds_for_sm90(monkeypatch, tmp_path):
     assert re.search(r"STACK:0\b", usage), (causal, usage)
   training = plans.attention_forward(q, kv, kv, AttentionOptions(0.088), GPU)
   assert training.launches[-1].kernel is kfwd.attention_fwd_kernel
-  with pytest.raises(ValueError, match="JQAT_ATTN_FWD_KERNEL=ws"):  # 200 rows: not a multiple of 128
-    plans.attention_forward(dense((1, 200, 4, 128), "bfloat16"), kv, kv, AttentionOptions(0.088), GPU,
-                            residuals=False)
+  # A case the warp-specialized kernel does not take keeps the Triton kernel: 200 rows (not a multiple of 128),
+  # D = 96, a window, row mode.
+  for qs, ks, opts in (((1, 200, 4, 128), (1, 256, 2, 128), AttentionOptions(0.088)),
+                       ((1, 256, 4, 96), (1, 256, 2, 96), AttentionOptions(0.1)),
+                       ((1, 256, 4, 128), (1, 256, 2, 128), AttentionOptions(0.088, local_window_size=(64, 0))),
+                       ((1, 256, 4, 128), (1, 256, 2, 128), AttentionOptions(0.088, p_scale="row"))):
+    kept = plans.attention_forward(dense(qs, "bfloat16"), dense(ks, "bfloat16"), dense(ks, "bfloat16"), opts, GPU,
+                                   residuals=False)
+    assert kept.launches[-1].kernel is kfwd.attention_fwd_kernel, (qs, opts)
   monkeypatch.setenv(plans.FWD_KERNEL_ENV, "fast")
   with pytest.raises(ValueError, match="JQAT_ATTN_FWD_KERNEL must be one of"):
     plans.attention_forward(q, kv, kv, AttentionOptions(0.088), GPU, residuals=False)

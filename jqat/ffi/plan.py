@@ -420,9 +420,9 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
     (kk, vv), scratch, launches = _quantized_inputs(("k", "v"), (k, v), cfg.quantize_qkv, target, buffers)
   scratch += tuple(launch.outputs[0] for launch in mask_launches)
   launches += mask_launches
-  if not residuals and forward_kernel() == "ws":
-    return _forward_ws(q, k, v, o, opts, target, buffers, inputs, outputs, scratch, launches, qq, kk, vv,
-                       bool(mask_names) or tensor or not q_pass)
+  if not residuals and forward_kernel() == "ws" and _ws_takes(q, k, v, o, opts, target,
+                                                                 bool(mask_names) or tensor or not q_pass):
+    return _forward_ws(q, k, v, o, opts, target, buffers, inputs, outputs, scratch, launches, qq, kk, vv)
   c = config or forward_config(d, residuals)
   # One kernel for every variant: the flags pick it, the encode scales are placeholders (q) without
   # qkv_scale="tensor", and an output this plan does not have is None (row max in "block"; without residuals all
@@ -452,31 +452,35 @@ FWD_KERNELS = ("triton", "ws")
 
 def forward_kernel() -> str:
   """The O-alone forward's kernel: "triton" (``attention_fwd_kernel``, the default) or, with
-  ``JQAT_ATTN_FWD_KERNEL=ws``, the warp-specialized Gluon prototype (``kernels_triton.attention_fwd_ws``, issue 42:
-  being measured, so only on request)."""
+  ``JQAT_ATTN_FWD_KERNEL=ws``, the warp-specialized Gluon kernel (``kernels_triton.attention_fwd_ws``) wherever it
+  takes the launch (:func:`_ws_takes`) and the Triton kernel elsewhere. Only on request while its gain is small."""
   choice = os.environ.get(FWD_KERNEL_ENV) or "triton"
   if choice not in FWD_KERNELS:
     raise ValueError(f"{FWD_KERNEL_ENV} must be one of {FWD_KERNELS} (or unset), got {choice!r}")
   return choice
 
 
-def _forward_ws(q, k, v, o, opts, target, buffers, inputs, outputs, scratch, launches, qq, kk, vv, other) -> Plan:
-  """The O-alone forward plan's last launch by ``attention_fwd_ws_kernel`` on fq(Q), fq(K), fq(V) from the pass (the
-  launches so far); lse goes to scratch. ``other``: masks, tensor scales, or Q not from the pass (not taken)."""
-  b, tq, n, d = q.shape
-  tk, kh = k.shape[1], k.shape[2]
-  rows = int(kws.WG_ROWS.value) * 2
+def _ws_takes(q, k, v, o, opts, target, other) -> bool:
+  """Whether the warp-specialized forward takes this O-alone launch: sm_90, D in ``kws.HEAD_DIMS``, Tq a multiple of
+  its 128 rows, Tk of its 64-key tiles, no masks but a top-left causal one, block modes, fq(P) on, fq(Q) from the
+  pass, rows of whole 16-element strides. ``other``: masks, tensor scales, or Q not from the pass."""
+  tq, d = q.shape[1], q.shape[3]
+  tk = k.shape[1]
   dense16 = all(s % 16 == 0 for t in (q, k, v, o) for s in t.strides[:3]) and all(t.strides[3] == 1
                                                                                    for t in (q, k, v, o))
   top_left = not opts.is_causal or opts.causal_alignment == "top_left" or tq == tk
-  ok = (not other and d in kws.HEAD_DIMS and tq % rows == 0 and tk % kws.BLOCK_N == 0 and tk > 0 and dense16
-        and top_left and opts.block_n == kws.BLOCK_N and opts.local_window_size is None and opts.p_scale == "block"
-        and opts.config.quantize_p and not target.interpret and tuple(target.compute_capability or ()) == (9, 0))
-  if not ok:
-    raise ValueError(f"{FWD_KERNEL_ENV}=ws: the warp-specialized forward takes sm_90, D in {kws.HEAD_DIMS}, Tq % "
-                     f"{rows} == 0, Tk % {kws.BLOCK_N} == 0, block_n {kws.BLOCK_N}, no masks but a top-left causal "
-                     f"one, p_scale 'block', qkv_scale 'block', fq(P) and fq(Q) from the pass, strides of whole "
-                     f"16-element rows; got q {q.shape}, k {k.shape}, options {opts}, target {target}")
+  return (not other and d in kws.HEAD_DIMS and tq % (2 * int(kws.WG_ROWS.value)) == 0 and tk % kws.BLOCK_N == 0
+          and tk > 0 and dense16 and top_left and opts.block_n == kws.BLOCK_N and opts.local_window_size is None
+          and opts.p_scale == "block" and opts.config.quantize_p and not target.interpret
+          and tuple(target.compute_capability or ()) == (9, 0))
+
+
+def _forward_ws(q, k, v, o, opts, target, buffers, inputs, outputs, scratch, launches, qq, kk, vv) -> Plan:
+  """The O-alone forward plan's last launch by ``attention_fwd_ws_kernel`` on fq(Q), fq(K), fq(V) from the pass (the
+  launches so far); lse goes to scratch. Only where :func:`_ws_takes`."""
+  b, tq, n, d = q.shape
+  tk, kh = k.shape[1], k.shape[2]
+  rows = 2 * int(kws.WG_ROWS.value)
   params = kws.launch_params(d, compute_capability=tuple(target.compute_capability), is_causal=opts.is_causal)
   num_warps, maxnreg = params.pop("num_warps"), params.pop("maxnreg")
   buffers["lse_ws"] = Tensor.dense((b, n, tq), "float32")
