@@ -370,3 +370,54 @@ def test_forward_without_residuals(p_scale, qkv_scale):
   assert (empty.outputs, empty.launches, empty.fills) == (("o",), (), {"o": 0.0})
   with pytest.raises(ValueError, match="keep_quantized needs residuals"):
     plans.attention_forward(q, k, v, opts, GPU, keep_quantized=True, residuals=False)
+
+
+@pytest.mark.fresh_process  # a real compile: not in a process where the interpreter has run
+def test_ws_forward_plan_builds_for_sm90(monkeypatch, tmp_path):
+  """``JQAT_ATTN_FWD_KERNEL=ws``: the O-alone forward ends in the warp-specialized Gluon prototype on fq(Q), fq(K),
+  fq(V) from the pass (lse to scratch), causal grids heads-fastest; it builds for sm_90 with its worker warps (12 in
+  all) and no spills. The training forward, and a case the warp-specialized kernel does not take, keep the Triton
+  kernel; an unknown value is a ValueError naming the variable."""
+  import re
+  import subprocess
+
+  import triton
+
+  from jqat.ffi import callback_launch
+
+  monkeypatch.setenv("JQAT_CACHE_DIR", str(tmp_path))
+  monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+  monkeypatch.setenv(plans.FWD_KERNEL_ENV, "ws")
+  dense = plans.Tensor.dense
+  q, kv = dense((1, 256, 4, 128), "bfloat16"), dense((1, 256, 2, 128), "bfloat16")
+  for causal in (False, True):
+    plan = plans.attention_forward(q, kv, kv, AttentionOptions(0.088, is_causal=causal), GPU, residuals=False)
+    assert [la.name for la in plan.launches] == ["jqat_nvfp4_fake_quantize_qkv", "jqat_attention_fwd_ws"]
+    launch = plan.launches[-1]
+    assert launch.grid == ((4, 2) if causal else (2, 4)) and launch.outputs == ("o", "lse_ws")
+    assert plan.outputs == ("o",) and "lse_ws" in plan.scratch
+    types = tuple("*" + callback_launch._POINTER_TYPES[plan.buffers[a.name].dtype] if isinstance(a, plans.Ref)
+                  else "fp32" if isinstance(a, float) else "i32" for a in launch.args)
+    types += tuple("*" + callback_launch._POINTER_TYPES[plan.buffers[o].dtype] for o in launch.outputs)
+    kernel = callback_launch.build(launch.kernel, types, (), tuple(launch.constexprs.items()), launch.num_warps,
+                                   launch.num_stages, (9, 0), maxnreg=launch.maxnreg)
+    assert kernel.metadata.num_warps == 12  # a consumer warpgroup by default, one more and the producer's
+    path = tmp_path / "k.cubin"
+    path.write_bytes(kernel.asm["cubin"])
+    cuobjdump = str(triton.__path__[0]) + "/backends/nvidia/bin/cuobjdump"
+    usage = subprocess.run([cuobjdump, "-res-usage", str(path)], capture_output=True, text=True, check=True).stdout
+    assert re.search(r"STACK:0\b", usage), (causal, usage)
+  training = plans.attention_forward(q, kv, kv, AttentionOptions(0.088), GPU)
+  assert training.launches[-1].kernel is kfwd.attention_fwd_kernel
+  # A case the warp-specialized kernel does not take keeps the Triton kernel: 200 rows (not a multiple of 128),
+  # D = 96, a window, row mode.
+  for qs, ks, opts in (((1, 200, 4, 128), (1, 256, 2, 128), AttentionOptions(0.088)),
+                       ((1, 256, 4, 96), (1, 256, 2, 96), AttentionOptions(0.1)),
+                       ((1, 256, 4, 128), (1, 256, 2, 128), AttentionOptions(0.088, local_window_size=(64, 0))),
+                       ((1, 256, 4, 128), (1, 256, 2, 128), AttentionOptions(0.088, p_scale="row"))):
+    kept = plans.attention_forward(dense(qs, "bfloat16"), dense(ks, "bfloat16"), dense(ks, "bfloat16"), opts, GPU,
+                                   residuals=False)
+    assert kept.launches[-1].kernel is kfwd.attention_fwd_kernel, (qs, opts)
+  monkeypatch.setenv(plans.FWD_KERNEL_ENV, "fast")
+  with pytest.raises(ValueError, match="JQAT_ATTN_FWD_KERNEL must be one of"):
+    plans.attention_forward(q, kv, kv, AttentionOptions(0.088), GPU, residuals=False)

@@ -35,6 +35,7 @@ import triton
 from jqat.ffi.options import MASK_OPERANDS, P_ROW_RANGE, AttentionOptions, DecodeOptions
 from jqat.kernels_triton import attention_bwd as kbwd
 from jqat.kernels_triton import attention_fwd as kfwd
+from jqat.kernels_triton import attention_fwd_ws as kws
 from jqat.kernels_triton import decode as kdec
 from jqat.kernels_triton import decode_gluon as kdg
 from jqat.kernels_triton import nvfp4 as knv
@@ -419,6 +420,9 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
     (kk, vv), scratch, launches = _quantized_inputs(("k", "v"), (k, v), cfg.quantize_qkv, target, buffers)
   scratch += tuple(launch.outputs[0] for launch in mask_launches)
   launches += mask_launches
+  if not residuals and forward_kernel() == "ws" and _ws_takes(q, k, v, o, opts, target,
+                                                                 bool(mask_names) or tensor or not q_pass):
+    return _forward_ws(q, k, v, o, opts, target, buffers, inputs, outputs, scratch, launches, qq, kk, vv)
   c = config or forward_config(d, residuals)
   # One kernel for every variant: the flags pick it, the encode scales are placeholders (q) without
   # qkv_scale="tensor", and an output this plan does not have is None (row max in "block"; without residuals all
@@ -440,6 +444,51 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
       c.num_warps, c.num_stages, maxnreg=c.maxnreg)
   scratch = tuple(name for name in scratch if name not in kept)
   return Plan(buffers, inputs, scratch, outputs + kept, launches + (fwd,))
+
+
+FWD_KERNEL_ENV = "JQAT_ATTN_FWD_KERNEL"
+FWD_KERNELS = ("triton", "ws")
+
+
+def forward_kernel() -> str:
+  """The O-alone forward's kernel: "triton" (``attention_fwd_kernel``, the default) or, with
+  ``JQAT_ATTN_FWD_KERNEL=ws``, the warp-specialized Gluon kernel (``kernels_triton.attention_fwd_ws``) wherever it
+  takes the launch (:func:`_ws_takes`) and the Triton kernel elsewhere. Only on request while its gain is small."""
+  choice = os.environ.get(FWD_KERNEL_ENV) or "triton"
+  if choice not in FWD_KERNELS:
+    raise ValueError(f"{FWD_KERNEL_ENV} must be one of {FWD_KERNELS} (or unset), got {choice!r}")
+  return choice
+
+
+def _ws_takes(q, k, v, o, opts, target, other) -> bool:
+  """Whether the warp-specialized forward takes this O-alone launch: sm_90, D in ``kws.HEAD_DIMS``, Tq a multiple of
+  its 128 rows, Tk of its 64-key tiles, no masks but a top-left causal one, block modes, fq(P) on, fq(Q) from the
+  pass, rows of whole 16-element strides. ``other``: masks, tensor scales, or Q not from the pass."""
+  tq, d = q.shape[1], q.shape[3]
+  tk = k.shape[1]
+  dense16 = all(s % 16 == 0 for t in (q, k, v, o) for s in t.strides[:3]) and all(t.strides[3] == 1
+                                                                                   for t in (q, k, v, o))
+  top_left = not opts.is_causal or opts.causal_alignment == "top_left" or tq == tk
+  return (not other and d in kws.HEAD_DIMS and tq % (2 * int(kws.WG_ROWS.value)) == 0 and tk % kws.BLOCK_N == 0
+          and tk > 0 and dense16 and top_left and opts.block_n == kws.BLOCK_N and opts.local_window_size is None
+          and opts.p_scale == "block" and opts.config.quantize_p and not target.interpret
+          and tuple(target.compute_capability or ()) == (9, 0))
+
+
+def _forward_ws(q, k, v, o, opts, target, buffers, inputs, outputs, scratch, launches, qq, kk, vv) -> Plan:
+  """The O-alone forward plan's last launch by ``attention_fwd_ws_kernel`` on fq(Q), fq(K), fq(V) from the pass (the
+  launches so far); lse goes to scratch. Only where :func:`_ws_takes`."""
+  b, tq, n, d = q.shape
+  tk, kh = k.shape[1], k.shape[2]
+  rows = 2 * int(kws.WG_ROWS.value)
+  params = kws.launch_params(d, compute_capability=tuple(target.compute_capability), is_causal=opts.is_causal)
+  num_warps, maxnreg = params.pop("num_warps"), params.pop("maxnreg")
+  buffers["lse_ws"] = Tensor.dense((b, n, tq), "float32")
+  grid = (b * n, tq // rows) if opts.is_causal else (tq // rows, b * n)
+  fwd = Launch("jqat_attention_fwd_ws", kws.attention_fwd_ws_kernel, grid,
+               (Ref(qq), Ref(kk), Ref(vv), float(opts.scale), tq, tk, n, n // kh, *_s3(q), *_s3(k), *_s3(v),
+                *_s3(o)), ("o", "lse_ws"), params, num_warps, 1, maxnreg=maxnreg)
+  return Plan(buffers, inputs, scratch + ("lse_ws",), outputs, launches + (fwd,))
 
 
 def attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out_for_delta: Tensor, lse: Tensor,

@@ -270,7 +270,9 @@ def _compile_gluon(fn, arg_dtypes, scalar_args, num_warps: int, num_stages: int,
   compiled = build(fn, tuple(arg_dtypes), ones, tuple(metaparams.items()), num_warps, num_stages, divmod(cc, 10),
                    maxnreg)
   md = compiled.metadata
-  values = (md.name, num_warps, num_ctas, md.shared, compiled.asm["ptx"], compiled.asm.get("ttgir", ""), cc,
+  # A warp-specialized kernel runs more warps than ``num_warps`` (its worker partitions'): jaxlib launches what the
+  # metadata says.
+  values = (md.name, md.num_warps, num_ctas, md.shared, compiled.asm["ptx"], compiled.asm.get("ttgir", ""), cc,
             getattr(md, "global_scratch_size", 0) or 0, getattr(md, "global_scratch_align", 1) or 1)
   return values, specialization(tuple(arg_dtypes), GPUTarget("cuda", cc, 32))
 

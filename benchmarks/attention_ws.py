@@ -1,0 +1,337 @@
+"""The warp-specialized Gluon forward prototype (jqat/kernels_triton/attention_fwd_ws.py, issue 42) against jqat's
+Triton forward and cuDNN, on one Hopper GPU (torch).
+
+    PYTHONPATH=.:benchmarks python3 benchmarks/attention_ws.py --out ws.json [--check-only | --time-only]
+    .venv/bin/python benchmarks/attention_ws.py --compile-only        (no GPU: builds every variant for sm_90)
+
+Inputs: BF16 [B, T, H, D] (BTNH), fake-quantized once by jqat's Triton quantize kernel (``fake_quantize_rows_kernel``,
+the pass the library runs before its forward), so that every implementation sees the same fq(Q), fq(K), fq(V);
+the O-alone forward (``quantize_qkv=False`` for the Triton plan: the values are already quantized), p_scale "block",
+non-causal, KV tiles of 64 keys.
+
+Check: at small shapes, per variant of the new kernel, the relative Frobenius distance of its O from the float64 NumPy
+oracle of the same walk (tests/oracle.py, ``attention_oracle`` without fq of Q, K, V: fq(P) per tile of 64 keys
+relative to the running max), the Triton forward's distance from the same oracle, the distance of the new kernel
+from the Triton kernel and the share of O's elements that differ from it, and the largest |lse - lse_oracle|. The
+kernels run exp2 with log2 e folded into the scale where the oracle runs exp, so each is compared with the oracle,
+and the bound is relative to the Triton kernel's own distance. The quantized inputs are also checked bit for bit
+against the oracle's fq.
+
+Time: CUDA events around 20 back-to-back calls, median of 5 (benchmarks/_timing.py), at (1, 16, 4096, 128) and
+(1, 16, 16384, 128): the new kernel's variants (consumer warpgroups, ping-pong, stages), the Triton O-alone forward
+(``torch.ops.jqat.attention_out``: one launch) and cuDNN's BF16 forward (torch SDPA under
+``sdpa_kernel(CUDNN_ATTENTION)``, on the unquantized BF16 inputs); TFLOP/s count the two matmuls (4 B H T^2 D).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+import time
+
+# jqat.torch imports JAX; should anything initialize a JAX backend, it must not take the GPU's memory from torch.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from jqat.kernels_triton import attention_fwd_ws as ws  # noqa: E402
+
+# (name, consumers, ping-pong, stages): the variants checked and timed. The first is the prototype's default.
+VARIANTS = [
+    ("ws_c2", 2, False, 3),
+    ("ws_c2_pingpong", 2, True, 3),
+    ("ws_c2_pingpong_s2", 2, True, 2),
+    ("ws_c2_pingpong_s4", 2, True, 4),
+    ("ws_c1", 1, False, 3),
+]
+# (B, H, K, T, D, causal): K the KV heads (GQA where K < H); causal is top-left (Tq = Tk here)
+CHECKS = [(1, 2, 2, 256, 128, False), (2, 4, 4, 1024, 128, False), (1, 4, 2, 512, 128, False),
+          (1, 2, 2, 512, 64, False), (1, 2, 2, 512, 128, True), (2, 4, 2, 1024, 128, True), (1, 2, 2, 384, 64, True)]
+TIMES = [(1, 16, 16, 4096, 128, False), (1, 16, 16, 16384, 128, False), (1, 16, 16, 4096, 128, True),
+         (1, 16, 16, 16384, 128, True)]
+WATCHDOG_S = 60.0  # a first launch still running after this long is taken for a deadlock (barrier phases)
+PARTIAL: dict = {}  # the results so far and where they go, written out if the watchdog fires
+
+
+# ----------------------------------------------------------------------------- offline build
+
+
+def compile_only(arch: int = 90) -> list[dict]:
+  """Builds every variant at D = 128 and 64 for ``sm_<arch>`` (no GPU) and prints what ptxas made of it: launch
+  registers (the per-thread count the SM reserves) and the partitions' ``setmaxnreg`` counts, stack (spills),
+  local loads and stores, shared memory, global scratch, the longest loops' instruction counts and ptxas's
+  "Potential Performance Loss" notes (serialized wgmma)."""
+  import re
+
+  from sass_stats import ptxas_warnings, sass_stats
+
+  from jqat.ffi import triton_call
+
+  rows = []
+  types = ("*bf16", ) * 3 + ("fp32",) + ("i32", ) * 16 + ("*bf16", "*fp32")  # outputs last
+  for d, causal in ((128, False), (64, False), (128, True)):
+    for name, consumers, pingpong, stages in VARIANTS:
+      params = ws.launch_params(d, stages, consumers, pingpong, (arch // 10, arch % 10), causal)
+      num_warps, maxnreg = params.pop("num_warps"), params.pop("maxnreg")
+      t0 = time.time()
+      kernel = triton_call.build(ws.attention_fwd_ws_kernel, types, (), tuple(params.items()), num_warps, 1,
+                                 (arch // 10, arch % 10), maxnreg=maxnreg)
+      st = sass_stats(kernel)
+      sass = st.pop("sass")
+      ptx = kernel.asm["ptx"]
+      # The consumers' KV loops: the loops issuing one tile's products (D / 16 wgmma for S, 4 for P V), not the
+      # partitions' dispatch loop around them.
+      loops = [lp["instructions"] for lp in st["loops"] if lp["mix"].get("HGMMA") == d // 16 + 4]
+      row = {"variant": name, "D": d, "causal": causal, "compile_s": round(time.time() - t0, 2),
+             "warps": kernel.metadata.num_warps,
+             "launch_registers": st["registers"], "maxnreg": maxnreg,
+             "setmaxnreg": sorted({int(x) for x in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)}),
+             "stack_bytes": st["stack_bytes"], "local_ld_st": sass.count("LDL") + sass.count("STL"),
+             "shared_bytes": st["shared_bytes"], "global_scratch": kernel.metadata.global_scratch_size,
+             "hgmma": st["mix"].get("HGMMA", 0), "kv_loops": loops, "ptxas_warnings": ptxas_warnings(kernel, arch)}
+      rows.append(row)
+      print(f"{name:18s} D={d:3d}{' causal' if causal else ''} warps {row['warps']:2d} regs "
+            f"{row['launch_registers']} (setmaxnreg "
+            f"{row['setmaxnreg']}) stack {row['stack_bytes']} B, LDL/STL {row['local_ld_st']}, smem "
+            f"{row['shared_bytes']} B, scratch {row['global_scratch']} B, KV loops {row['kv_loops']} instr, "
+            f"ptxas notes {row['ptxas_warnings'] or 'none'} ({row['compile_s']} s)", flush=True)
+  return rows
+
+
+# ----------------------------------------------------------------------------- GPU
+
+
+def quantize(x):
+  """fq(x) along the last axis by jqat's Triton quantize kernel (the library's pass), same shape and dtype."""
+  import torch
+
+  from jqat.kernels_triton import nvfp4
+
+  flat = x.reshape(-1, x.shape[-1])
+  out = torch.empty_like(flat)
+  grid, params = nvfp4.fake_quantize_launch(flat.shape[0], flat.shape[1])
+  nvfp4.fake_quantize_rows_kernel[grid](flat, flat.shape[0], flat.shape[1], flat.stride(0), out.stride(0), out,
+                                        **params, **nvfp4.quant_flags(torch.cuda.get_device_capability()))
+  return out.view(x.shape)
+
+
+def inputs(b, h, kh, t, d, seed):
+  """Raw BF16 q, k, v (BTNH) and their fq: scores of a few units (q and k drawn with std 1.5)."""
+  import torch
+
+  g = torch.Generator(device="cuda").manual_seed(seed)
+  draw = lambda heads, std: (torch.randn((b, t, heads, d), generator=g, device="cuda") * std).to(torch.bfloat16)
+  raw = (draw(h, 1.5), draw(kh, 1.5), draw(kh, 1.0))
+  return raw, tuple(quantize(x) for x in raw)
+
+
+def triton_static(d: int, causal: bool = False) -> tuple:
+  """The static scalars of jqat's torch ops for the O-alone forward on already-quantized inputs."""
+  from jqat.ffi import options
+
+  return options.keyword_scalars(head_dim=d, scale=d**-0.5, is_causal=causal, block_n=ws.BLOCK_N, quantize_qkv=False,
+                                 quantize_p=True, high_precision_delta=True, quantize_p_backward=True,
+                                 local_window_size=None, causal_alignment="top_left", p_scale="block",
+                                 qkv_scale="block")
+
+
+def bhsd(x):
+  return x.transpose(1, 2)
+
+
+def triton_out(q, k, v, causal=False):
+  """jqat's Triton O-alone forward (one launch) on BTNH q, k, v: O as BTNH."""
+  from jqat.torch._attention import attention_out_op
+
+  return bhsd(attention_out_op(bhsd(q), bhsd(k), bhsd(v), None, None, None, None,
+                               *triton_static(q.shape[-1], causal)))
+
+
+def triton_forward(q, k, v, causal=False):
+  """jqat's Triton training forward on BTNH q, k, v: (O as BTNH, lse [B, H, T])."""
+  from jqat.torch._attention import attention_fwd_op
+
+  o, _, lse, _ = attention_fwd_op(bhsd(q), bhsd(k), bhsd(v), None, None, None, None,
+                                  *triton_static(q.shape[-1], causal))
+  return bhsd(o), lse
+
+
+def finish_or_die(what: str, seconds: float = WATCHDOG_S) -> None:
+  """Waits for the GPU's work so far, polling an event; exits the process if it has not finished in ``seconds``
+  (a deadlocked barrier never returns, and a blocking synchronize could not be interrupted), after writing the
+  results so far (``PARTIAL``)."""
+  import torch
+
+  ev = torch.cuda.Event()
+  ev.record()
+  deadline = time.time() + seconds
+  while not ev.query():
+    if time.time() > deadline:
+      print(f"TIMEOUT: {what} still running after {seconds:.0f} s: taken for a deadlock", flush=True)
+      if PARTIAL.get("out"):
+        with open(PARTIAL["out"], "w") as f:
+          json.dump(dict(PARTIAL["result"], timeout=what), f, indent=1)
+      os._exit(3)
+    time.sleep(0.005)
+
+
+def rel(a, b) -> float:
+  import numpy as np
+
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300))
+
+
+def check() -> list[dict]:
+  import numpy as np
+  import torch
+  from oracle import attention_oracle, fq_oracle
+
+  rows = PARTIAL.setdefault("result", {}).setdefault("check", [])
+  for i, (b, h, kh, t, d, causal) in enumerate(CHECKS):
+    raw, (q, k, v) = inputs(b, h, kh, t, d, seed=10 + i)
+    fq_ok = all(np.array_equal(fq_oracle(r.float().cpu().numpy()), x.float().cpu().numpy())
+                for r, x in zip(raw, (q, k, v)))
+    want_o, _, want_lse = attention_oracle(*(x.float().cpu().numpy() for x in (q, k, v)), scale=d**-0.5,
+                                           is_causal=causal, block_n=ws.BLOCK_N, quantize_qkv=False, quantize_p=True)
+    tri_o, tri_lse = triton_forward(q, k, v, causal)
+    tri_o_alone = triton_out(q, k, v, causal)
+    torch.cuda.synchronize()
+    tri = tri_o.float().cpu().numpy()
+    base = {"B": b, "H": h, "K": kh, "T": t, "D": d, "causal": causal, "fq_inputs_bitwise": fq_ok,
+            "triton_vs_oracle": rel(tri, want_o),
+            "triton_o_alone_equals_training_o": bool(torch.equal(tri_o_alone, tri_o)),
+            "triton_lse_max_abs": float(np.max(np.abs(tri_lse.cpu().numpy() - want_lse)))}
+    for name, consumers, pingpong, stages in VARIANTS:
+      if t % (int(ws.WG_ROWS.value) * consumers):
+        continue
+      try:
+        o, lse = ws.attention_fwd_ws(q, k, v, stages=stages, consumers=consumers, pingpong=pingpong,
+                                     is_causal=causal)
+        finish_or_die(f"{name} at {(b, h, kh, t, d, causal)}")
+        got = o.float().cpu().numpy()
+      except Exception as e:  # a build or launch failure: recorded, and the other variants still run
+        rows.append(dict(base, variant=name, ok=False, error=f"{type(e).__name__}: {e}"[:2000]))
+        print(f"check {(b, h, kh, t, d, causal)} {name:18s} FAILED: {rows[-1]['error'][:300]}", flush=True)
+        continue
+      row = dict(base, variant=name, finite=bool(np.isfinite(got).all()), ws_vs_oracle=rel(got, want_o),
+                 ws_vs_triton=rel(got, tri), differing=float(np.mean(got != tri)),
+                 ws_lse_max_abs=float(np.max(np.abs(lse.cpu().numpy() - want_lse))))
+      # The same function as the Triton kernel up to FP32 summation order and fq(P) codes on rounding boundaries:
+      # as close to the oracle as the Triton kernel is (with slack for those flips), and close to it.
+      row["ok"] = (row["finite"] and fq_ok and row["ws_vs_oracle"] <= 1.5 * row["triton_vs_oracle"] + 1e-3
+                   and row["ws_vs_triton"] < 1e-2 and row["ws_lse_max_abs"] < 1e-3)
+      rows.append(row)
+      print(f"check {(b, h, kh, t, d, causal)} {name:18s} ws-oracle {row['ws_vs_oracle']:.3e} triton-oracle "
+            f"{row['triton_vs_oracle']:.3e} ws-triton {row['ws_vs_triton']:.3e} differing {row['differing']:.5f} "
+            f"lse {row['ws_lse_max_abs']:.1e} fq {fq_ok} ok {row['ok']}", flush=True)
+  return rows
+
+
+def _save_partial() -> None:
+  if PARTIAL.get("out"):
+    with open(PARTIAL["out"], "w") as f:
+      json.dump(PARTIAL["result"], f, indent=1)
+
+
+def time_shapes(iters: int, repeats: int, variants=VARIANTS) -> list[dict]:
+  import torch
+  from _timing import cuda_event_ms
+  from torch.nn.attention import SDPBackend, sdpa_kernel
+
+  rows = PARTIAL.setdefault("result", {}).setdefault("time", [])
+  for b, h, kh, t, d, causal in TIMES:
+    raw, (q, k, v) = inputs(b, h, kh, t, d, seed=1)
+    flop = 4.0 * b * h * t * t * d / (2 if causal else 1)
+    shape = (b, h, kh, t, d, causal)
+    row = {"B": b, "H": h, "K": kh, "T": t, "D": d, "causal": causal}
+    rows.append(row)
+    ref = triton_out(q, k, v, causal)
+    finish_or_die("triton forward")
+    # The baselines first, and every time printed and saved as it is measured: a variant that faults leaves the CUDA
+    # context unusable for everything after it.
+    row["triton_ms"] = cuda_event_ms(functools.partial(triton_out, q, k, v, causal), iters, repeats)
+    print(f"time {shape} triton {row['triton_ms']:.4f} ms", flush=True)
+    row["cudnn_bf16_ms"] = None
+    for layout, prep in (("btnh_view", bhsd), ("bhsd_contiguous", lambda x: bhsd(x).contiguous())):
+      qb, kb, vb = (prep(x) for x in raw)
+      try:
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+          sdpa = functools.partial(torch.nn.functional.scaled_dot_product_attention, qb, kb, vb,
+                                   enable_gqa=kh != h, is_causal=causal)
+          row["cudnn_bf16_ms"] = cuda_event_ms(sdpa, iters, repeats)
+          row["cudnn_layout"] = layout
+          print(f"time {shape} cudnn_bf16 {row['cudnn_bf16_ms']:.4f} ms ({layout})", flush=True)
+          break
+      except RuntimeError as e:  # cuDNN refused this layout (or this torch build has no cuDNN attention)
+        row[f"cudnn_error_{layout}"] = str(e).splitlines()[0]
+    _save_partial()
+    for name, consumers, pingpong, stages in variants:
+      fn = functools.partial(ws.attention_fwd_ws, q, k, v, stages=stages, consumers=consumers, pingpong=pingpong,
+                             is_causal=causal)
+      try:
+        o, _ = fn()
+        finish_or_die(f"{name} at {shape}")
+        row[f"{name}_vs_triton"] = rel(o.float().cpu().numpy(), ref.float().cpu().numpy())
+        row[f"{name}_ms"] = cuda_event_ms(fn, iters, repeats)
+        print(f"time {shape} {name} {row[f'{name}_ms']:.4f} ms "
+              f"({row['triton_ms'] / row[f'{name}_ms']:.3f}x the Triton forward's speed)", flush=True)
+      except Exception as e:  # recorded; the other variants still run (if the context survived)
+        row[f"{name}_error"] = f"{type(e).__name__}: {e}"[:2000]
+        print(f"time {shape} {name} FAILED: {row[f'{name}_error'][:300]}", flush=True)
+      for key in [k_ for k_ in row if k_.endswith("_ms")]:
+        if row[key]:
+          row[key.replace("_ms", "_tflops")] = flop / row[key] / 1e9
+      _save_partial()
+  return rows
+
+
+def print_times(rows: list[dict]) -> None:
+  names = [v[0] for v in VARIANTS] + ["triton", "cudnn_bf16"]
+  print("\nshape (B, H, K, T, D, causal) | " + " | ".join(f"{n:>18s}" for n in names))
+  for r in rows:
+    cells = []
+    for n in names:
+      ms = r.get(f"{n}_ms")
+      cells.append(f"{ms:7.3f} ms {r[f'{n}_tflops']:5.0f} TF" if ms else f"{'-':>18s}")
+    print(f"{str((r['B'], r['H'], r['K'], r['T'], r['D'], r['causal'])):29s} | " + " | ".join(cells))
+  print("(TF: TFLOP/s of the two matmuls, 4 B H T^2 D, halved when causal)")
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--out", default="attention_ws.json")
+  ap.add_argument("--compile-only", action="store_true", help="build every variant for sm_90 (no GPU) and stop")
+  ap.add_argument("--check-only", action="store_true")
+  ap.add_argument("--time-only", action="store_true")
+  ap.add_argument("--iters", type=int, default=20)
+  ap.add_argument("--repeats", type=int, default=5)
+  ap.add_argument("--variants", default=",".join(v[0] for v in VARIANTS),
+                  help="comma-separated names of VARIANTS to time (ws_c1 last: it faulted at 4096)")
+  args = ap.parse_args()
+  variants = [v for v in VARIANTS if v[0] in args.variants.split(",")]
+  if args.compile_only:
+    compile_only()
+    return
+  import torch
+
+  result = {"benchmark": "attention_ws", "date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(),
+            "variants": [dict(zip(("name", "consumers", "pingpong", "stages"), v)) for v in VARIANTS]}
+  PARTIAL.update(out=args.out, result=result)
+  if not args.time_only:
+    result["check"] = check()
+    result["check_ok"] = all(r["ok"] for r in result["check"])
+    print("check ok:", result["check_ok"], flush=True)
+  if not args.check_only:
+    result["time"] = time_shapes(args.iters, args.repeats, variants)
+    print_times(result["time"])
+  with open(args.out, "w") as f:
+    json.dump(result, f, indent=1)
+  print("wrote", args.out)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,417 @@
+"""A warp-specialized NVFP4 QAT attention forward for Hopper (sm_90), in Gluon: a prototype (issue 42), not bound
+into the library.
+
+The function is the O-alone forward of ``attention_fwd.attention_fwd_kernel`` (docs/NUMERICS.md, sections 4.3-4.4)
+for its simplest cases: Q, K, V already fake-quantized (the quantize pass's output, ``QUANTIZE_Q`` off), p_scale
+"block", non-causal or causal (top-left; IS_CAUSAL), no other masks, no segment ids, D = 128 (or 64), KV tiles of
+BLOCK_N = 64 keys, sequence lengths multiples of the program's rows. It also writes lse (cheap, and a check of m and
+l).
+
+Why: the Triton forward runs 64 rows on one warpgroup, two programs per SM, and is latency-bound (docs/PERFORMANCE.md,
+section 3): within a program every step waits for the one before, and only the other program's work fills the gaps.
+Here each program takes FlashAttention-3's structure:
+
+- a producer partition (1 warp, 24 registers) copies the K and V tiles by TMA (descriptors made in the kernel, in
+  the partition that uses them) into a ring of STAGES stages, each stage with its own "ready" and "empty" mbarriers
+  for K and for V, so that a K tile can be refilled as soon as its S product is done, before its V tile is read;
+- CONSUMERS warpgroups (1 or 2), each owning 64 query rows (its Q tile in shared memory, the A operand of S = Q K^T)
+  and walking every KV tile; with 2, one's softmax and fq(P) can run while the other's products occupy the tensor
+  cores: left to the warp schedulers, or with PINGPONG enforced by two more mbarriers that hand the right to issue
+  products from one consumer to the other (FlashAttention-3's schedule; :func:`_take_turn`);
+- inside each consumer, one tile of software pipelining: the S product of tile j and the P V product of tile j - 1
+  are issued together (asynchronous wgmma), then the consumer waits for S_j alone, computes the softmax step and
+  fq(P_j) while P_{j-1} V_{j-1} runs, then waits for that product and rescales O. P goes to the tensor cores from
+  registers (the A operand of P V), so no P round trip through shared memory.
+
+Resources (sm_90, offline build, ``benchmarks/attention_ws.py --compile-only``): two consumers take 12 warps (the
+producer's warpgroup holds 1 working warp) at a launch count of 168 registers, redistributed by ``setmaxnreg`` to 240
+per consumer thread and 24 for the producer; D = 128 with 3 stages uses 128 KB of shared memory (Q 2 x 16 KB, K and
+V 3 x 2 x 16 KB), one program per SM. One consumer: 8 warps at 128 registers (232 for the consumer), 112 KB, two
+programs per SM. No spills; the KV loop is about 790 instructions per consumer and tile at D = 128 (the Triton
+O-alone forward: 809), with no shared-memory traffic besides the operands (every layout conversion is free,
+asserted when traced). Status: compiled, not yet run on a GPU when written.
+
+Numerics: the Triton kernel's expressions on the same FP32 values, tile by tile in key order: ``s = mul_rn(q . k,
+scale * log2 e)`` (``attention_common.mul_rn``), ``m' = max(m, rowmax s)``, ``p = exp2(s - m')``, ``alpha =
+exp2(m - m')``, ``l = l * alpha + rowsum p``, ``acc = acc * alpha + fq(p) V`` with ``fq_probs`` (the same Triton
+device function, on the accumulator layout of S: blocks of 16 keys across the 4 lanes of a quad), and at the end
+``O = bf16(acc * div_rn(1, l))``, ``lse = (m + log2 l) * ln 2``. The row sums and the products' internal order may
+differ from the Triton kernel's (FP32 rounding only), so O agrees to FP32 rounding, or by an fq(P) code where a
+probability sits on a rounding boundary.
+
+Barrier protocol (per stage ``st``, its n-th use ``n = tile // STAGES``, parity ``n & 1``):
+
+- ``k_ready[st]`` / ``v_ready[st]`` (count 1): the producer's ``expect`` (an arrive with the tile's byte count),
+  completed by the TMA copy; consumers wait for parity ``n & 1``.
+- ``k_empty[st]`` / ``v_empty[st]`` (count CONSUMERS): each consumer arrives once when its product that read the
+  buffer has completed (``warpgroup_mma_wait``); the producer waits for parity ``(n & 1) ^ 1`` before its n-th fill,
+  which passes at once for n = 0 (a fresh mbarrier counts as having completed the phase before phase 0) and waits
+  for the consumers' (n - 1)-th release otherwise. K and V are read by wgmma (the async proxy), the same proxy as the
+  TMA writes, so no proxy fence sits between a release and the next fill.
+"""
+
+from __future__ import annotations
+
+import contextvars
+
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+  fence_async_shared,
+  mbarrier,
+  tma,
+  warpgroup_mma,
+  warpgroup_mma_wait,
+)
+
+from jqat.kernels_triton.attention_common import LN2, LOG2E, mul_rn
+from jqat.kernels_triton.nvfp4 import fq_probs, quant_flags
+
+BLOCK_N = 64  # keys per KV tile (part of the function: fq(P) is relative to the running max at each tile)
+WG_ROWS = gl.constexpr(64)  # query rows per consumer warpgroup (the M of one wgmma on 4 warps)
+HEAD_DIMS = (64, 128)
+PRODUCER_REGS = gl.constexpr(24)  # the least a warp may be given (setmaxnreg); the producer holds a few scalars
+REGISTER_FILE = 65536  # 32-bit registers per SM
+
+
+@gluon.constexpr_function
+def acc_layout(n):
+  """The wgmma accumulator layout of a [64, n] product on one warpgroup (instruction m64 n k16)."""
+  return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, int(n), 16])
+
+
+@gluon.constexpr_function
+def tile_smem_layout(rows, cols):
+  """NVMMA shared layout of a [rows, cols] bf16 tile (128-byte swizzle at 64 and 128 columns): what TMA writes and
+  wgmma reads."""
+  return gl.NVMMASharedLayout.get_default_for([int(rows), int(cols)], gl.bfloat16)
+
+
+@gluon.constexpr_function
+def q_load_layout(head_dim):
+  """Q as loaded from global memory: 16 bytes a thread along D, a row of D per 8 or 16 lanes."""
+  lanes = int(head_dim) // 8
+  return gl.BlockedLayout([1, 8], [32 // lanes, lanes], [4, 1], [1, 0])
+
+
+def registers(consumers: int) -> tuple[int, int]:
+  """``(maxnreg, consumer registers)`` of a launch with ``consumers`` consumer warpgroups.
+
+  Registers are allocated per warpgroup: the 1-warp producer occupies a warpgroup of its own, so a program is
+  ``consumers + 1`` warpgroups. ``maxnreg`` is the launch's per-thread count (what the SM reserves); inside the
+  program ``setmaxnreg`` moves the producer down to PRODUCER_REGS and gives the rest to the consumers. One consumer:
+  two programs per SM (8 warpgroups at 128 registers), as the Triton forward runs two programs of one warpgroup.
+  Two consumers: one program of 128 rows per SM (3 warpgroups at 168)."""
+  per_sm = 2 if consumers == 1 else 1
+  maxnreg = REGISTER_FILE // (per_sm * (consumers + 1) * 128) // 8 * 8
+  consumer = ((consumers + 1) * maxnreg - PRODUCER_REGS) // consumers // 8 * 8
+  return maxnreg, min(consumer, 256)
+
+
+@gluon.jit
+def _softmax_step(s, m, l, qk_scale, O_LAYOUT: gl.constexpr, HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr,
+                  MASKED: gl.constexpr = False, row0=0, j=0):
+  """One KV tile's online-softmax step on the raw scores ``s = q . k`` (FP32 [64, BLOCK_N], S's accumulator layout):
+  returns the new running max, the new row sum, the rescale ``alpha`` of the old state (in O's row layout) and fq(P)
+  in bf16 as the A operand of ``P V``. The Triton kernel's expressions (``attention_fwd._kv_tile``, unmasked, block
+  mode), in its order."""
+  s = mul_rn(s, qk_scale, False)  # log2 units, rounded once: the max's p is exp2(0) = 1 exactly
+  if MASKED:  # causal (top-left): query row r sees keys k <= r; hidden scores -inf, their p exactly +0
+    S_LAYOUT: gl.constexpr = s.type.layout
+    rows = row0 + gl.arange(0, s.shape[0], layout=gl.SliceLayout(1, S_LAYOUT))
+    keys = j * s.shape[1] + gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, S_LAYOUT))
+    s = gl.where(keys[None, :] <= rows[:, None], s, float("-inf"))
+  m_new = gl.maximum(m, gl.max(s, axis=1))
+  m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+  p = gl.exp2(s - m_safe[:, None])
+  alpha = gl.exp2(m - m_safe)
+  l = l * alpha + gl.sum(p, axis=1)
+  p_fq = fq_probs(p, s.shape[0], s.shape[1], HW_E4M3, HW_E2M1)  # exact in bf16 (E2M1 x E4M3)
+  # The accumulator layout of S is the register layout of the next wgmma's A operand (16-bit, k_width 2): free.
+  p_op = gl.convert_layout(p_fq.to(gl.bfloat16), gl.DotOperandLayout(0, O_LAYOUT, 2), assert_trivial=True)
+  alpha = gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT), assert_trivial=True)
+  return m_new, l, alpha, p_op
+
+
+@gluon.jit
+def _take_turn(turns, WG: gl.constexpr, i, PINGPONG: gl.constexpr):
+  """With PINGPONG, waits until it is warpgroup WG's ``i``-th turn to issue its products: turns alternate, consumer
+  0 first. Its i-th wait is for parity ``(i & 1) ^ 1`` (WG 0: its first passes at once) or ``i & 1`` (WG 1: its
+  first waits for WG 0's first hand-over) on ``turns[WG]``."""
+  if PINGPONG:
+    mbarrier.wait(turns.index(WG), (i & 1) ^ (1 - WG))
+
+
+@gluon.jit
+def _pass_turn(turns, WG: gl.constexpr, PINGPONG: gl.constexpr):
+  """With PINGPONG, hands the turn to the other consumer, once this one's products are issued (not completed)."""
+  if PINGPONG:
+    mbarrier.arrive(turns.index(1 - WG))
+
+
+@gluon.jit
+def _tile(j, m, l, acc, p_op, q_s, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turns, s_init, qk_scale, row0,
+          WG: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, MASKED: gl.constexpr,
+          O_LAYOUT: gl.constexpr, HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr):
+  """KV tile ``j > 0`` of a consumer: S_j = Q K_j^T and acc += fq(P_{j-1}) V_{j-1} in flight together (wgmma groups
+  complete in issue order), the softmax step of S_j (causal mask with MASKED) while P_{j-1} V_{j-1} runs, then the
+  rescale of acc. Returns ``(m, l, acc, fq(P_j))``."""
+  st = j % STAGES
+  sp = (j - 1) % STAGES
+  mbarrier.wait(k_ready.index(st), (j // STAGES) & 1)
+  mbarrier.wait(v_ready.index(sp), ((j - 1) // STAGES) & 1)
+  _take_turn(turns, WG, j, PINGPONG)
+  s_tok = warpgroup_mma(q_s, k_bufs.index(st).permute((1, 0)), s_init, use_acc=False, is_async=True)
+  o_tok = warpgroup_mma(p_op, v_bufs.index(sp), acc, is_async=True)
+  _pass_turn(turns, WG, PINGPONG)
+  s = warpgroup_mma_wait(1, deps=[s_tok])  # S_j done (P V may still run)
+  mbarrier.arrive(k_empty.index(st))
+  m, l, alpha, p_next = _softmax_step(s, m, l, qk_scale, O_LAYOUT, HW_E4M3, HW_E2M1, MASKED, row0, j)
+  acc, p_op = warpgroup_mma_wait(0, deps=[o_tok, p_op])  # P_{j-1} V_{j-1} done: its A registers are free
+  mbarrier.arrive(v_empty.index(sp))
+  return m, l, acc * alpha[:, None], p_next
+
+
+@gluon.jit
+def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+              PINGPONG: gl.constexpr, HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr, IS_CAUSAL: gl.constexpr):
+  """Consumer warpgroup WG: query rows ``[start_m + 64 WG, +64)`` of head ``h``, batch ``b``; walks the
+  ``n_tiles`` KV tiles of the ring and stores O and lse of its rows. ``smem``: the shared buffers and barriers,
+  ``scalars``: pointers and integers (tuples: the two consumers are one function with one argument list).
+
+  PINGPONG (two consumers): the consumers issue their products in alternation (FlashAttention-3's schedule), so that
+  one's softmax runs while the other's products occupy the tensor cores; otherwise the warp schedulers interleave
+  them as they come. Per KV tile each consumer issues once (S_j with P_{j-1} V_{j-1}; tile 0's S alone, the last
+  P V alone): ``n_tiles + 1`` turns each."""
+  q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turns = smem
+  (q_ptr, o_ptr, lse_ptr, qk_scale, n_tiles, start_m, tq, b, h, n_heads, stride_qb, stride_qt, stride_qh, stride_ob,
+   stride_ot, stride_oh) = scalars
+  S_LAYOUT: gl.constexpr = acc_layout(BLOCK_N)
+  O_LAYOUT: gl.constexpr = acc_layout(HEAD_DIM)
+  ROW_S: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
+  ROW_O: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
+  row0 = start_m + WG * WG_ROWS
+
+  # Q: global -> registers -> this warpgroup's shared tile (once). The generic-proxy stores must be made visible to
+  # the async proxy (wgmma) by a fence; the compiler's barrier analysis orders the warps' stores before the product.
+  QL: gl.constexpr = q_load_layout(HEAD_DIM)
+  rq = row0 + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, QL))
+  cq = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, QL))
+  q_rows = b.to(gl.int64) * stride_qb + h.to(gl.int64) * stride_qh + rq.to(gl.int64) * stride_qt
+  q = gl.load(q_ptr + q_rows[:, None] + cq[None, :])
+  q_s = q_smem.index(WG)
+  q_s.store(q)
+  fence_async_shared()
+
+  m = gl.full([WG_ROWS], float("-inf"), gl.float32, layout=ROW_S)
+  l = gl.zeros([WG_ROWS], gl.float32, layout=ROW_S)
+  acc = gl.zeros([WG_ROWS, HEAD_DIM], gl.float32, layout=O_LAYOUT)
+  s_init = gl.zeros([WG_ROWS, BLOCK_N], gl.float32, layout=S_LAYOUT)  # not read: use_acc=False
+
+  # Tile 0: S alone (acc is 0: its rescale by alpha = 0 changes nothing).
+  mbarrier.wait(k_ready.index(0), 0)
+  _take_turn(turns, WG, 0, PINGPONG)
+  s_tok = warpgroup_mma(q_s, k_bufs.index(0).permute((1, 0)), s_init, use_acc=False, is_async=True)
+  _pass_turn(turns, WG, PINGPONG)
+  s = warpgroup_mma_wait(0, deps=[s_tok])
+  mbarrier.arrive(k_empty.index(0))
+  m, l, alpha, p_op = _softmax_step(s, m, l, qk_scale, O_LAYOUT, HW_E4M3, HW_E2M1, IS_CAUSAL, row0, 0)
+
+  if IS_CAUSAL:  # tiles below the diagonal unmasked, from the first that holds a key past row0 masked
+    diag = gl.minimum(gl.maximum(row0 // BLOCK_N, 1), n_tiles)
+    for j in range(1, diag):
+      m, l, acc, p_op = _tile(j, m, l, acc, p_op, q_s, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turns,
+                              s_init, qk_scale, row0, WG, STAGES, PINGPONG, False, O_LAYOUT, HW_E4M3, HW_E2M1)
+    for j in range(diag, n_tiles):
+      m, l, acc, p_op = _tile(j, m, l, acc, p_op, q_s, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turns,
+                              s_init, qk_scale, row0, WG, STAGES, PINGPONG, True, O_LAYOUT, HW_E4M3, HW_E2M1)
+  else:
+    for j in range(1, n_tiles):
+      m, l, acc, p_op = _tile(j, m, l, acc, p_op, q_s, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turns,
+                              s_init, qk_scale, row0, WG, STAGES, PINGPONG, False, O_LAYOUT, HW_E4M3, HW_E2M1)
+
+  sp = (n_tiles - 1) % STAGES
+  mbarrier.wait(v_ready.index(sp), ((n_tiles - 1) // STAGES) & 1)
+  _take_turn(turns, WG, n_tiles, PINGPONG)
+  o_tok = warpgroup_mma(p_op, v_bufs.index(sp), acc, is_async=True)
+  _pass_turn(turns, WG, PINGPONG)
+  acc = warpgroup_mma_wait(0, deps=[o_tok])
+  mbarrier.arrive(v_empty.index(sp))
+
+  # Epilogue (``attention_fwd._store_outputs``): O = acc / l rounded to bf16, lse = m + ln l.
+  empty = l == 0.0
+  inv = gl.where(empty, 0.0, gl.div_rn(gl.full([WG_ROWS], 1.0, gl.float32, layout=ROW_S), gl.where(empty, 1.0, l)))
+  inv = gl.convert_layout(inv, ROW_O, assert_trivial=True)
+  empty_o = gl.convert_layout(empty, ROW_O, assert_trivial=True)
+  acc = gl.where(empty_o[:, None], 0.0, acc)
+  ro = row0 + gl.arange(0, WG_ROWS, layout=ROW_O)
+  co = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, O_LAYOUT))
+  o_rows = b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh + ro.to(gl.int64) * stride_ot
+  gl.store(o_ptr + o_rows[:, None] + co[None, :], (acc * inv[:, None]).to(o_ptr.dtype.element_ty))
+  lse = gl.where(empty, float("-inf"), (m + gl.log2(gl.where(empty, 1.0, l))) * LN2)
+  rs = row0 + gl.arange(0, WG_ROWS, layout=ROW_S)
+  gl.store(lse_ptr + (b * n_heads + h).to(gl.int64) * tq + rs, lse)
+
+
+@gluon.jit
+def _producer(smem, kv, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+  """The producer warp: TMA copies of K and V tiles ``0 .. n_tiles - 1`` of KV head ``kvh`` into the ring.
+
+  The descriptors are made here, by the warp that uses them (their 128 bytes each in the launch's global scratch),
+  so that the tensormap's writes, its proxy fence and the copies that read it are in one warp's program order."""
+  _, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, _ = smem
+  k_ptr, v_ptr, n_tiles, tk, b, kvh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh = kv
+  KV_SMEM: gl.constexpr = tile_smem_layout(BLOCK_N, HEAD_DIM)
+  k_base = k_ptr + b.to(gl.int64) * stride_kb + kvh.to(gl.int64) * stride_kh
+  v_base = v_ptr + b.to(gl.int64) * stride_vb + kvh.to(gl.int64) * stride_vh
+  k_desc = tma.make_tensor_descriptor(k_base, shape=[tk, HEAD_DIM], strides=[stride_kt, 1],
+                                      block_shape=[BLOCK_N, HEAD_DIM], layout=KV_SMEM)
+  v_desc = tma.make_tensor_descriptor(v_base, shape=[tk, HEAD_DIM], strides=[stride_vt, 1],
+                                      block_shape=[BLOCK_N, HEAD_DIM], layout=KV_SMEM)
+  TILE_BYTES: gl.constexpr = BLOCK_N * HEAD_DIM * 2
+  for j in range(n_tiles):
+    st = j % STAGES
+    free = ((j // STAGES) & 1) ^ 1  # the (n-1)-th release of the stage; passes at once for its first fill
+    mbarrier.wait(k_empty.index(st), free)
+    mbarrier.expect(k_ready.index(st), TILE_BYTES)
+    tma.async_copy_global_to_shared(k_desc, [j * BLOCK_N, 0], k_ready.index(st), k_bufs.index(st))
+    mbarrier.wait(v_empty.index(st), free)
+    mbarrier.expect(v_ready.index(st), TILE_BYTES)
+    tma.async_copy_global_to_shared(v_desc, [j * BLOCK_N, 0], v_ready.index(st), v_bufs.index(st))
+
+
+@gluon.jit
+def attention_fwd_ws_kernel(
+    q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group,
+    stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+    stride_ob, stride_ot, stride_oh, o_ptr, lse_ptr,
+    HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
+    PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr,
+    IS_CAUSAL: gl.constexpr = False):
+  """O (and lse) of ``64 * CONSUMERS`` query rows of one head per program: grid ``(tq / (64 CONSUMERS), B * N)``, or
+  ``(B * N, tq / (64 CONSUMERS))`` with IS_CAUSAL (heads fastest, longest walks first). Outputs last, as the launch
+  plans order arguments.
+
+  q, o: [B, Tq, N, D] bf16; k, v: [B, Tk, K, D] bf16, N = K * group (query head h reads KV head h // group); every
+  last axis contiguous, the other strides multiples of 16 elements; q, k, v already fake-quantized (fq along D).
+  lse: [B, N, Tq] fp32. ``tq % (64 CONSUMERS) == 0``, ``tk % BLOCK_N == 0``, ``tk > 0``. Launch with ``num_warps=4``
+  (the default partition: consumer 0) and ``maxnreg`` of :func:`registers`; the kernel adds a 4-warp partition per
+  further consumer and the producer's warp. Needs the launch's global scratch (two tensor descriptors a program).
+  """
+  gl.static_assert(HEAD_DIM == 64 or HEAD_DIM == 128, "D of 64 or 128")
+  gl.static_assert(BLOCK_N == 64, "KV tiles of 64 keys")
+  gl.static_assert(CONSUMERS == 1 or CONSUMERS == 2, "one or two consumer warpgroups")
+  gl.static_assert(CONSUMERS == 2 or not PINGPONG, "ping-pong takes two consumers")
+  gl.static_assert(STAGES >= 2, "a consumer holds two stages at once (K_j and V_{j-1})")
+  gl.static_assert(gl.num_warps() == 4, "the default partition is one consumer warpgroup")
+  # Strides are multiples of 16 elements (D % 16 == 0 rows): shown to the compiler for 16-byte accesses.
+  stride_qb, stride_qt, stride_qh = stride_qb // 16 * 16, stride_qt // 16 * 16, stride_qh // 16 * 16
+  stride_kb, stride_kt, stride_kh = stride_kb // 16 * 16, stride_kt // 16 * 16, stride_kh // 16 * 16
+  stride_vb, stride_vt, stride_vh = stride_vb // 16 * 16, stride_vt // 16 * 16, stride_vh // 16 * 16
+  stride_ob, stride_ot, stride_oh = stride_ob // 16 * 16, stride_ot // 16 * 16, stride_oh // 16 * 16
+  tk = tk // BLOCK_N * BLOCK_N
+  if IS_CAUSAL:  # grid (B * N, row blocks): heads fastest, the longest walks (last row blocks) launched first
+    pid_bh = gl.program_id(0)
+    pid_m = gl.num_programs(1) - 1 - gl.program_id(1)
+  else:
+    pid_m = gl.program_id(0)
+    pid_bh = gl.program_id(1)
+  b = pid_bh // n_heads
+  h = pid_bh % n_heads
+  kvh = h // group
+  start_m = pid_m * (WG_ROWS * CONSUMERS)
+  n_tiles = tk // BLOCK_N
+  if IS_CAUSAL:  # top-left: the program's last row sees keys up to start_m + 64 CONSUMERS - 1
+    n_tiles = gl.minimum(n_tiles, (start_m + WG_ROWS * CONSUMERS) // BLOCK_N)
+  qk_scale = scale * LOG2E  # as the Triton kernel forms it: one FP32 product
+
+  TILE: gl.constexpr = tile_smem_layout(BLOCK_N, HEAD_DIM)
+  q_smem = gl.allocate_shared_memory(gl.bfloat16, [CONSUMERS, WG_ROWS, HEAD_DIM], tile_smem_layout(WG_ROWS, HEAD_DIM))
+  k_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, HEAD_DIM], TILE)
+  v_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, HEAD_DIM], TILE)
+  k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+  v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+  k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+  v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+  turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+  for i in gl.static_range(2):
+    mbarrier.init(turns.index(i), count=1)
+  for i in gl.static_range(STAGES):
+    mbarrier.init(k_ready.index(i), count=1)
+    mbarrier.init(v_ready.index(i), count=1)
+    mbarrier.init(k_empty.index(i), count=CONSUMERS)
+    mbarrier.init(v_empty.index(i), count=CONSUMERS)
+
+  smem = (q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turns)
+  scalars = (q_ptr, o_ptr, lse_ptr, qk_scale, n_tiles, start_m, tq, b, h, n_heads, stride_qb, stride_qt, stride_qh,
+             stride_ob, stride_ot, stride_oh)
+  # (Constexprs go into the argument tuples where they are written: a tuple assigned to a variable turns them into
+  # tensors.)
+  kv = (k_ptr, v_ptr, n_tiles, tk, b, kvh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh)
+  if CONSUMERS == 2:
+    gl.warp_specialize([(_consumer, (0, smem, scalars, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, HW_E4M3, HW_E2M1,
+                                     IS_CAUSAL)),
+                        (_consumer, (1, smem, scalars, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, HW_E4M3, HW_E2M1,
+                                     IS_CAUSAL)),
+                        (_producer, (smem, kv, HEAD_DIM, BLOCK_N, STAGES))], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+  else:
+    gl.warp_specialize([(_consumer, (0, smem, scalars, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, HW_E4M3, HW_E2M1,
+                                     IS_CAUSAL)),
+                        (_producer, (smem, kv, HEAD_DIM, BLOCK_N, STAGES))], [1], [PRODUCER_REGS])
+
+
+def launch_params(head_dim: int, stages: int = 3, consumers: int = 2, pingpong: bool = False,
+                  compute_capability=(9, 0), is_causal: bool = False) -> dict:
+  """Constexprs and launch options of :func:`attention_fwd_ws_kernel`."""
+  maxnreg, consumer_regs = registers(consumers)
+  flags = quant_flags(compute_capability)
+  return {"HEAD_DIM": head_dim, "BLOCK_N": BLOCK_N, "STAGES": stages, "CONSUMERS": consumers,
+          "PINGPONG": bool(pingpong and consumers == 2),
+          "CONSUMER_REGS": consumer_regs, "HW_E4M3": flags["HW_E4M3"], "HW_E2M1": flags["HW_E2M1"],
+          "IS_CAUSAL": bool(is_causal), "num_warps": 4, "maxnreg": maxnreg}
+
+
+def _launch_with_scratch(kernel, grid, args, params, device) -> None:
+  """Launches ``kernel`` with Triton's global scratch (the in-kernel tensor descriptors, 128 bytes each a program)
+  from torch's caching allocator on ``device``, set in a copy of the current context, as jqat.ffi.torch_launch does:
+  the caller's allocator stays."""
+  import torch  # noqa: PLC0415
+
+  def scratch(size: int, alignment: int, stream):
+    del alignment, stream  # 128-byte alignment asked; torch's blocks are 512-byte aligned; the current stream
+    return torch.empty(size, dtype=torch.uint8, device=device)
+
+  def launch():
+    triton.set_allocator(scratch)
+    kernel[grid](*args, **params)
+
+  contextvars.copy_context().run(launch)
+
+
+def attention_fwd_ws(q, k, v, scale: float | None = None, *, stages: int = 3, consumers: int = 2,
+                     pingpong: bool = False, is_causal: bool = False):
+  """O and lse of the O-alone forward on torch CUDA tensors (sm_90): q [B, T, N, D], k, v [B, Tk, K, D] bf16,
+  already fake-quantized, BTNH with a contiguous last axis. Returns ``(o [B, T, N, D] bf16, lse [B, N, T] fp32)``.
+
+  A prototype: no masks but the causal one (top-left: query row r sees keys k <= r), p_scale "block";
+  ``T % (64 consumers) == 0``, ``Tk % 64 == 0``."""
+  import torch  # noqa: PLC0415
+
+  b, t, n, d = q.shape
+  tk, kh = k.shape[1], k.shape[2]
+  rows = int(WG_ROWS.value) * consumers
+  if d not in HEAD_DIMS or t % rows or tk % BLOCK_N or tk == 0 or n % kh:
+    raise ValueError(f"attention_fwd_ws takes D in {HEAD_DIMS}, T % {rows} == 0, Tk % {BLOCK_N} == 0, N % K == 0; "
+                     f"got q {tuple(q.shape)}, k {tuple(k.shape)}")
+  if any(x.dtype != torch.bfloat16 or x.stride(-1) != 1 for x in (q, k, v)):
+    raise ValueError("q, k, v must be bf16 with a contiguous last axis")
+  scale = d**-0.5 if scale is None else float(scale)
+  o = torch.empty_like(q)
+  lse = torch.empty((b, n, t), dtype=torch.float32, device=q.device)
+  params = launch_params(d, stages, consumers, pingpong, torch.cuda.get_device_capability(q.device), is_causal)
+  args = (q, k, v, scale, t, tk, n, n // kh, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3], o,
+          lse)
+  grid = (b * n, t // rows) if is_causal else (t // rows, b * n)  # causal: longest walks first (the kernel)
+  _launch_with_scratch(attention_fwd_ws_kernel, grid, args, params, q.device)
+  return o, lse
