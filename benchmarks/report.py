@@ -4,11 +4,11 @@
       [--rows 0,3]
 
 Knows the JSON of attention.py (its rows, or ``--memory-only``), masks.py, kernel_times.py, sharding.py,
-rope_qdq.py, torch_rope_qdq.py, qat_matmul.py, compile_time.py, numerics_modes.py, decode.py, decode_gluon.py and
-decode_read.py, by their keys. Prints a provenance line (the command, date, machine and software given, plus the
-device the JSON names) and the table; times in ms unless a header says otherwise. ``--rows`` keeps the rows of
-attention.py's JSON with those ``row`` indices. Nothing is computed that the JSON does not hold, except ratios of two
-of its figures (and decode.py's share of the device's datasheet HBM bandwidth).
+rope_qdq.py, torch_rope_qdq.py, qat_matmul.py, compile_time.py, numerics_modes.py, decode.py, decode_gluon.py,
+decode_read.py and attention_ws.py, by their keys. Prints a provenance line (the command, date, machine and
+software given, plus the device the JSON names) and the table; times in ms unless a header says otherwise.
+``--rows`` keeps the rows of attention.py's JSON with those ``row`` indices. Nothing is computed that the JSON does
+not hold, except ratios of two of its figures (and decode.py's share of the device's datasheet HBM bandwidth).
 """
 
 from __future__ import annotations
@@ -230,12 +230,48 @@ def compile_time(d):
 
 
 def numerics_modes(d):
-  """benchmarks/numerics_modes.py: fwd+bwd time and relative error against exact attention, per mode."""
-  header = ["T", "causal", "p_scale", "smooth_k", "qkv_scale", "fwd+bwd", "O", "dQ", "dK", "dV"]
+  """benchmarks/numerics_modes.py: fwd+bwd time and relative error against exact attention, per mode; "vs block": a
+  row's fwd+bwd time over the p_scale="block" row's of the same T, causal, smooth_k and qkv_scale."""
+  block = {(r["t"], r["causal"], r["smooth_k"], r["qkv_scale"]): r.get("fwd_bwd_ms") for r in d["rows"]
+           if r["p_scale"] == "block"}
+
+  def vs_block(r):
+    base = block.get((r["t"], r["causal"], r["smooth_k"], r["qkv_scale"]))
+    return _ratio(r["fwd_bwd_ms"] / base) if base and r.get("fwd_bwd_ms") else "-"
+
+  header = ["T", "causal", "p_scale", "smooth_k", "qkv_scale", "fwd+bwd", "vs block", "O", "dQ", "dK", "dV"]
   rows = [[r["t"], _num(r["causal"]), r["p_scale"], _num(r["smooth_k"]), r["qkv_scale"],
-           _num(r.get("fwd_bwd_ms"))] + [_fixed(r.get(f"err_{x}")) for x in ("o", "dq", "dk", "dv")]
+           _num(r.get("fwd_bwd_ms")), vs_block(r)] + [_fixed(r.get(f"err_{x}")) for x in ("o", "dq", "dk", "dv")]
           for r in d["rows"]]
   return _table(header, rows)
+
+
+def attention_ws(d):
+  """benchmarks/attention_ws.py: the check (the warp-specialized kernel's O against the Triton forward's and the
+  float64 oracle, worst case per variant) and the times of its variants against the Triton forward and cuDNN."""
+  lines = []
+  if d.get("check"):
+    names = list(dict.fromkeys(r["variant"] for r in d["check"]))
+    per = {n: [r for r in d["check"] if r["variant"] == n] for n in names}
+    lines += _table(["variant", "cases", "largest share of O elements differing from the Triton forward",
+                     "largest distance from the oracle", "the Triton forward's", "all within bound"],
+                    [[n, len(rs), f"{max(r['differing'] for r in rs):.1e}",
+                      f"{max(r['ws_vs_oracle'] for r in rs):.2e}", f"{max(r['triton_vs_oracle'] for r in rs):.2e}",
+                      _num(all(r["ok"] for r in rs))] for n, rs in per.items()])
+  if d.get("time"):
+    variants = list(dict.fromkeys(k[:-3] for r in d["time"] for k in r
+                                  if k.endswith("_ms") and k not in ("triton_ms", "cudnn_bf16_ms")))
+    header = (["B, H, K, T, D, causal", "Triton forward", "cuDNN BF16"] + variants
+              + [f"Triton / {v}" for v in variants] + [f"{v} / cuDNN" for v in variants])
+    rows = []
+    for r in d["time"]:
+      ms = [r.get(f"{v}_ms") for v in variants]
+      rows.append([f"{r['B']}, {r['H']}, {r['K']}, {r['T']}, {r['D']}, {_num(r['causal'])}", _num(r["triton_ms"]),
+                   _num(r.get("cudnn_bf16_ms"))] + [_num(m) for m in ms]
+                  + [_ratio(r["triton_ms"] / m) if m else "-" for m in ms]
+                  + [_ratio(m / r["cudnn_bf16_ms"]) if m and r.get("cudnn_bf16_ms") else "-" for m in ms])
+    lines += ([""] if lines else []) + _table(header, rows)
+  return lines
 
 
 def kind(d):
@@ -249,6 +285,7 @@ def kind(d):
                      ("decode", "jqat_decode_ms" in rows[0]),
                      ("decode_gluon", str(d.get("benchmark", "")).startswith("decode_gluon")),
                      ("decode_read", d.get("benchmark") == "decode_read"),
+                     ("attention_ws", d.get("benchmark") == "attention_ws"),
                      ("torch_rope_qdq", "copy_fraction" in results[0]),
                      ("rope_qdq", "speedup_vs_reference" in results[0]), ("compile_time", "warm" in d)]:
     if test:
@@ -259,7 +296,7 @@ def kind(d):
 RENDER = dict(attention=attention, memory=memory, masks=masks, kernel_times=kernel_times, sharding=sharding,
               rope_qdq=rope_qdq, torch_rope_qdq=torch_rope_qdq, qat_matmul=qat_matmul, compile_time=compile_time,
               numerics_modes=numerics_modes, decode=decode, decode_gluon=decode_gluon,
-              decode_read=decode_read)
+              decode_read=decode_read, attention_ws=attention_ws)
 
 
 def report(d, command=None, date=None, machine=None, software=None, rows=None):

@@ -84,9 +84,18 @@ CASES = {
   ),
   "compile_time": ({"cold": dict(_START, first_result_s=11.28), "warm": _START}, ["11.28", "4.36", "2.64", "5 / 0"]),
   "numerics_modes": (
-    {"rows": [dict(t=16384, causal=False, p_scale="row", smooth_k=False, qkv_scale="block", fwd_bwd_ms=39.65,
+    {"rows": [dict(t=16384, causal=False, p_scale="block", smooth_k=False, qkv_scale="block", fwd_bwd_ms=36.05,
+                   err_o=0.166, err_dq=0.192, err_dk=0.192, err_dv=0.906),
+              dict(t=16384, causal=False, p_scale="row", smooth_k=False, qkv_scale="block", fwd_bwd_ms=39.65,
                    err_o=0.166, err_dq=0.192, err_dk=0.192, err_dv=0.120)]},
-    ["16384", "row", "39.65", "0.120"],
+    ["16384", "row", "39.65", "0.120", "| 1.10 |"],
+  ),
+  "attention_ws": (
+    {"benchmark": "attention_ws",
+     "check": [dict(variant="ws_c2", differing=0.0, ws_vs_oracle=1.66e-3, triton_vs_oracle=1.66e-3, ok=True)],
+     "time": [dict(B=1, H=16, K=16, T=4096, D=128, causal=False, triton_ms=0.4279, cudnn_bf16_ms=0.2044,
+                   ws_c2_ms=0.4018, ws_c2_vs_triton=0.0)]},
+    ["ws_c2 | 1 | 0.0e+00 | 1.66e-03", "0.4279", "0.4018", "| 1.06 |", "| 1.97 |"],
   ),
 }
 
@@ -98,7 +107,9 @@ def test_each_benchmarks_json_becomes_a_table_of_its_figures(name):
   lines = report.report(data, command="python3 benchmarks/x.py", date="2026-12-02", machine="one NVIDIA H200")
   assert lines[0].startswith("`python3 benchmarks/x.py`; 2026-12-02; one NVIDIA H200")
   table = lines[2:]
-  assert table[1].startswith("|---|") and len({row.count("|") for row in table}) == 1  # one width for every row
+  assert table[1].startswith("|---|")
+  for part in "\n".join(table).split("\n\n"):  # one width for every row of each table
+    assert len({row.count("|") for row in part.splitlines()}) == 1, part
   text = "\n".join(table)
   for figure in figures:
     assert figure in text, (figure, text)
