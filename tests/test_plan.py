@@ -374,7 +374,7 @@ def test_forward_without_residuals(p_scale, qkv_scale):
 
 @pytest.mark.fresh_process  # a real compile: not in a process where the interpreter has run
 def test_ws_forward_plan_builds_for_sm90(monkeypatch, tmp_path):
-  """``JQAT_ATTN_FWD_KERNEL=ws``: the O-alone forward ends in the warp-specialized Gluon prototype on fq(Q), fq(K),
+  """``JQAT_ATTN_FWD_KERNEL=ws``: the O-alone forward ends in the warp-specialized Gluon kernel on fq(Q), fq(K),
   fq(V) from the pass (lse to scratch), causal grids heads-fastest; it builds for sm_90 with its worker warps (12 in
   all) and no spills. The training forward, and a case the warp-specialized kernel does not take, keep the Triton
   kernel; an unknown value is a ValueError naming the variable."""

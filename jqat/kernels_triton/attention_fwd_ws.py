@@ -1,5 +1,6 @@
-"""A warp-specialized NVFP4 QAT attention forward for Hopper (sm_90), in Gluon: a prototype (issue 42), not bound
-into the library.
+"""A warp-specialized NVFP4 QAT attention forward for Hopper (sm_90), in Gluon. The O-alone plan takes it on request
+(``JQAT_ATTN_FWD_KERNEL=ws``, ``ffi.plan._ws_takes``); the Triton forward stays the default because this kernel is
+only slightly faster alone and level through ``jax.jit`` (docs/PERFORMANCE.md, section 3).
 
 The function is the O-alone forward of ``attention_fwd.attention_fwd_kernel`` (docs/NUMERICS.md, sections 4.3-4.4)
 for its simplest cases: Q, K, V already fake-quantized (the quantize pass's output, ``QUANTIZE_Q`` off), p_scale
@@ -29,7 +30,9 @@ per consumer thread and 24 for the producer; D = 128 with 3 stages uses 128 KB o
 V 3 x 2 x 16 KB), one program per SM. One consumer: 8 warps at 128 registers (232 for the consumer), 112 KB, two
 programs per SM. No spills; the KV loop is about 790 instructions per consumer and tile at D = 128 (the Triton
 O-alone forward: 809), with no shared-memory traffic besides the operands (every layout conversion is free,
-asserted when traced). Status: compiled, not yet run on a GPU when written.
+asserted when traced). On an H100 its O is bit-equal to the Triton forward's on ``benchmarks/attention_ws.py``'s
+check cases; the one-consumer variant faults when timed at 4096 tokens (the benchmark leaves it out), so the plan
+launches two consumers.
 
 Numerics: the Triton kernel's expressions on the same FP32 values, tile by tile in key order: ``s = mul_rn(q . k,
 scale * log2 e)`` (``attention_common.mul_rn``), ``m' = max(m, rowmax s)``, ``p = exp2(s - m')``, ``alpha =
@@ -394,7 +397,7 @@ def attention_fwd_ws(q, k, v, scale: float | None = None, *, stages: int = 3, co
   """O and lse of the O-alone forward on torch CUDA tensors (sm_90): q [B, T, N, D], k, v [B, Tk, K, D] bf16,
   already fake-quantized, BTNH with a contiguous last axis. Returns ``(o [B, T, N, D] bf16, lse [B, N, T] fp32)``.
 
-  A prototype: no masks but the causal one (top-left: query row r sees keys k <= r), p_scale "block";
+  No masks but the causal one (top-left: query row r sees keys k <= r), p_scale "block";
   ``T % (64 consumers) == 0``, ``Tk % 64 == 0``."""
   import torch  # noqa: PLC0415
 
