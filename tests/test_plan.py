@@ -410,9 +410,10 @@ def test_ws_forward_plan_builds_for_sm90(monkeypatch, tmp_path):
   training = plans.attention_forward(q, kv, kv, AttentionOptions(0.088), GPU)
   assert training.launches[-1].kernel is kfwd.attention_fwd_kernel
   # A case the warp-specialized kernel does not take keeps the Triton kernel: 200 rows (not a multiple of 128),
-  # D = 96, a window, row mode.
+  # D = 96 and 64, a window, row mode.
   for qs, ks, opts in (((1, 200, 4, 128), (1, 256, 2, 128), AttentionOptions(0.088)),
                        ((1, 256, 4, 96), (1, 256, 2, 96), AttentionOptions(0.1)),
+                       ((1, 256, 4, 64), (1, 256, 2, 64), AttentionOptions(0.125)),
                        ((1, 256, 4, 128), (1, 256, 2, 128), AttentionOptions(0.088, local_window_size=(64, 0))),
                        ((1, 256, 4, 128), (1, 256, 2, 128), AttentionOptions(0.088, p_scale="row"))):
     kept = plans.attention_forward(dense(qs, "bfloat16"), dense(ks, "bfloat16"), dense(ks, "bfloat16"), opts, GPU,

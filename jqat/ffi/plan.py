@@ -461,15 +461,17 @@ def forward_kernel() -> str:
 
 
 def _ws_takes(q, k, v, o, opts, target, other) -> bool:
-  """Whether the warp-specialized forward takes this O-alone launch: sm_90, D in ``kws.HEAD_DIMS``, Tq a multiple of
-  its 128 rows, Tk of its 64-key tiles, no masks but a top-left causal one, block modes, fq(P) on, fq(Q) from the
-  pass, rows of whole 16-element strides. ``other``: masks, tensor scales, or Q not from the pass."""
+  """Whether the warp-specialized forward takes this O-alone launch: sm_90, D = 128, Tq a multiple of its 128 rows, Tk
+  of its 64-key tiles, no masks but a top-left causal one, block modes, fq(P) on, fq(Q) from the pass, rows of whole
+  16-element strides. ``other``: masks, tensor scales, or Q not from the pass. Not D = 64, which the kernel computes
+  too: there it runs 8 consumer warps per SM against the Triton kernel's 16 (four programs of 128 registers), and two
+  of its programs per SM would leave 104 registers a consumer thread, which spill and serialize its wgmma."""
   tq, d = q.shape[1], q.shape[3]
   tk = k.shape[1]
   dense16 = all(s % 16 == 0 for t in (q, k, v, o) for s in t.strides[:3]) and all(t.strides[3] == 1
                                                                                    for t in (q, k, v, o))
   top_left = not opts.is_causal or opts.causal_alignment == "top_left" or tq == tk
-  return (not other and d in kws.HEAD_DIMS and tq % (2 * int(kws.WG_ROWS.value)) == 0 and tk % kws.BLOCK_N == 0
+  return (not other and d == 128 and tq % (2 * int(kws.WG_ROWS.value)) == 0 and tk % kws.BLOCK_N == 0
           and tk > 0 and dense16 and top_left and opts.block_n == kws.BLOCK_N and opts.local_window_size is None
           and opts.p_scale == "block" and opts.config.quantize_p and not target.interpret
           and tuple(target.compute_capability or ()) == (9, 0))
