@@ -7,6 +7,8 @@
 Runs the same launch plans the JAX binding executes, once, after a warm-up call (so the
 profiled launches are not the first, compiling ones). ``--window W`` adds a causal
 ``W``-token sliding window (``local_window_size=(W - 1, 0)``); ``--causal`` plain causal.
+``--forward-only``: O alone (inputs without grad: the inference forward, no residuals), which
+``JQAT_ATTN_FWD_KERNEL=ws`` runs on the warp-specialized kernel (``--kernel-name regex:attention_fwd``).
 """
 
 from __future__ import annotations
@@ -26,15 +28,18 @@ def main():
   ap.add_argument("--head-dim", type=int, default=128)
   ap.add_argument("--window", type=int, default=0)
   ap.add_argument("--causal", action="store_true")
+  ap.add_argument("--forward-only", action="store_true", help="O alone: no grad, no backward")
   args = ap.parse_args()
   shape = (args.batch, args.heads, args.seq, args.head_dim)
-  q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+  grad = not args.forward_only
+  q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=grad) for _ in range(3))
   kw = dict(is_causal=args.causal or args.window > 0)
   if args.window:
     kw["local_window_size"] = (args.window - 1, 0)
   for _ in range(2):  # the first call compiles; ncu's --launch-skip can skip its launches
     out = jt.attention(q, k, v, **kw)
-    out.float().sum().backward()
+    if grad:
+      out.float().sum().backward()
   torch.cuda.synchronize()
   print("ran", shape, kw)
 
