@@ -4,8 +4,9 @@
       [--p-scales block,row] [--smooth-k no,yes] [--qkv-scales block[,tensor]] [--reference-dtype float64]
 
 For each T, causal or not, and each combination of p_scale, smooth_k and qkv_scale: jitted ``jax.vjp``
-through ``jqat.attention`` (Triton), timed as the median of repeats of back-to-back calls (``time_ms`` of
-benchmarks/attention.py); and the relative Frobenius error of its O, dQ, dK, dV against exact softmax
+through ``jqat.attention`` (Triton), and the jitted forward alone (``jqat.attention``: O without the backward's
+residuals), each timed as the median of repeats of back-to-back calls (``time_ms`` of benchmarks/attention.py);
+and the relative Frobenius error of its O, dQ, dK, dV against exact softmax
 attention on the same BF16 inputs. The exact reference (:func:`exact_attention_vjp`) is tiled over query
 blocks of 256, so (1, 16384, 16, 128) needs about 4.8 GB in FP64 (XLA's buffer sizes: 3.5 GB of temporaries)
 instead of the 48 GB of full [N, T, T] FP32 scores; it runs in FP64 by default (``--reference-dtype float32``:
@@ -146,6 +147,12 @@ def _jqat_vjp(q, k, v, do, *, causal, p_scale, smooth_k, qkv_scale, implementati
   return out, vjp(do)
 
 
+def _jqat_out(q, k, v, *, causal, p_scale, smooth_k, qkv_scale, implementation):
+  return jqat.attention(
+    q, k, v, is_causal=causal, implementation=implementation, p_scale=p_scale, smooth_k=smooth_k, qkv_scale=qkv_scale
+  )
+
+
 def _choices(text, allowed, flag):
   items = [t.strip() for t in text.split(",") if t.strip()]
   if not items or not set(items) <= set(allowed):
@@ -202,7 +209,7 @@ def _line(r):
   if "error" in r:
     return f"{head}  -  {r['error']}"
   return (
-    f"{head}  fwd+bwd {r['fwd_bwd_ms']:8.2f} ms  rel. error vs exact: O {r['err_o']:.3f}  "
+    f"{head}  fwd {r['fwd_ms']:7.3f} ms  fwd+bwd {r['fwd_bwd_ms']:8.2f} ms  rel. error vs exact: O {r['err_o']:.3f}  "
     f"dQ {r['err_dq']:.3f}  dK {r['err_dk']:.3f}  dV {r['err_dv']:.3f}"
   )
 
@@ -240,21 +247,16 @@ def main(argv=None):
           smooth_k=smooth_k,
           qkv_scale=qkv_scale,
         )
-        fn = jax.jit(
-          functools.partial(
-            _jqat_vjp,
-            causal=causal,
-            p_scale=p_scale,
-            smooth_k=smooth_k,
-            qkv_scale=qkv_scale,
-            implementation=args.implementation,
-          )
-        )
+        mode = dict(causal=causal, p_scale=p_scale, smooth_k=smooth_k, qkv_scale=qkv_scale,
+                    implementation=args.implementation)
+        fn = jax.jit(functools.partial(_jqat_vjp, **mode))
+        out = jax.jit(functools.partial(_jqat_out, **mode))
         try:
           got_o, got = fn(q, k, v, do)
         except RuntimeError as e:  # implementation="triton" refused (a mode without kernels): say so, keep going
           row["error"] = f"{type(e).__name__}: {e}"
         else:
+          row["fwd_ms"] = time_ms(out, (q, k, v), args.iters, args.repeats)
           row["fwd_bwd_ms"] = time_ms(fn, (q, k, v, do), args.iters, args.repeats)
           row["err_o"] = float(_rel(got_o, want_o))
           row.update({f"err_{n}": float(_rel(g, w)) for n, g, w in zip(("dq", "dk", "dv"), got, want)})

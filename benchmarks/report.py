@@ -230,19 +230,22 @@ def compile_time(d):
 
 
 def numerics_modes(d):
-  """benchmarks/numerics_modes.py: fwd+bwd time and relative error against exact attention, per mode; "vs block": a
-  row's fwd+bwd time over the p_scale="block" row's of the same T, causal, smooth_k and qkv_scale."""
-  block = {(r["t"], r["causal"], r["smooth_k"], r["qkv_scale"]): r.get("fwd_bwd_ms") for r in d["rows"]
-           if r["p_scale"] == "block"}
+  """benchmarks/numerics_modes.py: time (the forward alone where the JSON has it, and fwd+bwd) and relative error
+  against exact attention, per mode; "vs block": a row's time over the p_scale="block" row's of the same T, causal,
+  smooth_k and qkv_scale."""
+  block = {(r["t"], r["causal"], r["smooth_k"], r["qkv_scale"]): r for r in d["rows"] if r["p_scale"] == "block"}
 
-  def vs_block(r):
-    base = block.get((r["t"], r["causal"], r["smooth_k"], r["qkv_scale"]))
-    return _ratio(r["fwd_bwd_ms"] / base) if base and r.get("fwd_bwd_ms") else "-"
+  def vs_block(r, key):
+    base = block.get((r["t"], r["causal"], r["smooth_k"], r["qkv_scale"]), {}).get(key)
+    return _ratio(r[key] / base) if base and r.get(key) else "-"
 
-  header = ["T", "causal", "p_scale", "smooth_k", "qkv_scale", "fwd+bwd", "vs block", "O", "dQ", "dK", "dV"]
-  rows = [[r["t"], _num(r["causal"]), r["p_scale"], _num(r["smooth_k"]), r["qkv_scale"],
-           _num(r.get("fwd_bwd_ms")), vs_block(r)] + [_fixed(r.get(f"err_{x}")) for x in ("o", "dq", "dk", "dv")]
-          for r in d["rows"]]
+  keys = [k for k in ("fwd_ms", "fwd_bwd_ms") if any(k in r for r in d["rows"])]
+  names = {"fwd_ms": "fwd", "fwd_bwd_ms": "fwd+bwd"}
+  header = (["T", "causal", "p_scale", "smooth_k", "qkv_scale"]
+            + [h for k in keys for h in (names[k], f"{names[k]} vs block")] + ["O", "dQ", "dK", "dV"])
+  rows = [[r["t"], _num(r["causal"]), r["p_scale"], _num(r["smooth_k"]), r["qkv_scale"]]
+          + [c for k in keys for c in (_num(r.get(k)), vs_block(r, k))]
+          + [_fixed(r.get(f"err_{x}")) for x in ("o", "dq", "dk", "dv")] for r in d["rows"]]
   return _table(header, rows)
 
 

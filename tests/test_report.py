@@ -88,7 +88,14 @@ CASES = {
                    err_o=0.166, err_dq=0.192, err_dk=0.192, err_dv=0.906),
               dict(t=16384, causal=False, p_scale="row", smooth_k=False, qkv_scale="block", fwd_bwd_ms=39.65,
                    err_o=0.166, err_dq=0.192, err_dk=0.192, err_dv=0.120)]},
-    ["16384", "row", "39.65", "0.120", "| 1.10 |"],
+    ["16384", "row", "39.65", "0.120", "| 1.10 |", "| fwd+bwd vs block |"],
+  ),
+  "numerics_modes_fwd": (
+    {"rows": [dict(t=4096, causal=True, p_scale="block", smooth_k=False, qkv_scale="block", fwd_ms=0.30,
+                   fwd_bwd_ms=1.0, err_o=0.173, err_dq=0.183, err_dk=0.182, err_dv=0.220),
+              dict(t=4096, causal=True, p_scale="row", smooth_k=False, qkv_scale="block", fwd_ms=0.33,
+                   fwd_bwd_ms=1.1, err_o=0.172, err_dq=0.183, err_dk=0.182, err_dv=0.141)]},
+    ["| fwd | fwd vs block | fwd+bwd | fwd+bwd vs block |", "| 0.3300 | 1.10 | 1.100 | 1.10 |"],
   ),
   "attention_ws": (
     {"benchmark": "attention_ws",
@@ -103,7 +110,7 @@ CASES = {
 @pytest.mark.parametrize("name", list(CASES))
 def test_each_benchmarks_json_becomes_a_table_of_its_figures(name):
   data, figures = CASES[name]
-  assert report.kind(data) == name
+  assert report.kind(data) == name.removesuffix("_fwd")
   lines = report.report(data, command="python3 benchmarks/x.py", date="2026-12-02", machine="one NVIDIA H200")
   assert lines[0].startswith("`python3 benchmarks/x.py`; 2026-12-02; one NVIDIA H200")
   table = lines[2:]
