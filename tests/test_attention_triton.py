@@ -451,6 +451,36 @@ def test_triton_masks_match_xla_gpu(case):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_ws_forward_through_the_library_gpu(monkeypatch, causal):
+  """``JQAT_ATTN_FWD_KERNEL=ws``: O alone through ``jax.jit(jqat.attention)`` and through the torch binding without
+  grad comes from the warp-specialized kernel (the plan of these shapes ends in it: GQA, Tq a multiple of 128,
+  D = 128) and is within the Triton forward's bound of the XLA reference."""
+  import jqat.torch as jt
+  from jqat.ffi import jax_launch
+
+  monkeypatch.setenv(plans.FWD_KERNEL_ENV, "ws")
+  b, t, n, kh, d = 1, 384, 6, 3, 128  # shapes no other test traces: a fresh trace reads the variable
+  target = jax_launch.target()
+  if tuple(target.compute_capability or ()) != (9, 0):
+    pytest.skip("the warp-specialized forward is sm_90 code")
+  dense = plans.Tensor.dense
+  plan = plans.attention_forward(dense((b, t, n, d), "bfloat16"), dense((b, t, kh, d), "bfloat16"),
+                                 dense((b, t, kh, d), "bfloat16"), AttentionOptions(d**-0.5, is_causal=causal), target,
+                                 residuals=False)
+  assert plan.launches[-1].name == "jqat_attention_fwd_ws"
+  q, k, v, _ = _api_inputs(b, t, t, n, kh, d, seed=7 + causal)
+  run = lambda impl: jax.jit(lambda q, k, v: jqat.attention(q, k, v, is_causal=causal, implementation=impl))
+  want = np.asarray(run("xla")(q, k, v).astype(jnp.float32))
+  got = np.asarray(run("triton")(q, k, v).astype(jnp.float32))
+  assert_close(got, want, rel=BOUNDS["O"], name="O (jax)")
+  bhsd = lambda x: torch.from_numpy(np.asarray(x.astype(jnp.float32))).to("cuda", torch.bfloat16).transpose(1, 2)
+  with torch.no_grad():
+    out = jt.attention(*(bhsd(x).contiguous() for x in (q, k, v)), is_causal=causal, enable_gqa=True)
+  assert_close(out.transpose(1, 2).float().cpu().numpy(), want, rel=BOUNDS["O"], name="O (torch)")
+
+
+@pytest.mark.gpu
 def test_triton_masks_under_vmap_gpu():
   """Mask operands lead with B like the rest: vmap folds them into the batch as well."""
   q, k, v, do = _api_inputs(3, 300, 300, 4, 2, 64, seed=5)
