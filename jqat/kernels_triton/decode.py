@@ -182,9 +182,18 @@ def _cache_rows(b, kvh, kn, key_ok, pt_ptr, pages_per_seq, num_pages, stride_p, 
   reads wrong rows of the cache, never memory outside it."""
   if PAGE_SIZE > 0:
     page = page_ids(pt_ptr, b, pages_per_seq, num_pages, kn // PAGE_SIZE, key_ok)
-    return page * stride_p + (kn % PAGE_SIZE).to(tl.int64) * stride_t + kvh.to(tl.int64) * stride_k
+    return row_offset(page, kn, kvh, stride_p, stride_t, stride_k, PAGE_SIZE)
   else:
-    return b.to(tl.int64) * stride_p + kn.to(tl.int64) * stride_t + kvh.to(tl.int64) * stride_k
+    return row_offset(b, kn, kvh, stride_p, stride_t, stride_k, PAGE_SIZE)
+
+
+@triton.jit
+def row_offset(page, kn, kvh, stride_p, stride_t, stride_k, PAGE_SIZE: tl.constexpr):
+  """Offset (int64, in elements) of the cache row of key ``kn``, KV head ``kvh``, in ``page`` (its id from
+  :func:`page_ids`), or with PAGE_SIZE 0 in sequence ``page`` of a contiguous cache."""
+  if PAGE_SIZE > 0:
+    kn = kn % PAGE_SIZE
+  return page.to(tl.int64) * stride_p + kn.to(tl.int64) * stride_t + kvh.to(tl.int64) * stride_k
 
 
 @triton.jit

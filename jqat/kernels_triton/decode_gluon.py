@@ -380,21 +380,14 @@ def _e4m3_to_f16(b):
 
 @gluon.jit
 def _page(b, tile, t_hi, pt_ptr, pages_per_seq, num_pages, PAGE_SIZE: gl.constexpr):
-  """Where KV tile ``tile`` of sequence ``b`` lies (int64): its page id (``decode.page_ids``, as the Triton kernel
-  reads it; 0 for a tile at or past ``t_hi``: not read); in a contiguous cache, the sequence ``b`` itself. The walk
+  """Where KV tile ``tile`` of sequence ``b`` lies (int64, for ``decode.row_offset``): its page id
+  (``decode.page_ids``, as the Triton kernel reads it; 0 for a tile at or past ``t_hi``: not read); in a contiguous
+  cache, the sequence ``b`` itself. The walk
   reads each id one tile ahead of its copies, so that the table's latency is not on the path of the copies' issue."""
   if PAGE_SIZE > 0:
     return kdec.page_ids(pt_ptr, b, pages_per_seq, num_pages, tile * 64 // PAGE_SIZE, tile < t_hi)
   else:
     return b.to(gl.int64)
-
-
-@gluon.jit
-def _tile_base(page, kvh, tile, stride_p, stride_k, T: gl.constexpr, PAGE_SIZE: gl.constexpr):
-  """Offset (int64 elements) of key 0 of KV tile ``tile`` in ``page`` (:func:`_page`), KV head ``kvh``: the Triton
-  kernel's row offset of that key (``decode._cache_rows``; a tile lies in one page, PAGE_SIZE % 64 == 0)."""
-  kn = tile * 64 % PAGE_SIZE if PAGE_SIZE > 0 else tile * 64
-  return page * stride_p + kn.to(gl.int64) * T + kvh.to(gl.int64) * stride_k
 
 
 @gluon.jit
@@ -413,13 +406,17 @@ def _issue_tile(kc_s, ks_s, vc_s, vs_s, kc_ptr, ks_ptr, vc_ptr, vs_ptr, kc_at, k
                 VS_T: gl.constexpr, PAGE_SIZE: gl.constexpr):
   """Starts the copies of KV tile ``tile`` (in ``page``: :func:`_page`) of the group's KV heads (from ``kvh0``;
   nothing past ``t_hi``: zero-filled) and commits them as one group."""
-  n_valid = gl.where(tile < t_hi, gl.minimum(kv_len - tile * 64, 64), 0)
-  _copy(kc_s, kc_ptr + _tile_base(page, kvh0, tile, stride_kcp, stride_kck, KC_T, PAGE_SIZE) // 4, kc_at, kc_key,
+  # Key 0 of the tile: the Triton kernel's row offsets (a tile lies in one page, PAGE_SIZE % 64 == 0).
+  kn = tile * 64
+  n_valid = gl.where(tile < t_hi, gl.minimum(kv_len - kn, 64), 0)
+  _copy(kc_s, kc_ptr + kdec.row_offset(page, kn, kvh0, stride_kcp, KC_T, stride_kck, PAGE_SIZE) // 4, kc_at, kc_key,
         n_valid)
-  _copy(ks_s, ks_ptr + _tile_base(page, kvh0, tile, stride_ksp, stride_ksk, KS_T, PAGE_SIZE), ks_at, ks_key, n_valid)
-  _copy(vc_s, vc_ptr + _tile_base(page, kvh0, tile, stride_vcp, stride_vck, VC_T, PAGE_SIZE) // 4, vc_at, kc_key,
+  _copy(ks_s, ks_ptr + kdec.row_offset(page, kn, kvh0, stride_ksp, KS_T, stride_ksk, PAGE_SIZE), ks_at, ks_key,
         n_valid)
-  _copy(vs_s, vs_ptr + _tile_base(page, kvh0, tile, stride_vsp, stride_vsk, VS_T, PAGE_SIZE), vs_at, ks_key, n_valid)
+  _copy(vc_s, vc_ptr + kdec.row_offset(page, kn, kvh0, stride_vcp, VC_T, stride_vck, PAGE_SIZE) // 4, vc_at, kc_key,
+        n_valid)
+  _copy(vs_s, vs_ptr + kdec.row_offset(page, kn, kvh0, stride_vsp, VS_T, stride_vsk, PAGE_SIZE), vs_at, ks_key,
+        n_valid)
   async_copy.commit_group()
 
 
