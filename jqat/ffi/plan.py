@@ -448,6 +448,7 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
 
 FWD_KERNEL_ENV = "JQAT_ATTN_FWD_KERNEL"
 FWD_KERNELS = ("triton", "ws")
+_WS_ROWS = 2 * int(kws.WG_ROWS.value)  # query rows of a warp-specialized program: its two consumer warpgroups'
 
 
 def forward_kernel() -> str:
@@ -468,10 +469,11 @@ def _ws_takes(q, k, v, o, opts, target, other) -> bool:
   of its programs per SM would leave 104 registers a consumer thread, which spill and serialize its wgmma."""
   tq, d = q.shape[1], q.shape[3]
   tk = k.shape[1]
-  dense16 = all(s % 16 == 0 for t in (q, k, v, o) for s in t.strides[:3]) and all(t.strides[3] == 1
-                                                                                   for t in (q, k, v, o))
+  tensors = (q, k, v, o)
+  dense16 = (_pow2_divisor([s for t in tensors for s in _s3(t)]) == 16
+             and all(t.strides[3] == 1 for t in tensors))
   top_left = not opts.is_causal or opts.causal_alignment == "top_left" or tq == tk
-  return (not other and d == 128 and tq % (2 * int(kws.WG_ROWS.value)) == 0 and tk % kws.BLOCK_N == 0
+  return (not other and d == 128 and tq % _WS_ROWS == 0 and tk % kws.BLOCK_N == 0
           and tk > 0 and dense16 and top_left and opts.block_n == kws.BLOCK_N and opts.local_window_size is None
           and opts.p_scale == "block" and opts.config.quantize_p and not target.interpret
           and tuple(target.compute_capability or ()) == (9, 0))
@@ -482,11 +484,10 @@ def _forward_ws(q, k, v, o, opts, target, buffers, inputs, outputs, scratch, lau
   launches so far); lse goes to scratch. Only where :func:`_ws_takes`."""
   b, tq, n, d = q.shape
   tk, kh = k.shape[1], k.shape[2]
-  rows = 2 * int(kws.WG_ROWS.value)
   params = kws.launch_params(d, compute_capability=tuple(target.compute_capability), is_causal=opts.is_causal)
   num_warps, maxnreg = params.pop("num_warps"), params.pop("maxnreg")
   buffers["lse_ws"] = Tensor.dense((b, n, tq), "float32")
-  grid = (b * n, tq // rows) if opts.is_causal else (tq // rows, b * n)
+  grid = (b * n, tq // _WS_ROWS) if opts.is_causal else (tq // _WS_ROWS, b * n)
   fwd = Launch("jqat_attention_fwd_ws", kws.attention_fwd_ws_kernel, grid,
                (Ref(qq), Ref(kk), Ref(vv), float(opts.scale), tq, tk, n, n // kh, *_s3(q), *_s3(k), *_s3(v),
                 *_s3(o)), ("o", "lse_ws"), params, num_warps, 1, maxnreg=maxnreg)
