@@ -139,18 +139,15 @@ def _rel(actual, expected):
   return jnp.linalg.norm((a - e).ravel()) / jnp.linalg.norm(e.ravel())
 
 
-def _jqat_vjp(q, k, v, do, *, causal, p_scale, smooth_k, qkv_scale, implementation):
-  f = lambda q, k, v: jqat.attention(
-    q, k, v, is_causal=causal, implementation=implementation, p_scale=p_scale, smooth_k=smooth_k, qkv_scale=qkv_scale
-  )
-  out, vjp = jax.vjp(f, q, k, v)
-  return out, vjp(do)
-
-
 def _jqat_out(q, k, v, *, causal, p_scale, smooth_k, qkv_scale, implementation):
   return jqat.attention(
     q, k, v, is_causal=causal, implementation=implementation, p_scale=p_scale, smooth_k=smooth_k, qkv_scale=qkv_scale
   )
+
+
+def _jqat_vjp(q, k, v, do, **mode):
+  out, vjp = jax.vjp(functools.partial(_jqat_out, **mode), q, k, v)
+  return out, vjp(do)
 
 
 def _choices(text, allowed, flag):
