@@ -104,6 +104,35 @@ def compile_only(arch: int = 90) -> list[dict]:
 # ----------------------------------------------------------------------------- GPU
 
 
+def attention_fwd_ws(q, k, v, scale: float | None = None, *, stages: int = 3, consumers: int = 2,
+                     pingpong: bool = False, is_causal: bool = False):
+  """O and lse of one variant of the warp-specialized forward on torch CUDA tensors (sm_90): q [B, T, N, D], k, v
+  [B, Tk, K, D] bf16, already fake-quantized, BTNH with a contiguous last axis. Returns ``(o [B, T, N, D] bf16, lse
+  [B, N, T] fp32)``. No masks but the causal one (top-left: query row r sees keys k <= r), p_scale "block";
+  ``T % (64 consumers) == 0``, ``Tk % 64 == 0``. (The library's plan launches the default variant.)"""
+  import torch
+
+  from jqat.ffi import torch_launch
+
+  b, t, n, d = q.shape
+  tk, kh = k.shape[1], k.shape[2]
+  rows = int(ws.WG_ROWS.value) * consumers
+  if d not in ws.HEAD_DIMS or t % rows or tk % ws.BLOCK_N or tk == 0 or n % kh:
+    raise ValueError(f"attention_fwd_ws takes D in {ws.HEAD_DIMS}, T % {rows} == 0, Tk % {ws.BLOCK_N} == 0, "
+                     f"N % K == 0; got q {tuple(q.shape)}, k {tuple(k.shape)}")
+  if any(x.dtype != torch.bfloat16 or x.stride(-1) != 1 for x in (q, k, v)):
+    raise ValueError("q, k, v must be bf16 with a contiguous last axis")
+  scale = d**-0.5 if scale is None else float(scale)
+  o = torch.empty_like(q)
+  lse = torch.empty((b, n, t), dtype=torch.float32, device=q.device)
+  params = ws.launch_params(d, stages, consumers, pingpong, torch.cuda.get_device_capability(q.device), is_causal)
+  args = (q, k, v, scale, t, tk, n, n // kh, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3], o,
+          lse)
+  grid = (b * n, t // rows) if is_causal else (t // rows, b * n)  # causal: longest walks first (the kernel)
+  torch_launch.launch(ws.attention_fwd_ws_kernel, grid, args, params)
+  return o, lse
+
+
 def quantize(x):
   """fq(x) along the last axis by jqat's Triton quantize kernel (the library's pass), same shape and dtype."""
   import torch
@@ -209,7 +238,7 @@ def check() -> list[dict]:
       if t % (int(ws.WG_ROWS.value) * consumers):
         continue
       try:
-        o, lse = ws.attention_fwd_ws(q, k, v, stages=stages, consumers=consumers, pingpong=pingpong,
+        o, lse = attention_fwd_ws(q, k, v, stages=stages, consumers=consumers, pingpong=pingpong,
                                      is_causal=causal)
         finish_or_die(f"{name} at {(b, h, kh, t, d, causal)}")
         got = o.float().cpu().numpy()
@@ -270,7 +299,7 @@ def time_shapes(iters: int, repeats: int, variants=VARIANTS) -> list[dict]:
         row[f"cudnn_error_{layout}"] = str(e).splitlines()[0]
     _save_partial()
     for name, consumers, pingpong, stages in variants:
-      fn = functools.partial(ws.attention_fwd_ws, q, k, v, stages=stages, consumers=consumers, pingpong=pingpong,
+      fn = functools.partial(attention_fwd_ws, q, k, v, stages=stages, consumers=consumers, pingpong=pingpong,
                              is_causal=causal)
       try:
         o, _ = fn()

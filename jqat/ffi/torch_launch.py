@@ -111,6 +111,17 @@ def _scratch(size: int, alignment: int, stream) -> torch.Tensor:
   return torch.empty(size, dtype=torch.uint8, device="cuda")  # the current device: callers set the tensors'
 
 
+def launch(kernel, grid, args: tuple, kwargs: dict) -> None:
+  """One launch of ``kernel`` outside a plan (a benchmark's variant of a kernel), on torch's current stream, with
+  Triton's global scratch from torch's caching allocator as :func:`execute` gives it."""
+
+  def run():
+    triton.set_allocator(_scratch)
+    kernel[grid](*args, **kwargs)
+
+  contextvars.copy_context().run(run)
+
+
 def _launch_all(plan: plans.Plan, tensors: dict, warmup: bool) -> None:
   triton.set_allocator(_scratch)
   if plan.launches and interpreting(tensors[plan.inputs[0]]):

@@ -55,9 +55,6 @@ Barrier protocol (per stage ``st``, its n-th use ``n = tile // STAGES``, parity 
 
 from __future__ import annotations
 
-import contextvars
-
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -373,48 +370,3 @@ def launch_params(head_dim: int, stages: int = 3, consumers: int = 2, pingpong: 
           "PINGPONG": bool(pingpong and consumers == 2),
           "CONSUMER_REGS": consumer_regs, "HW_E4M3": flags["HW_E4M3"], "HW_E2M1": flags["HW_E2M1"],
           "IS_CAUSAL": bool(is_causal), "num_warps": 4, "maxnreg": maxnreg}
-
-
-def _launch_with_scratch(kernel, grid, args, params, device) -> None:
-  """Launches ``kernel`` with Triton's global scratch (the in-kernel tensor descriptors, 128 bytes each a program)
-  from torch's caching allocator on ``device``, set in a copy of the current context, as jqat.ffi.torch_launch does:
-  the caller's allocator stays."""
-  import torch  # noqa: PLC0415
-
-  def scratch(size: int, alignment: int, stream):
-    del alignment, stream  # 128-byte alignment asked; torch's blocks are 512-byte aligned; the current stream
-    return torch.empty(size, dtype=torch.uint8, device=device)
-
-  def launch():
-    triton.set_allocator(scratch)
-    kernel[grid](*args, **params)
-
-  contextvars.copy_context().run(launch)
-
-
-def attention_fwd_ws(q, k, v, scale: float | None = None, *, stages: int = 3, consumers: int = 2,
-                     pingpong: bool = False, is_causal: bool = False):
-  """O and lse of the O-alone forward on torch CUDA tensors (sm_90): q [B, T, N, D], k, v [B, Tk, K, D] bf16,
-  already fake-quantized, BTNH with a contiguous last axis. Returns ``(o [B, T, N, D] bf16, lse [B, N, T] fp32)``.
-
-  No masks but the causal one (top-left: query row r sees keys k <= r), p_scale "block";
-  ``T % (64 consumers) == 0``, ``Tk % 64 == 0``."""
-  import torch  # noqa: PLC0415
-
-  b, t, n, d = q.shape
-  tk, kh = k.shape[1], k.shape[2]
-  rows = int(WG_ROWS.value) * consumers
-  if d not in HEAD_DIMS or t % rows or tk % BLOCK_N or tk == 0 or n % kh:
-    raise ValueError(f"attention_fwd_ws takes D in {HEAD_DIMS}, T % {rows} == 0, Tk % {BLOCK_N} == 0, N % K == 0; "
-                     f"got q {tuple(q.shape)}, k {tuple(k.shape)}")
-  if any(x.dtype != torch.bfloat16 or x.stride(-1) != 1 for x in (q, k, v)):
-    raise ValueError("q, k, v must be bf16 with a contiguous last axis")
-  scale = d**-0.5 if scale is None else float(scale)
-  o = torch.empty_like(q)
-  lse = torch.empty((b, n, t), dtype=torch.float32, device=q.device)
-  params = launch_params(d, stages, consumers, pingpong, torch.cuda.get_device_capability(q.device), is_causal)
-  args = (q, k, v, scale, t, tk, n, n // kh, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3], o,
-          lse)
-  grid = (b * n, t // rows) if is_causal else (t // rows, b * n)  # causal: longest walks first (the kernel)
-  _launch_with_scratch(attention_fwd_ws_kernel, grid, args, params, q.device)
-  return o, lse
