@@ -7,7 +7,10 @@ Per shape (B, N, K, T, D), new tokens Tq in {1, 4} and layout (contiguous, paged
 - cuDNN: ``jax.nn.dot_product_attention(implementation="cudnn")`` on BF16 K, V of the same shape (Tq = 4 without
   a mask: cuDNN's causal mask is top-left);
 - ``jqat.attention`` (the training kernels' forward) on the BF16 cache, Tq = 4 bottom-right causal;
-- the write of Tq new tokens (``jqat.kv_cache_update``, donated).
+- the write of Tq new tokens (``jqat.kv_cache_update``, donated);
+- jqat's decode and cuDNN's again as the layers of one jitted model step (``STEP_LAYERS`` calls in one ``jax.jit``,
+  each layer its own query and, where the copies allow, its own cache): the time per layer, as a serving loop that
+  jits a whole decode step pays it (one dispatch from the host for all layers).
 Bandwidth: the cache bytes a call reads (codes and scales of K and V over kv_lengths keys) per second, and that as a
 share of the device's HBM bandwidth (datasheet: H100 3.35 TB/s, H200 4.8). Caches are cycled between copies
 totalling at least 512 MB, so no call finds its cache in the 50 MB L2. Memory: bytes_in_use of the device before and
@@ -57,6 +60,22 @@ def time_ms(fn, arg_sets, iters=50, repeats=5):
     jax.block_until_ready(out)
     times.append((time.perf_counter() - t0) / iters)
   return statistics.median(times) * 1e3
+
+
+STEP_LAYERS = 8
+
+
+def step_ms(fn, qs, arg_sets):
+  """Median ms per layer of one ``jax.jit`` step that calls ``fn(q, *args)`` once per query in ``qs``, the i-th
+  with ``arg_sets[i % len(arg_sets)]`` (distinct queries: no two layers are the same computation)."""
+  sets = [arg_sets[i % len(arg_sets)] for i in range(len(qs))]
+  step = jax.jit(lambda qs, sets: [fn(q, *a) for q, a in zip(qs, sets)])
+  return time_ms(step, [(qs, sets)], iters=20) / len(qs)
+
+
+def layer_queries(q):
+  keys = jax.random.split(jax.random.key(5), STEP_LAYERS)
+  return [jax.random.normal(k, q.shape, q.dtype) for k in keys]
 
 
 def in_use():
@@ -124,6 +143,7 @@ def bench_row(b, n, kh, t, d, tq, paged, copies_bytes=512 << 20):
                                                                      implementation="triton"))
   row["jqat_decode_ms"] = time_ms(dec, [(q, kc, vc, tb, lengths) for kc, vc, tb in caches])
   row["jqat_decode_tbps"] = packed_bytes / row["jqat_decode_ms"] / 1e9
+  row["jqat_decode_step_ms"] = step_ms(dec, layer_queries(q), [(kc, vc, tb, lengths) for kc, vc, tb in caches])
   peak = hbm_tbps(getattr(jax.devices()[0], "device_kind", ""))
   row["hbm_share"] = row["jqat_decode_tbps"] / peak if peak else None
   one = jqat.decode_attention(q, *caches[0][:2], lengths, page_table=caches[0][2], num_splits=1,
@@ -164,6 +184,8 @@ def bench_row(b, n, kh, t, d, tq, paged, copies_bytes=512 << 20):
     for name, fn in (("cudnn", cudnn), ("jqat_attention", train)):
       try:
         row[f"{name}_ms"] = time_ms(fn, [(q, k, v) for k, v in bf])
+        if name == "cudnn":
+          row["cudnn_step_ms"] = step_ms(fn, layer_queries(q), bf)
       except Exception as e:  # noqa: BLE001  (a refused configuration: this column only)
         row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
     del bf

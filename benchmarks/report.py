@@ -165,6 +165,18 @@ def decode(d):
                  _num(r["jqat_write_ms"]), f"{r['split_vs_one']:.1e}",
                  "-" if "one_vs_exact" not in r else f"{r['one_vs_exact']:.1e}"])
   lines = _table(header, rows)
+  steps = [r for r in d["rows"] if "jqat_decode_step_ms" in r]
+  if steps:  # the same calls as the layers of one jitted step: ms per layer
+    lines += ["", "Per layer of one jitted step of 8 layers (one dispatch from the host for all of them):", ""]
+    step_rows = []
+    for r in steps:
+      key = (r["B"], r["N"], r["K"], r["T"], r["D"], r["Tq"])
+      cudnn, ms = bf16.get(key, {}).get("cudnn_step_ms"), r["jqat_decode_step_ms"]
+      step_rows.append([", ".join(map(str, key[:5])), r["Tq"], f"paged {r['page_size']}" if r["paged"] else
+                        "contiguous", _num(ms), share(r["packed_cache_bytes"] / ms / 1e9), _num(cudnn),
+                        "-" if cudnn is None else f"{cudnn / ms:.2f}x"])
+    lines += _table(["B, N, K, T, D", "Tq", "layout", "jqat decode", f"TB/s (of {peak or '?'})", "cuDNN BF16",
+                     "cuDNN / jqat"], step_rows)
   if d.get("sweep"):  # --sweep: the launch configurations, contiguous, Tq = 1
     lines += ["", "Launch configurations (`--sweep`, contiguous, Tq = 1):", ""]
     lines += _table(["B, N, K, T, D", "splits", "warps", "stages", "E4M3 conversion", "ms", "TB/s"],
