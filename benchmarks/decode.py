@@ -1,6 +1,6 @@
 """Decode over a packed NVFP4 KV cache against cuDNN BF16 decode and jqat.attention on a BF16 cache (one GPU).
 
-    python benchmarks/decode.py --out decode.json [--rows quick|full] [--sweep]
+    python benchmarks/decode.py --out decode.json [--rows quick|full] [--tq 1,4] [--sweep]
 
 Per shape (B, N, K, T, D), new tokens Tq in {1, 4} and layout (contiguous, paged), in one process:
 - ``jqat.decode_attention`` (default splits; every cache full, kv_lengths = T) under ``jax.jit``;
@@ -221,18 +221,20 @@ def main():
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--out", default="decode.json")
   ap.add_argument("--rows", choices=sorted(ROWS), default="full")
+  ap.add_argument("--tq", default="1,4", help="new tokens per sequence, comma-separated")
   ap.add_argument("--sweep", action="store_true")
   args = ap.parse_args()
+  tqs = [int(x) for x in args.tq.split(",")]
   dev = jax.devices()[0]
   result = {"benchmark": "decode", "command": f"python benchmarks/decode.py --rows {args.rows}"
-             + (" --sweep" if args.sweep else ""),
+             + (f" --tq {args.tq}" if tqs != [1, 4] else "") + (" --sweep" if args.sweep else ""),
       "date": time.strftime("%Y-%m-%d"), "device": getattr(dev, "device_kind", str(dev)),
       "hbm_tbps": hbm_tbps(getattr(dev, "device_kind", "")),
       "jax": jax.__version__, "python": platform.python_version(), "rows": []}
   if args.sweep:
     result["sweep"] = sweep(ROWS["quick"])
   for shape in ROWS[args.rows]:
-    for tq in (1, 4):
+    for tq in tqs:
       for paged in (False, True):
         row = bench_row(*shape, tq, paged)
         result["rows"].append(row)
