@@ -136,6 +136,7 @@ def bench_row(b, n, kh, t, d, tq, paged, copies_bytes=512 << 20):
   row["packed_cache_bytes"] = packed_bytes
   q = jax.random.normal(jax.random.key(99), (b, tq, n, d), jnp.bfloat16)
   lengths = jnp.full((b,), t, jnp.int32)
+  layer_qs = layer_queries(q)  # the queries of the jitted step's layers, jqat's and cuDNN's alike
   splits = default_num_splits(b, kh, t, 64)
   row["num_splits"] = splits
   # The lengths are an argument, as in a serving loop (a constant array would be materialized by a launch per call).
@@ -143,7 +144,7 @@ def bench_row(b, n, kh, t, d, tq, paged, copies_bytes=512 << 20):
                                                                      implementation="triton"))
   row["jqat_decode_ms"] = time_ms(dec, [(q, kc, vc, tb, lengths) for kc, vc, tb in caches])
   row["jqat_decode_tbps"] = packed_bytes / row["jqat_decode_ms"] / 1e9
-  row["jqat_decode_step_ms"] = step_ms(dec, layer_queries(q), [(kc, vc, tb, lengths) for kc, vc, tb in caches])
+  row["jqat_decode_step_ms"] = step_ms(dec, layer_qs, [(kc, vc, tb, lengths) for kc, vc, tb in caches])
   peak = hbm_tbps(getattr(jax.devices()[0], "device_kind", ""))
   row["hbm_share"] = row["jqat_decode_tbps"] / peak if peak else None
   one = jqat.decode_attention(q, *caches[0][:2], lengths, page_table=caches[0][2], num_splits=1,
@@ -185,7 +186,7 @@ def bench_row(b, n, kh, t, d, tq, paged, copies_bytes=512 << 20):
       try:
         row[f"{name}_ms"] = time_ms(fn, [(q, k, v) for k, v in bf])
         if name == "cudnn":
-          row["cudnn_step_ms"] = step_ms(fn, layer_queries(q), bf)
+          row["cudnn_step_ms"] = step_ms(fn, layer_qs, bf)
       except Exception as e:  # noqa: BLE001  (a refused configuration: this column only)
         row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
     del bf
@@ -230,7 +231,8 @@ def main():
              + (f" --tq {args.tq}" if tqs != [1, 4] else "") + (" --sweep" if args.sweep else ""),
       "date": time.strftime("%Y-%m-%d"), "device": getattr(dev, "device_kind", str(dev)),
       "hbm_tbps": hbm_tbps(getattr(dev, "device_kind", "")),
-      "jax": jax.__version__, "python": platform.python_version(), "rows": []}
+      "jax": jax.__version__, "python": platform.python_version(),
+      "step_layers": STEP_LAYERS, "rows": []}
   if args.sweep:
     result["sweep"] = sweep(ROWS["quick"])
   for shape in ROWS[args.rows]:

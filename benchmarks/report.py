@@ -151,32 +151,33 @@ def decode(d):
   share of the device's HBM bandwidth (datasheet)."""
   peak = _hbm(d)
   share = lambda tbps: f"{tbps:.2f}" + (f" ({100 * tbps / peak:.0f}%)" if peak else "")
-  header = ["B, N, K, T, D", "Tq", "layout", "splits", "jqat decode", f"TB/s (of {peak or '?'})", "cuDNN BF16",
-            "cuDNN / jqat", "jqat.attention", "write", "split vs 1", "1 vs exact"]
-  bf16 = {(r["B"], r["N"], r["K"], r["T"], r["D"], r["Tq"]): r for r in d["rows"] if not r["paged"]}
+  tbps_head = f"TB/s (of {peak or '?'})"
+  header = ["B, N, K, T, D", "Tq", "layout", "splits", "jqat decode", tbps_head, "cuDNN BF16", "cuDNN / jqat",
+            "jqat.attention", "write", "split vs 1", "1 vs exact"]
+  key = lambda r: (r["B"], r["N"], r["K"], r["T"], r["D"], r["Tq"])
+  # shape, Tq, layout: the leading cells of both tables
+  lead = lambda r: [", ".join(map(str, key(r)[:5])), r["Tq"], f"paged {r['page_size']}" if r["paged"] else
+                    "contiguous"]
+  bf16 = {key(r): r for r in d["rows"] if not r["paged"]}
   rows = []
   for r in d["rows"]:
-    key = (r["B"], r["N"], r["K"], r["T"], r["D"], r["Tq"])
-    c = bf16.get(key, {})
+    c = bf16.get(key(r), {})
     cudnn, ms = c.get("cudnn_ms"), r["jqat_decode_ms"]
-    rows.append([", ".join(map(str, key[:5])), r["Tq"], f"paged {r['page_size']}" if r["paged"] else "contiguous",
-                 r["num_splits"], _num(ms), share(r["jqat_decode_tbps"]), _num(cudnn),
+    rows.append([*lead(r), r["num_splits"], _num(ms), share(r["jqat_decode_tbps"]), _num(cudnn),
                  "-" if cudnn is None else f"{cudnn / ms:.2f}x", _num(c.get("jqat_attention_ms")),
                  _num(r["jqat_write_ms"]), f"{r['split_vs_one']:.1e}",
                  "-" if "one_vs_exact" not in r else f"{r['one_vs_exact']:.1e}"])
   lines = _table(header, rows)
   steps = [r for r in d["rows"] if "jqat_decode_step_ms" in r]
   if steps:  # the same calls as the layers of one jitted step: ms per layer
-    lines += ["", "Per layer of one jitted step of 8 layers (one dispatch from the host for all of them):", ""]
+    lines += ["", f"Per layer of one jitted step of {d['step_layers']} layers (one dispatch from the host for all of "
+              "them):", ""]
     step_rows = []
     for r in steps:
-      key = (r["B"], r["N"], r["K"], r["T"], r["D"], r["Tq"])
-      cudnn, ms = bf16.get(key, {}).get("cudnn_step_ms"), r["jqat_decode_step_ms"]
-      step_rows.append([", ".join(map(str, key[:5])), r["Tq"], f"paged {r['page_size']}" if r["paged"] else
-                        "contiguous", _num(ms), share(r["packed_cache_bytes"] / ms / 1e9), _num(cudnn),
+      cudnn, ms = bf16.get(key(r), {}).get("cudnn_step_ms"), r["jqat_decode_step_ms"]
+      step_rows.append([*lead(r), _num(ms), share(r["packed_cache_bytes"] / ms / 1e9), _num(cudnn),
                         "-" if cudnn is None else f"{cudnn / ms:.2f}x"])
-    lines += _table(["B, N, K, T, D", "Tq", "layout", "jqat decode", f"TB/s (of {peak or '?'})", "cuDNN BF16",
-                     "cuDNN / jqat"], step_rows)
+    lines += _table(header[:3] + ["jqat decode", tbps_head, "cuDNN BF16", "cuDNN / jqat"], step_rows)
   if d.get("sweep"):  # --sweep: the launch configurations, contiguous, Tq = 1
     lines += ["", "Launch configurations (`--sweep`, contiguous, Tq = 1):", ""]
     lines += _table(["B, N, K, T, D", "splits", "warps", "stages", "E4M3 conversion", "ms", "TB/s"],

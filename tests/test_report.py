@@ -65,13 +65,14 @@ CASES = {
     ["0.4129", "1.08", "1.07", "3381 (3067)"],
   ),
   "decode": (
-    {"device": "NVIDIA H100 80GB HBM3",
+    {"device": "NVIDIA H100 80GB HBM3", "step_layers": 8,
      "rows": [dict(B=8, N=32, K=8, T=32768, D=128, Tq=1, paged=False, page_size=None, num_splits=16,
                    jqat_decode_ms=0.1379, jqat_decode_tbps=2.19, hbm_share=0.4562, cudnn_ms=0.3679,
                    jqat_attention_ms=1.484, jqat_write_ms=0.0569, split_vs_one=0.048, packed_cache_bytes=301989888,
                    jqat_decode_step_ms=0.1258, cudnn_step_ms=0.3641)]},
     # the share of the device's HBM, not the JSON's; the step table's TB/s from the cache's bytes
-    ["0.1379", "TB/s (of 3.35)", "2.19 (65%)", "2.67x", "4.8e-02", "0.1258", "2.40 (72%)", "2.89x"],
+    ["0.1379", "TB/s (of 3.35)", "2.19 (65%)", "2.67x", "4.8e-02", "step of 8 layers", "0.1258", "2.40 (72%)",
+     "2.89x"],
   ),
   "decode_gluon": (
     {"benchmark": "decode_gluon --sweep", "time": [dict(B=8, N=32, K=8, T=32768, D=128, Tq=1, page_size=0, splits=16,
