@@ -481,6 +481,40 @@ def test_ws_forward_through_the_library_gpu(monkeypatch, causal):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("d", [128, 64])
+def test_ws_dkdv_through_the_library_gpu(monkeypatch, d):
+  """``JQAT_ATTN_BWD_KERNEL=ws``: dK and dV through ``jax.grad`` of ``jqat.attention`` and through the torch binding
+  come from the warp-specialized kernel (the backward plan of these shapes launches it: GQA, Tk a multiple of 128)
+  and are within the Triton backward's bounds of the XLA reference; dQ is unchanged."""
+  import jqat.torch as jt
+  from jqat.ffi import jax_launch
+
+  monkeypatch.setenv(plans.BWD_KERNEL_ENV, "ws")
+  b, t, n, kh = 1, 640, 6, 3  # shapes no other test traces: a fresh trace reads the variable
+  target = jax_launch.target()
+  if tuple(target.compute_capability or ()) != (9, 0):
+    pytest.skip("the warp-specialized dK/dV kernel is sm_90 code")
+  dense = plans.Tensor.dense
+  x, kv = dense((b, t, n, d), "bfloat16"), dense((b, t, kh, d), "bfloat16")
+  plan = plans.attention_backward(x, x, kv, kv, x, dense((b, n, t), "float32"), AttentionOptions(d**-0.5), target)
+  assert plan.launches[-1].name == "jqat_attention_bwd_dkdv_ws"
+  q, k, v, do = _api_inputs(b, t, t, n, kh, d, seed=11 + d)
+
+  def loss(q, k, v, impl):
+    return jnp.sum(jqat.attention(q, k, v, implementation=impl).astype(jnp.float32) * do.astype(jnp.float32))
+
+  grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)), static_argnums=3)
+  want = [np.asarray(g.astype(jnp.float32)) for g in grad(q, k, v, "xla")]
+  for name, a, e in zip(("dQ", "dK", "dV"), grad(q, k, v, "triton"), want):
+    assert_close(np.asarray(a.astype(jnp.float32)), e, rel=BOUNDS[name], name=f"{name} (jax)")
+  bhsd = lambda x: torch.from_numpy(np.asarray(x.astype(jnp.float32))).to("cuda", torch.bfloat16).transpose(1, 2)
+  qt, kt, vt = (bhsd(x).requires_grad_() for x in (q, k, v))  # BTNH storage: heads side by side
+  jt.attention(qt, kt, vt, enable_gqa=True).backward(bhsd(do))
+  for name, g, e in zip(("dQ", "dK", "dV"), (qt.grad, kt.grad, vt.grad), want):
+    assert_close(g.transpose(1, 2).float().cpu().numpy(), e, rel=BOUNDS[name], name=f"{name} (torch)")
+
+
+@pytest.mark.gpu
 def test_triton_masks_under_vmap_gpu():
   """Mask operands lead with B like the rest: vmap folds them into the batch as well."""
   q, k, v, do = _api_inputs(3, 300, 300, 4, 2, 64, seed=5)

@@ -422,3 +422,68 @@ def test_ws_forward_plan_builds_for_sm90(monkeypatch, tmp_path):
   monkeypatch.setenv(plans.FWD_KERNEL_ENV, "fast")
   with pytest.raises(ValueError, match="JQAT_ATTN_FWD_KERNEL must be one of"):
     plans.attention_forward(q, kv, kv, AttentionOptions(0.088), GPU, residuals=False)
+
+
+@pytest.mark.fresh_process  # a real compile: not in a process where the interpreter has run
+def test_ws_dkdv_plan_builds_for_sm90(monkeypatch, tmp_path):
+  """``JQAT_ATTN_BWD_KERNEL=ws``: the backward's dK/dV launch is the warp-specialized Gluon kernel on the same
+  buffers as the Triton launch (fq(Q), fq(K), fq(V), dO, lse, delta), dK and dV written over fq(K) and fq(V) in
+  place; it builds for sm_90 with its worker warps (12 in all) and no spills. A case it does not take keeps the
+  Triton kernel; an unknown value is a ValueError naming the variable."""
+  import re
+  import subprocess
+
+  import triton
+
+  from jqat.ffi import callback_launch
+  from jqat.kernels_triton import attention_bwd as kbwd
+
+  monkeypatch.setenv("JQAT_CACHE_DIR", str(tmp_path))
+  monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+  monkeypatch.setenv(plans.BWD_KERNEL_ENV, "ws")
+  dense = plans.Tensor.dense
+  for d in (128, 64):
+    x, kv, lse = dense((2, 96, 4, d), "bfloat16"), dense((2, 256, 2, d), "bfloat16"), dense((2, 4, 96), "float32")
+    plan = plans.attention_backward(x, x, kv, kv, x, lse, AttentionOptions(d**-0.5), GPU)
+    triton_plan = plans.attention_backward(x, x, kv, kv, x, lse, AttentionOptions(d**-0.5), GPU,
+                                           config=plans.backward_config(d))
+    launch, old = plan.launches[-1], triton_plan.launches[-1]
+    assert launch.name == "jqat_attention_bwd_dkdv_ws" and old.kernel is kbwd.attention_bwd_dkdv_kernel
+    assert [la.name for la in plan.launches[:-1]] == [la.name for la in triton_plan.launches[:-1]]
+    assert launch.grid == (2, 4) and launch.outputs == old.outputs == ("dk", "dv")
+    assert plan.stored_in == triton_plan.stored_in and plan.scratch == triton_plan.scratch
+    refs = lambda la: [a.name for a in la.args if isinstance(a, plans.Ref)]
+    assert refs(launch) == [n for n in refs(old) if n != "lse"][:3] + ["do", "lse", "delta"]
+    assert [(refs(launch)[i], o) for i, o in (launch.aliases)] == [(refs(old)[i], o) for i, o in old.aliases]
+    types = tuple("*" + callback_launch._POINTER_TYPES[plan.buffers[a.name].dtype] if isinstance(a, plans.Ref)
+                  else "fp32" if isinstance(a, float) else "i32" for a in launch.args)
+    types += tuple("*" + callback_launch._POINTER_TYPES[plan.buffers[o].dtype] for o in launch.outputs)
+    kernel = callback_launch.build(launch.kernel, types, (), tuple(launch.constexprs.items()), launch.num_warps,
+                                   launch.num_stages, (9, 0), maxnreg=launch.maxnreg)
+    assert kernel.metadata.num_warps == 12  # a consumer warpgroup by default, one more and the producer's
+    path = tmp_path / "k.cubin"
+    path.write_bytes(kernel.asm["cubin"])
+    cuobjdump = str(triton.__path__[0]) + "/backends/nvidia/bin/cuobjdump"
+    usage = subprocess.run([cuobjdump, "-res-usage", str(path)], capture_output=True, text=True, check=True).stdout
+    assert re.search(r"STACK:0\b", usage), (d, usage)
+  # Cases it does not take keep the Triton kernel: causal, 80 query rows (not a multiple of 32), 192 keys (not of
+  # 128), D = 96, row mode, a window, BHSD storage (heads not side by side).
+  x, kv, lse = dense((1, 96, 4, 128), "bfloat16"), dense((1, 256, 2, 128), "bfloat16"), dense((1, 4, 96), "float32")
+  bhsd = lambda shape: plans.Tensor(shape, "bfloat16",
+                                    (shape[1] * shape[2] * shape[3], shape[3], shape[1] * shape[3], 1))
+  x80, x96 = dense((1, 80, 4, 128), "bfloat16"), dense((1, 96, 4, 96), "bfloat16")
+  kv192, kv96 = dense((1, 192, 2, 128), "bfloat16"), dense((1, 256, 2, 96), "bfloat16")
+  xt, kvt = bhsd((1, 96, 4, 128)), bhsd((1, 256, 2, 128))
+  for args, opts in (((x, x, kv, kv, x, lse), AttentionOptions(0.088, is_causal=True)),
+                     ((x80, x80, kv, kv, x80, dense((1, 4, 80), "float32")), AttentionOptions(0.088)),
+                     ((x, x, kv192, kv192, x, lse), AttentionOptions(0.088)),
+                     ((x96, x96, kv96, kv96, x96, lse), AttentionOptions(0.1)),
+                     ((x, x, kv, kv, x, lse), AttentionOptions(0.088, local_window_size=(64, 0))),
+                     ((xt, xt, kvt, kvt, xt, lse), AttentionOptions(0.088))):
+    kept = plans.attention_backward(*args, opts, GPU)
+    assert kept.launches[-1].kernel is kbwd.attention_bwd_dkdv_kernel, opts
+  row = plans.attention_backward(x, x, kv, kv, x, lse, AttentionOptions(0.088, p_scale="row"), GPU, row_max=lse)
+  assert row.launches[-1].kernel is kbwd.attention_bwd_dkdv_kernel
+  monkeypatch.setenv(plans.BWD_KERNEL_ENV, "fast")
+  with pytest.raises(ValueError, match="JQAT_ATTN_BWD_KERNEL must be one of"):
+    plans.attention_backward(x, x, kv, kv, x, lse, AttentionOptions(0.088), GPU)

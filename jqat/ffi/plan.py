@@ -34,6 +34,7 @@ import triton
 
 from jqat.ffi.options import MASK_OPERANDS, P_ROW_RANGE, AttentionOptions, DecodeOptions
 from jqat.kernels_triton import attention_bwd as kbwd
+from jqat.kernels_triton import attention_bwd_ws as kbws
 from jqat.kernels_triton import attention_fwd as kfwd
 from jqat.kernels_triton import attention_fwd_ws as kws
 from jqat.kernels_triton import decode as kdec
@@ -447,18 +448,30 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
 
 
 FWD_KERNEL_ENV = "JQAT_ATTN_FWD_KERNEL"
+BWD_KERNEL_ENV = "JQAT_ATTN_BWD_KERNEL"
 FWD_KERNELS = ("triton", "ws")
 _WS_ROWS = 2 * int(kws.WG_ROWS.value)  # query rows of a warp-specialized program: its two consumer warpgroups'
+
+
+def _kernel_choice(env: str) -> str:
+  choice = os.environ.get(env) or "triton"
+  if choice not in FWD_KERNELS:
+    raise ValueError(f"{env} must be one of {FWD_KERNELS} (or unset), got {choice!r}")
+  return choice
 
 
 def forward_kernel() -> str:
   """The O-alone forward's kernel: "triton" (``attention_fwd_kernel``, the default) or, with
   ``JQAT_ATTN_FWD_KERNEL=ws``, the warp-specialized Gluon kernel (``kernels_triton.attention_fwd_ws``) wherever it
   takes the launch (:func:`_ws_takes`) and the Triton kernel elsewhere. Only on request while its gain is small."""
-  choice = os.environ.get(FWD_KERNEL_ENV) or "triton"
-  if choice not in FWD_KERNELS:
-    raise ValueError(f"{FWD_KERNEL_ENV} must be one of {FWD_KERNELS} (or unset), got {choice!r}")
-  return choice
+  return _kernel_choice(FWD_KERNEL_ENV)
+
+
+def backward_kernel() -> str:
+  """The dK/dV kernel: "triton" (``attention_bwd_dkdv_kernel``, the default) or, with ``JQAT_ATTN_BWD_KERNEL=ws``,
+  the warp-specialized Gluon kernel (``kernels_triton.attention_bwd_ws``) wherever it takes the launch
+  (:func:`_ws_dkdv_takes`) and the Triton kernel elsewhere."""
+  return _kernel_choice(BWD_KERNEL_ENV)
 
 
 def _ws_takes(q, k, v, o, opts, target, other) -> bool:
@@ -492,6 +505,39 @@ def _forward_ws(q, k, v, o, opts, target, buffers, inputs, outputs, scratch, lau
                (Ref(qq), Ref(kk), Ref(vv), float(opts.scale), tq, tk, n, n // kh, *_s3(q), *_s3(k), *_s3(v),
                 *_s3(o)), ("o", "lse_ws"), params, num_warps, 1, maxnreg=maxnreg)
   return Plan(buffers, inputs, scratch + ("lse_ws",), outputs, launches + (fwd,))
+
+
+def _ws_dkdv_takes(d_out, q, k, v, opts, target, other) -> bool:
+  """Whether the warp-specialized dK/dV kernel takes this backward's dK/dV launch: sm_90, bf16, D of 64 or 128, Tq a
+  multiple of its query tile, Tk of its 128 keys a program, no masks, block modes, fq(P) on in the backward (relative
+  to lse: the forward's KV tile plays no part), heads side by side in q, dO, k and v (``stride_h == D``, the
+  descriptors' columns) and rows of whole 16-element strides. ``other``: masks, tensor scales or p_scale="row"."""
+  tq, d = q.shape[1], q.shape[3]
+  tk = k.shape[1]
+  tensors = (d_out, q, k, v)
+  dense16 = (_pow2_divisor([s for t in tensors for s in _s3(t)]) == 16
+             and all(t.strides[3] == 1 and t.strides[2] == d for t in tensors))
+  return (not other and d in kbws.HEAD_DIMS and all(t.dtype == "bfloat16" for t in tensors)
+          and tq % kbws.PLAN_BLOCK_M == 0 and tk % kbws.BLOCK_N.value == 0 and tk > 0 and dense16
+          and not opts.is_causal and opts.local_window_size is None and opts.p_scale == "block"
+          and opts.config.quantize_p_backward and not target.interpret
+          and tuple(target.compute_capability or ()) == (9, 0))
+
+
+def _dkdv_ws(d_out, q, k, v, qq, kk, vv, opts, target, in_grads) -> Launch:
+  """The backward plan's dK/dV launch by ``attention_bwd_dkdv_ws_kernel`` (only where :func:`_ws_dkdv_takes`): the
+  same arguments' buffers as the Triton launch's (fq(Q), fq(K), fq(V), dO, lse, delta), the same outputs and the
+  same in-place writes over fq(K) and fq(V) where they live in dK's and dV's storage (``in_grads``)."""
+  b, tq, n, d = q.shape
+  tk, kh = k.shape[1], k.shape[2]
+  params = kbws.launch_params(d, compute_capability=tuple(target.compute_capability))
+  num_warps, maxnreg = params.pop("num_warps"), params.pop("maxnreg")
+  args = (Ref(qq), Ref(kk), Ref(vv), Ref("do"), Ref("lse"), Ref("delta"), float(opts.scale), tq, tk, n, n // kh,
+          *_s3(q), *_s3(k), *_s3(v), *_s3(d_out))
+  aliases = tuple((args.index(Ref(name)), ("dk", "dv").index(out)) for name, out in in_grads.items())
+  return Launch("jqat_attention_bwd_dkdv_ws", kbws.attention_bwd_dkdv_ws_kernel,
+                (tk // kbws.BLOCK_N.value, b * kh), args, ("dk", "dv"), params, num_warps, 1, aliases,
+                maxnreg=maxnreg)
 
 
 def attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out_for_delta: Tensor, lse: Tensor,
@@ -595,11 +641,15 @@ def attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out_for_d
   aliases = tuple((kv_args.index(Ref(name)), ("dk", "dv").index(out)) for name, out in in_grads.items())
   stored_in = {**{hat: grad for hat, grad in in_grads.items() if hat not in given},
                **({qq: "o_for_delta"} if q_over_o else {})}
-  dkdv = Launch("jqat_attention_bwd_dkdv", kbwd.attention_bwd_dkdv_kernel, (triton.cdiv(tk, c.kv_block_n), b * kh),
-                kv_args, ("dk", "dv"),
-                dict(BLOCK_M=c.kv_block_m, BLOCK_N=c.kv_block_n, QUANTIZE_P=cfg.quantize_p_backward, **flags,
-                     **target.quant_flags(), P_ROW_RANGE=row_range),
-                c.kv_num_warps, c.kv_num_stages, aliases)
+  if (backward_kernel() == "ws" and config is None
+          and _ws_dkdv_takes(d_out, q, k, v, opts, target, bool(mask_names) or tensor or row)):
+    dkdv = _dkdv_ws(d_out, q, k, v, qq, kk, vv, opts, target, in_grads)
+  else:
+    dkdv = Launch("jqat_attention_bwd_dkdv", kbwd.attention_bwd_dkdv_kernel,
+                  (triton.cdiv(tk, c.kv_block_n), b * kh), kv_args, ("dk", "dv"),
+                  dict(BLOCK_M=c.kv_block_m, BLOCK_N=c.kv_block_n, QUANTIZE_P=cfg.quantize_p_backward, **flags,
+                       **target.quant_flags(), P_ROW_RANGE=row_range),
+                  c.kv_num_warps, c.kv_num_stages, aliases)
   scratch = tuple(name for name in scratch if name not in stored_in) + ("delta",) + ("row_factors",) * row
   return Plan(buffers, inputs, scratch, outputs, launches + (delta, *row_factors, dq, dkdv), stored_in=stored_in)
 

@@ -1,0 +1,213 @@
+"""The warp-specialized Gluon dK/dV kernel (jqat/kernels_triton/attention_bwd_ws.py) against jqat's Triton dK/dV
+launch, on one Hopper GPU (torch).
+
+    PYTHONPATH=.:benchmarks python3 benchmarks/attention_ws_bwd.py --out ws_bwd.json [--check-only]
+    .venv/bin/python benchmarks/attention_ws_bwd.py --compile-only        (no GPU: builds every variant for sm_90)
+
+Inputs as in benchmarks/attention_ws.py: BF16 [B, T, H, D], fake-quantized once by jqat's quantize kernel; the
+Triton training forward on them (``quantize_qkv=False``) gives O' and lse; dO is drawn. jqat's backward plan on the
+same tensors gives delta (its first launch) and the Triton kernels' dK and dV; the new kernel is launched on the
+same fq(Q), fq(K), fq(V), dO, lse and delta.
+
+Check: per variant, the share of dK's and dV's elements that differ from the Triton kernel's (the same expressions
+in the same order: 0 expected), their relative Frobenius distances from it, and the distance of both kernels from the
+float64 oracle of the backward (tests/oracle.py, ``attention_grad_oracle``).
+
+Time: CUDA events around 20 back-to-back launches, median of 5: each variant, and the plan's dK/dV launch alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import os
+import re
+import sys
+import time
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from attention_ws import PARTIAL, bhsd, finish_or_die, inputs, rel, triton_static  # noqa: E402
+
+from jqat.kernels_triton import attention_bwd_ws as ws  # noqa: E402
+
+# (name, query rows per tile, stages, the dV product one tile late)
+VARIANTS = [("ws_m32_s2", 32, 2, False), ("ws_m32_s3", 32, 3, False), ("ws_m32_s3_defer", 32, 3, True),
+            ("ws_m32_s4_defer", 32, 4, True), ("ws_m64_s2", 64, 2, False)]
+# (B, H, K, T, D)
+CHECKS = [(1, 2, 2, 256, 128), (2, 4, 2, 512, 128), (1, 2, 2, 256, 64), (1, 4, 1, 384, 128)]
+TIMES = [(1, 16, 16, 4096, 128), (1, 16, 16, 16384, 128), (4, 32, 8, 4096, 128), (1, 16, 16, 8192, 64)]
+TYPES = ("*bf16",) * 4 + ("*fp32",) * 2 + ("fp32",) + ("i32",) * 16 + ("*bf16", "*bf16")
+
+
+def compile_only(arch: int = 90) -> None:
+  """Builds every variant at D = 128 and 64 for ``sm_<arch>`` and prints registers, spills, shared memory and the
+  consumers' loop (the loop issuing one query tile's D / 8 + BLOCK_M / 8 wgmma)."""
+  from sass_stats import ptxas_warnings, sass_stats
+
+  from jqat.ffi import triton_call
+
+  for d in (128, 64):
+    for name, block_m, stages, defer in VARIANTS:
+      params = ws.launch_params(d, block_m, stages, (arch // 10, arch % 10), defer)
+      num_warps, maxnreg = params.pop("num_warps"), params.pop("maxnreg")
+      t0 = time.time()
+      kernel = triton_call.build(ws.attention_bwd_dkdv_ws_kernel, TYPES, (), tuple(params.items()), num_warps, 1,
+                                 (arch // 10, arch % 10), maxnreg=maxnreg)
+      st = sass_stats(kernel)
+      sass = st.pop("sass")
+      setmaxnreg = sorted({int(x) for x in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)",
+                                                      kernel.asm["ptx"])})
+      loops = [lp["instructions"] for lp in st["loops"] if lp["mix"].get("HGMMA") == d // 8 + block_m // 8]
+      print(f"{name:16s} D={d:3d} regs {st['registers']} (setmaxnreg {setmaxnreg}) stack {st['stack_bytes']} B, "
+            f"LDL/STL {sass.count('LDL') + sass.count('STL')}, smem {st['shared_bytes']} B, scratch "
+            f"{kernel.metadata.global_scratch_size} B, loop {min(loops, default=None)} instr, ptxas notes "
+            f"{ptxas_warnings(kernel, arch) or 'none'} ({time.time() - t0:.1f} s)", flush=True)
+
+
+def dkdv_ws(q, k, v, do, lse, delta, scale, *, block_m=32, stages=2, defer_dv=False):
+  """dK, dV of the new kernel on BTNH torch tensors (q, do [B, T, N, D]; k, v [B, Tk, K, D], bf16, heads side by
+  side) and lse, delta [B, N, T] fp32."""
+  import torch
+
+  from jqat.ffi import torch_launch
+
+  b, t, n, d = q.shape
+  tk, kh = k.shape[1], k.shape[2]
+  if d not in ws.HEAD_DIMS or t % block_m or tk % ws.BLOCK_N.value or n % kh:
+    raise ValueError(f"dkdv_ws takes D in {ws.HEAD_DIMS}, T % {block_m} == 0, Tk % {ws.BLOCK_N.value} == 0; got q "
+                     f"{tuple(q.shape)}, k {tuple(k.shape)}")
+  if any(x.stride(-1) != 1 or x.stride(-2) != d for x in (q, k, v, do)):
+    raise ValueError("q, k, v, do must have a contiguous last axis and heads side by side")
+  dk, dv = torch.empty_like(k), torch.empty_like(v)
+  params = ws.launch_params(d, block_m, stages, torch.cuda.get_device_capability(q.device), defer_dv)
+  args = (q, k, v, do, lse, delta, scale, t, tk, n, n // kh, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+          *do.stride()[:3], dk, dv)
+  torch_launch.launch(ws.attention_bwd_dkdv_ws_kernel, (tk // ws.BLOCK_N.value, b * kh), args, params)
+  return dk, dv
+
+
+def triton_backward(q, k, v, do, o_hp, lse):
+  """jqat's backward plan on BTNH q, k, v, do, O' and lse [B, N, T]: ``(dk, dv, delta, run_dkdv)`` with dK, dV as
+  BTNH, delta [B, N, T] and a function that runs the plan's dK/dV launch alone again."""
+  from jqat.ffi import torch_launch
+  from jqat.torch import _attention as A
+
+  opts = A._options(triton_static(q.shape[-1]))
+  plan, views = A.backward_plan(bhsd(do), bhsd(q), bhsd(k), bhsd(v), bhsd(o_hp), lse, opts)
+  views.update(torch_launch.allocate(plan, plan.outputs + plan.scratch, q.device))
+  torch_launch.execute(plan, views)
+  dkdv = dataclasses.replace(plan, launches=tuple(x for x in plan.launches if x.name == "jqat_attention_bwd_dkdv"))
+  return views["dk"], views["dv"], views["delta"], functools.partial(torch_launch.execute, dkdv, views)
+
+
+def case(b, h, kh, t, d, seed):
+  """fq(Q), fq(K), fq(V), dO (BTNH), O' (BTNH) and lse [B, N, T] of one shape."""
+  import torch
+
+  from jqat.torch._attention import attention_fwd_op
+
+  _, (q, k, v) = inputs(b, h, kh, t, d, seed)
+  _, o_hp, lse, _ = attention_fwd_op(bhsd(q), bhsd(k), bhsd(v), None, None, None, None, *triton_static(d))
+  g = torch.Generator(device="cuda").manual_seed(seed + 1000)
+  do = torch.randn(q.shape, generator=g, device="cuda").to(torch.bfloat16)
+  return q, k, v, do, bhsd(o_hp), lse
+
+
+def check() -> list[dict]:
+  import numpy as np
+  import torch
+  from oracle import attention_grad_oracle
+
+  rows = PARTIAL.setdefault("result", {}).setdefault("check", [])
+  for i, (b, h, kh, t, d) in enumerate(CHECKS):
+    q, k, v, do, o_hp, lse = case(b, h, kh, t, d, 20 + i)
+    dk_t, dv_t, delta, _ = triton_backward(q, k, v, do, o_hp, lse)
+    torch.cuda.synchronize()
+    host = lambda x: x.float().cpu().numpy()
+    _, want_dk, want_dv = attention_grad_oracle(host(do), host(q), host(k), host(v), host(o_hp), lse.cpu().numpy(),
+                                                scale=d**-0.5, is_causal=False, quantize_qkv=False)
+    base = {"B": b, "H": h, "K": kh, "T": t, "D": d, "triton_dk_vs_oracle": rel(host(dk_t), want_dk),
+            "triton_dv_vs_oracle": rel(host(dv_t), want_dv)}
+    for name, block_m, stages, defer in VARIANTS:
+      try:
+        dk, dv = dkdv_ws(q, k, v, do, lse, delta, d**-0.5, block_m=block_m, stages=stages, defer_dv=defer)
+        finish_or_die(f"{name} at {(b, h, kh, t, d)}")
+      except Exception as e:  # recorded; the other variants still run
+        rows.append(dict(base, variant=name, ok=False, error=f"{type(e).__name__}: {e}"[:2000]))
+        print(f"check {(b, h, kh, t, d)} {name} FAILED: {rows[-1]['error'][:300]}", flush=True)
+        continue
+      row = dict(base, variant=name, dk_differing=float(np.mean(host(dk) != host(dk_t))),
+                 dv_differing=float(np.mean(host(dv) != host(dv_t))), dk_vs_triton=rel(host(dk), host(dk_t)),
+                 dv_vs_triton=rel(host(dv), host(dv_t)), dk_vs_oracle=rel(host(dk), want_dk),
+                 dv_vs_oracle=rel(host(dv), want_dv))
+      row["bitwise"] = row["dk_differing"] == 0 and row["dv_differing"] == 0
+      row["ok"] = bool(np.isfinite(host(dk)).all() and np.isfinite(host(dv)).all()
+                       and row["dk_vs_oracle"] <= 1.5 * row["triton_dk_vs_oracle"] + 1e-3
+                       and row["dv_vs_oracle"] <= 1.5 * row["triton_dv_vs_oracle"] + 1e-3)
+      rows.append(row)
+      print(f"check {(b, h, kh, t, d)} {name}: differing dK {row['dk_differing']:.5f} dV {row['dv_differing']:.5f}; "
+            f"vs oracle dK {row['dk_vs_oracle']:.3e} (triton {row['triton_dk_vs_oracle']:.3e}) dV "
+            f"{row['dv_vs_oracle']:.3e} (triton {row['triton_dv_vs_oracle']:.3e}) ok {row['ok']}", flush=True)
+  return rows
+
+
+def time_shapes(iters: int, repeats: int) -> list[dict]:
+  from _timing import cuda_event_ms
+
+  rows = PARTIAL.setdefault("result", {}).setdefault("time", [])
+  for b, h, kh, t, d in TIMES:
+    q, k, v, do, o_hp, lse = case(b, h, kh, t, d, 1)
+    dk_t, dv_t, delta, run_dkdv = triton_backward(q, k, v, do, o_hp, lse)
+    row = {"B": b, "H": h, "K": kh, "T": t, "D": d}
+    rows.append(row)
+    row["triton_ms"] = cuda_event_ms(run_dkdv, iters, repeats)
+    print(f"time {(b, h, kh, t, d)} triton dK/dV {row['triton_ms']:.4f} ms", flush=True)
+    for name, block_m, stages, defer in VARIANTS:
+      fn = functools.partial(dkdv_ws, q, k, v, do, lse, delta, d**-0.5, block_m=block_m, stages=stages, defer_dv=defer)
+      try:
+        dk, dv = fn()
+        finish_or_die(f"{name} at {(b, h, kh, t, d)}")
+        row[f"{name}_bitwise"] = bool((dk == dk_t).all() and (dv == dv_t).all())
+        row[f"{name}_ms"] = cuda_event_ms(fn, iters, repeats)
+        print(f"time {(b, h, kh, t, d)} {name} {row[f'{name}_ms']:.4f} ms "
+              f"({row['triton_ms'] / row[f'{name}_ms']:.3f}x the Triton kernel's speed) bitwise "
+              f"{row[f'{name}_bitwise']}", flush=True)
+      except Exception as e:
+        row[f"{name}_error"] = f"{type(e).__name__}: {e}"[:2000]
+        print(f"time {(b, h, kh, t, d)} {name} FAILED: {row[f'{name}_error'][:300]}", flush=True)
+  return rows
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--out", default="attention_ws_bwd.json")
+  ap.add_argument("--compile-only", action="store_true", help="build every variant for sm_90 (no GPU) and stop")
+  ap.add_argument("--check-only", action="store_true")
+  ap.add_argument("--iters", type=int, default=20)
+  ap.add_argument("--repeats", type=int, default=5)
+  args = ap.parse_args()
+  if args.compile_only:
+    compile_only()
+    return
+  import torch
+
+  result = {"benchmark": "attention_ws_bwd", "date": time.strftime("%Y-%m-%d"),
+            "device": torch.cuda.get_device_name()}
+  PARTIAL.update(out=args.out, result=result)
+  result["check"] = check()
+  result["check_ok"] = all(r["ok"] for r in result["check"])
+  print("check ok:", result["check_ok"], flush=True)
+  if not args.check_only:
+    result["time"] = time_shapes(args.iters, args.repeats)
+  with open(args.out, "w") as f:
+    json.dump(result, f, indent=1)
+  print("wrote", args.out)
+
+
+if __name__ == "__main__":
+  main()

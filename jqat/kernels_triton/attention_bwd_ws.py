@@ -1,0 +1,276 @@
+"""A warp-specialized NVFP4 QAT dK/dV kernel for Hopper (sm_90), in Gluon.
+
+The function is ``attention_bwd.attention_bwd_dkdv_kernel``'s (docs/NUMERICS.md, section 5) for its simplest cases:
+Q, K, V already fake-quantized, p_scale "block", fq(P) on, no masks, no segment ids, D = 128 or 64, sequence lengths
+multiples of the tiles.
+
+Why: the Triton dK/dV kernel (64 keys x 32 query rows on one warpgroup, two programs per SM) is latency-bound: 44% of
+issue slots, the tensor pipe at 34%, and the Q / dO tiles' addresses and copies take 27% of its stall samples
+(docs/PERFORMANCE.md, section 4). Here, as in the warp-specialized forward (``attention_fwd_ws``):
+
+- a producer warp (24 registers) copies each query tile's Q and dO by TMA into a ring of STAGES stages (a "ready"
+  and an "empty" mbarrier per buffer), and the program's K and V tiles once;
+- two consumer warpgroups, each owning 64 keys (so a program owns 128), walk the same query tiles: one Q / dO copy
+  serves both, and one's softmax and fq(P) can run while the other's products occupy the tensor cores;
+- inside a consumer the products are asynchronous: S^T = K Q^T and dP^T = V dO^T issued together, the exponentials
+  computed while dP^T still runs, dK += dS^T Q issued before fq(P)^T is formed, dV += fq(P)^T dO after.
+
+P is held as [keys, queries] (S^T, the Triton kernel's orientation), so dS^T and fq(P)^T are the register A operands
+of the dK and dV products (their accumulator layout is the operand layout: no shared-memory round trip), and fq(P)
+along keys reduces each block of 16 keys across the 8 lanes of a warp that hold them (``fq_probs_t``).
+
+Numerics: the Triton kernel's expressions on the same FP32 values (``attention_bwd._dkdv_tile``, unmasked, block
+mode), in its order: ``lse2 = lse * log2 e`` (+inf where lse is -inf), ``p = exp2((k . q) * scale log2 e - lse2)``,
+``ds = p * ((v . do) - delta)``, ``dK += bf16(ds) Q``, ``dV += bf16(fq(p)) dO``, the query heads of the KV head in
+order, their query tiles in order; at the end ``dK * scale`` and dV rounded to bf16. The dK and dV products
+accumulate the same k16 steps in the same order as the Triton kernel's (query rows ascending), so the sums agree
+bit for bit where the hardware's accumulation is deterministic.
+
+Barrier protocol as in ``attention_fwd_ws`` (stage ``st`` of query tile ``t``, its n-th use ``n = t // STAGES``):
+``q_ready[st]`` / ``do_ready[st]`` completed by the TMA copies, consumers wait for parity ``n & 1``;
+``q_empty[st]`` / ``do_empty[st]`` (count 2) arrived at by each consumer once the products that read the buffer are
+complete, the producer waits for parity ``(n & 1) ^ 1`` before its n-th fill. ``kv_ready`` (one phase) guards the
+program's K and V tiles.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+from jqat.kernels_triton.attention_common import LOG2E
+from jqat.kernels_triton.attention_fwd_ws import PRODUCER_REGS, WG_ROWS, acc_layout, registers, tile_smem_layout
+from jqat.kernels_triton.nvfp4 import fq_probs_t, quant_flags
+
+CONSUMERS = gl.constexpr(2)  # consumer warpgroups, each owning WG_ROWS (64) keys
+BLOCK_N = gl.constexpr(64 * CONSUMERS.value)  # keys per program
+HEAD_DIMS = (64, 128)
+PLAN_BLOCK_M = 32  # query rows a tile in the library's launches (64 spills at D = 128)
+
+
+@gluon.jit
+def _probabilities(s, lse, qk_scale):
+  """P^T of a query tile from S^T (``attention_bwd._dkdv_tile``'s expressions, unmasked)."""
+  lse2 = gl.where(lse == float("-inf"), float("inf"), lse * LOG2E)  # rows without keys: P = 0
+  return gl.exp2(s * qk_scale - lse2[None, :])
+
+
+@gluon.jit
+def _query_tile(t, dk, dv, p_op, k_s, v_s, q_bufs, do_bufs, q_ready, do_ready, q_empty, do_empty, lse, delta, s_init,
+                qk_scale, D_LAYOUT: gl.constexpr, STAGES: gl.constexpr, HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr,
+                DEFER_DV: gl.constexpr, FIRST: gl.constexpr):
+  """Query tile ``t`` of a consumer's walk: its contribution to the consumer's dK and dV (FP32, D_LAYOUT).
+  ``lse``, ``delta``: the tile's rows (FP32, along S^T's columns).
+
+  DEFER_DV: the previous tile's dV product (``p_op``, its fq(P)^T as a bf16 operand) is issued here beside this
+  tile's S^T and dP^T (as the forward issues P V one tile late), so it runs while this tile's exponentials are
+  computed, and this tile's dV product is left to the next (or to the walk's end: the returned operand). FIRST (with
+  DEFER_DV): tile 0, with no previous product. Otherwise every product is waited for within the tile (``p_op`` is
+  returned unused). Returns ``(dk, dv, p_op)``."""
+  st = t % STAGES
+  sp = (t - 1) % STAGES
+  PENDING: gl.constexpr = 1 if DEFER_DV and not FIRST else 0  # the previous dV product, issued after dP^T
+  phase = (t // STAGES) & 1
+  mbarrier.wait(q_ready.index(st), phase)
+  s_tok = warpgroup_mma(k_s, q_bufs.index(st).permute((1, 0)), s_init, use_acc=False, is_async=True)
+  mbarrier.wait(do_ready.index(st), phase)
+  dp_tok = warpgroup_mma(v_s, do_bufs.index(st).permute((1, 0)), s_init, use_acc=False, is_async=True)
+  if PENDING:
+    dv_tok = warpgroup_mma(p_op, do_bufs.index(sp), dv, is_async=True)
+  s = warpgroup_mma_wait(1 + PENDING, deps=[s_tok])  # S^T done (dP^T may still run)
+  p = _probabilities(s, lse, qk_scale)
+  dp = warpgroup_mma_wait(PENDING, deps=[dp_tok])
+  ds = p * (dp - delta[None, :])
+  # S^T's accumulator layout is the register layout of the next products' A operand (16-bit, k_width 2): free.
+  OPERAND: gl.constexpr = gl.DotOperandLayout(0, D_LAYOUT, 2)
+  ds_op = gl.convert_layout(ds.to(gl.bfloat16), OPERAND, assert_trivial=True)
+  dk_tok = warpgroup_mma(ds_op, q_bufs.index(st), dk, is_async=True)
+  p_fq = fq_probs_t(p, p.shape[0], p.shape[1], HW_E4M3, HW_E2M1)  # blocks of 16 along keys; exact in bf16
+  p_next = gl.convert_layout(p_fq.to(gl.bfloat16), OPERAND, assert_trivial=True)
+  if DEFER_DV:
+    if PENDING:
+      dv, p_op = warpgroup_mma_wait(1, deps=[dv_tok, p_op])  # the previous dV product done: its dO is free
+      mbarrier.arrive(do_empty.index(sp))
+    dk, ds_op = warpgroup_mma_wait(0, deps=[dk_tok, ds_op])
+    mbarrier.arrive(q_empty.index(st))
+  else:
+    dv_tok = warpgroup_mma(p_next, do_bufs.index(st), dv, is_async=True)
+    dk, ds_op = warpgroup_mma_wait(1, deps=[dk_tok, ds_op])
+    mbarrier.arrive(q_empty.index(st))
+    dv, p_next = warpgroup_mma_wait(0, deps=[dv_tok, p_next])
+    mbarrier.arrive(do_empty.index(st))
+  return dk, dv, p_next
+
+
+@gluon.jit
+def _rows(lse_ptr, delta_ptr, t, tiles, n_q, b, n_heads, kvh, group, tq, cols, BLOCK_M: gl.constexpr):
+  """lse and delta of query tile ``min(t, tiles - 1)`` (query head ``kvh * group + t // n_q``), along ``cols``."""
+  t = gl.minimum(t, tiles - 1)
+  g = t // n_q
+  rows = (b * n_heads + kvh * group + g).to(gl.int64) * tq + (t - g * n_q) * BLOCK_M + cols
+  return gl.load(lse_ptr + rows), gl.load(delta_ptr + rows)
+
+
+@gluon.jit
+def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+              HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr, DEFER_DV: gl.constexpr):
+  """Consumer warpgroup WG: keys ``[start_n + 64 WG, +64)`` of KV head ``kvh``, batch ``b``; walks every query tile
+  of the KV head's ``group`` query heads and stores its dK and dV rows."""
+  q_bufs, do_bufs, k_bufs, v_bufs, kv_ready, q_ready, do_ready, q_empty, do_empty = smem
+  (lse_ptr, delta_ptr, dk_ptr, dv_ptr, scale, n_q, tq, tiles, b, kvh, group, n_heads, start_n, stride_kb, stride_kt,
+   stride_kh, stride_vb, stride_vt, stride_vh) = scalars
+  S_LAYOUT: gl.constexpr = acc_layout(BLOCK_M)  # S^T: [64 keys, BLOCK_M query rows]
+  D_LAYOUT: gl.constexpr = acc_layout(HEAD_DIM)  # dK, dV: [64 keys, D]
+  COLS: gl.constexpr = gl.SliceLayout(0, S_LAYOUT)
+  qk_scale = scale * LOG2E  # as the Triton kernel forms it: one FP32 product
+  k_s = k_bufs.index(WG)
+  v_s = v_bufs.index(WG)
+  dk = gl.zeros([WG_ROWS, HEAD_DIM], gl.float32, layout=D_LAYOUT)
+  dv = gl.zeros([WG_ROWS, HEAD_DIM], gl.float32, layout=D_LAYOUT)
+  s_init = gl.zeros([WG_ROWS, BLOCK_M], gl.float32, layout=S_LAYOUT)  # not read: use_acc=False
+  cols = gl.arange(0, BLOCK_M, layout=COLS)
+  mbarrier.wait(kv_ready, 0)
+  # lse and delta loaded one tile ahead (plain loads, cached: each row's are read by every program of its KV head),
+  # so no product waits on them.
+  lse, delta = _rows(lse_ptr, delta_ptr, 0, tiles, n_q, b, n_heads, kvh, group, tq, cols, BLOCK_M)
+  OPERAND: gl.constexpr = gl.DotOperandLayout(0, D_LAYOUT, 2)
+  p_op = gl.zeros([WG_ROWS, BLOCK_M], gl.bfloat16, layout=OPERAND)  # the previous tile's fq(P)^T (DEFER_DV)
+  lse_next, delta_next = _rows(lse_ptr, delta_ptr, 1, tiles, n_q, b, n_heads, kvh, group, tq, cols, BLOCK_M)
+  if DEFER_DV:
+    dk, dv, p_op = _query_tile(0, dk, dv, p_op, k_s, v_s, q_bufs, do_bufs, q_ready, do_ready, q_empty, do_empty, lse,
+                               delta, s_init, qk_scale, D_LAYOUT, STAGES, HW_E4M3, HW_E2M1, True, True)
+    start = 1
+  else:
+    start = 0
+    lse_next, delta_next = lse, delta
+  for t in range(start, tiles):
+    lse, delta = lse_next, delta_next
+    lse_next, delta_next = _rows(lse_ptr, delta_ptr, t + 1, tiles, n_q, b, n_heads, kvh, group, tq, cols, BLOCK_M)
+    dk, dv, p_op = _query_tile(t, dk, dv, p_op, k_s, v_s, q_bufs, do_bufs, q_ready, do_ready, q_empty, do_empty, lse,
+                               delta, s_init, qk_scale, D_LAYOUT, STAGES, HW_E4M3, HW_E2M1, DEFER_DV, False)
+  if DEFER_DV:  # the last tile's dV product
+    sp = (tiles - 1) % STAGES
+    dv_tok = warpgroup_mma(p_op, do_bufs.index(sp), dv, is_async=True)
+    dv, p_op = warpgroup_mma_wait(0, deps=[dv_tok, p_op])
+    mbarrier.arrive(do_empty.index(sp))
+
+  # dK * scale and dV, rounded to bf16 (``attention_bwd.cast_out``), over fq(K) and fq(V)'s storage where the plan
+  # puts them there: this program read its K and V rows before its walk.
+  keys = start_n + WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, D_LAYOUT))
+  ch = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, D_LAYOUT))
+  k_rows = b.to(gl.int64) * stride_kb + kvh.to(gl.int64) * stride_kh + keys.to(gl.int64) * stride_kt
+  v_rows = b.to(gl.int64) * stride_vb + kvh.to(gl.int64) * stride_vh + keys.to(gl.int64) * stride_vt
+  gl.store(dk_ptr + k_rows[:, None] + ch[None, :], (dk * scale).to(dk_ptr.dtype.element_ty))
+  gl.store(dv_ptr + v_rows[:, None] + ch[None, :], dv.to(dv_ptr.dtype.element_ty))
+
+
+@gluon.jit
+def _producer(smem, args, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+  """The producer warp: the program's K and V tiles, then Q and dO of query tiles ``0 .. tiles - 1`` (query head
+  ``kvh * group + t // n_q``, rows ``(t % n_q) * BLOCK_M``) into the ring. Descriptors over each batch's rows, heads
+  side by side along the columns (``stride_h == D``); made here, by the warp that uses them."""
+  q_bufs, do_bufs, k_bufs, v_bufs, kv_ready, q_ready, do_ready, q_empty, do_empty = smem
+  (q_ptr, do_ptr, k_ptr, v_ptr, n_q, tq, tk, tiles, b, kvh, group, n_heads, kv_heads, start_n, stride_qb, stride_qt,
+   stride_db, stride_dt, stride_kb, stride_kt, stride_vb, stride_vt) = args
+  Q_SMEM: gl.constexpr = tile_smem_layout(BLOCK_M, HEAD_DIM)
+  KV_SMEM: gl.constexpr = tile_smem_layout(WG_ROWS, HEAD_DIM)
+  q_desc = tma.make_tensor_descriptor(q_ptr + b.to(gl.int64) * stride_qb, shape=[tq, n_heads * HEAD_DIM],
+                                      strides=[stride_qt, 1], block_shape=[BLOCK_M, HEAD_DIM], layout=Q_SMEM)
+  do_desc = tma.make_tensor_descriptor(do_ptr + b.to(gl.int64) * stride_db, shape=[tq, n_heads * HEAD_DIM],
+                                       strides=[stride_dt, 1], block_shape=[BLOCK_M, HEAD_DIM], layout=Q_SMEM)
+  k_desc = tma.make_tensor_descriptor(k_ptr + b.to(gl.int64) * stride_kb, shape=[tk, kv_heads * HEAD_DIM],
+                                      strides=[stride_kt, 1], block_shape=[WG_ROWS, HEAD_DIM], layout=KV_SMEM)
+  v_desc = tma.make_tensor_descriptor(v_ptr + b.to(gl.int64) * stride_vb, shape=[tk, kv_heads * HEAD_DIM],
+                                      strides=[stride_vt, 1], block_shape=[WG_ROWS, HEAD_DIM], layout=KV_SMEM)
+  KV_BYTES: gl.constexpr = 2 * CONSUMERS * WG_ROWS * HEAD_DIM * 2
+  mbarrier.expect(kv_ready, KV_BYTES)
+  for c in gl.static_range(CONSUMERS):
+    tma.async_copy_global_to_shared(k_desc, [start_n + c * WG_ROWS, kvh * HEAD_DIM], kv_ready, k_bufs.index(c))
+    tma.async_copy_global_to_shared(v_desc, [start_n + c * WG_ROWS, kvh * HEAD_DIM], kv_ready, v_bufs.index(c))
+  TILE_BYTES: gl.constexpr = BLOCK_M * HEAD_DIM * 2
+  for t in range(tiles):
+    st = t % STAGES
+    free = ((t // STAGES) & 1) ^ 1  # the (n-1)-th release of the stage; passes at once for its first fill
+    g = t // n_q
+    at = [(t - g * n_q) * BLOCK_M, (kvh * group + g) * HEAD_DIM]
+    mbarrier.wait(q_empty.index(st), free)
+    mbarrier.expect(q_ready.index(st), TILE_BYTES)
+    tma.async_copy_global_to_shared(q_desc, at, q_ready.index(st), q_bufs.index(st))
+    mbarrier.wait(do_empty.index(st), free)
+    mbarrier.expect(do_ready.index(st), TILE_BYTES)
+    tma.async_copy_global_to_shared(do_desc, at, do_ready.index(st), do_bufs.index(st))
+
+
+@gluon.jit
+def attention_bwd_dkdv_ws_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, scale, tq, tk, n_heads, group,
+    stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+    stride_db, stride_dt, stride_dh, dk_ptr, dv_ptr,
+    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr, DEFER_DV: gl.constexpr = False):
+  """dK and dV of 128 keys of one KV head per program: grid ``(tk / 128, B * K)``. Outputs last, as the launch plans
+  order arguments.
+
+  q, do: [B, Tq, N, D] bf16; k, v, dk, dv: [B, Tk, K, D] bf16 (dk, dv with k's and v's strides), N = K * group
+  (query head h reads KV head h // group); q, k, v already fake-quantized (fq along D); lse, delta: [B, N, Tq] fp32
+  (the forward's lse and ``rowsum(O' * dO)``). Every last axis contiguous, heads side by side (``stride_h == D``),
+  the other strides multiples of 16 elements. ``tq % BLOCK_M == 0``, ``tk % 128 == 0``, ``tq > 0``. Launch with
+  ``num_warps=4`` (the default partition: consumer 0) and ``maxnreg`` of ``attention_fwd_ws.registers(2)``; the kernel
+  adds a 4-warp consumer partition and the producer's warp. Needs the launch's global scratch (four tensor
+  descriptors a program).
+  """
+  gl.static_assert(HEAD_DIM == 64 or HEAD_DIM == 128, "D of 64 or 128")
+  gl.static_assert(BLOCK_M == 32 or BLOCK_M == 64, "query tiles of 32 or 64 rows")
+  gl.static_assert(STAGES >= 1, "at least one stage")
+  gl.static_assert(gl.num_warps() == 4, "the default partition is one consumer warpgroup")
+  # stride_qh and stride_dh equal HEAD_DIM: the descriptors step over heads along the columns.
+  stride_qb, stride_qt = stride_qb // 16 * 16, stride_qt // 16 * 16
+  stride_kb, stride_kt, stride_kh = stride_kb // 16 * 16, stride_kt // 16 * 16, stride_kh // 16 * 16
+  stride_vb, stride_vt, stride_vh = stride_vb // 16 * 16, stride_vt // 16 * 16, stride_vh // 16 * 16
+  stride_db, stride_dt = stride_db // 16 * 16, stride_dt // 16 * 16
+  pid_n = gl.program_id(0)
+  pid_bk = gl.program_id(1)
+  kv_heads = n_heads // group
+  b = pid_bk // kv_heads
+  kvh = pid_bk % kv_heads
+  start_n = pid_n * BLOCK_N
+  n_q = tq // BLOCK_M
+  tiles = n_q * group
+
+  Q_SMEM: gl.constexpr = tile_smem_layout(BLOCK_M, HEAD_DIM)
+  KV_SMEM: gl.constexpr = tile_smem_layout(WG_ROWS, HEAD_DIM)
+  q_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, HEAD_DIM], Q_SMEM)
+  do_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, HEAD_DIM], Q_SMEM)
+  k_bufs = gl.allocate_shared_memory(gl.bfloat16, [CONSUMERS, WG_ROWS, HEAD_DIM], KV_SMEM)
+  v_bufs = gl.allocate_shared_memory(gl.bfloat16, [CONSUMERS, WG_ROWS, HEAD_DIM], KV_SMEM)
+  kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+  q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+  do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+  q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+  do_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+  mbarrier.init(kv_ready, count=1)
+  for i in gl.static_range(STAGES):
+    mbarrier.init(q_ready.index(i), count=1)
+    mbarrier.init(do_ready.index(i), count=1)
+    mbarrier.init(q_empty.index(i), count=CONSUMERS)
+    mbarrier.init(do_empty.index(i), count=CONSUMERS)
+
+  smem = (q_bufs, do_bufs, k_bufs, v_bufs, kv_ready, q_ready, do_ready, q_empty, do_empty)
+  scalars = (lse_ptr, delta_ptr, dk_ptr, dv_ptr, scale, n_q, tq, tiles, b, kvh, group, n_heads, start_n, stride_kb,
+             stride_kt, stride_kh, stride_vb, stride_vt, stride_vh)
+  args = (q_ptr, do_ptr, k_ptr, v_ptr, n_q, tq, tk, tiles, b, kvh, group, n_heads, kv_heads, start_n, stride_qb,
+          stride_qt, stride_db, stride_dt, stride_kb, stride_kt, stride_vb, stride_vt)
+  gl.warp_specialize([(_consumer, (0, smem, scalars, HEAD_DIM, BLOCK_M, STAGES, HW_E4M3, HW_E2M1, DEFER_DV)),
+                      (_consumer, (1, smem, scalars, HEAD_DIM, BLOCK_M, STAGES, HW_E4M3, HW_E2M1, DEFER_DV)),
+                      (_producer, (smem, args, HEAD_DIM, BLOCK_M, STAGES))], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+def launch_params(head_dim: int, block_m: int = PLAN_BLOCK_M, stages: int = 2, compute_capability=(9, 0),
+                  defer_dv: bool = False) -> dict:
+  """Constexprs and launch options of :func:`attention_bwd_dkdv_ws_kernel`."""
+  maxnreg, consumer_regs = registers(CONSUMERS)
+  flags = quant_flags(compute_capability)
+  return {"HEAD_DIM": head_dim, "BLOCK_M": block_m, "STAGES": stages, "CONSUMER_REGS": consumer_regs,
+          "HW_E4M3": flags["HW_E4M3"], "HW_E2M1": flags["HW_E2M1"], "DEFER_DV": bool(defer_dv), "num_warps": 4,
+          "maxnreg": maxnreg}
