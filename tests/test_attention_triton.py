@@ -483,13 +483,13 @@ def test_ws_forward_through_the_library_gpu(monkeypatch, causal):
 @pytest.mark.gpu
 @pytest.mark.parametrize("d", [128, 64])
 def test_ws_dkdv_through_the_library_gpu(monkeypatch, d):
-  """``JQAT_ATTN_BWD_KERNEL=ws``: dK and dV through ``jax.grad`` of ``jqat.attention`` and through the torch binding
-  come from the warp-specialized kernel (the backward plan of these shapes launches it: GQA, Tk a multiple of 128)
-  and are within the Triton backward's bounds of the XLA reference; dQ is unchanged."""
+  """dK and dV through ``jax.grad`` of ``jqat.attention`` and through the torch binding (BTNH storage) come from the
+  warp-specialized kernel, the default (the backward plan of these shapes launches it: GQA, Tk a multiple of 128),
+  and are within the Triton backward's bounds of the XLA reference."""
   import jqat.torch as jt
   from jqat.ffi import jax_launch
 
-  monkeypatch.setenv(plans.BWD_KERNEL_ENV, "ws")
+  monkeypatch.delenv(plans.BWD_KERNEL_ENV, raising=False)
   b, t, n, kh = 1, 640, 6, 3  # shapes no other test traces: a fresh trace reads the variable
   target = jax_launch.target()
   if tuple(target.compute_capability or ()) != (9, 0):

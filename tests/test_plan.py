@@ -426,10 +426,11 @@ def test_ws_forward_plan_builds_for_sm90(monkeypatch, tmp_path):
 
 @pytest.mark.fresh_process  # a real compile: not in a process where the interpreter has run
 def test_ws_dkdv_plan_builds_for_sm90(monkeypatch, tmp_path):
-  """``JQAT_ATTN_BWD_KERNEL=ws``: the backward's dK/dV launch is the warp-specialized Gluon kernel on the same
-  buffers as the Triton launch (fq(Q), fq(K), fq(V), dO, lse, delta), dK and dV written over fq(K) and fq(V) in
-  place; it builds for sm_90 with its worker warps (12 in all) and no spills. A case it does not take keeps the
-  Triton kernel; an unknown value is a ValueError naming the variable."""
+  """By default (``JQAT_ATTN_BWD_KERNEL`` unset) the backward's dK/dV launch on sm_90 is the warp-specialized Gluon
+  kernel, on the same buffers as the Triton launch (fq(Q), fq(K), fq(V), dO, lse, delta) that
+  ``JQAT_ATTN_BWD_KERNEL=triton`` gives, dK and dV written over fq(K) and fq(V) in place; it builds for sm_90 with its
+  worker warps (12 in all) and no spills. A case it does not take, or a dK/dV launch configuration of one's own,
+  keeps the Triton kernel; an unknown value is a ValueError naming the variable."""
   import re
   import subprocess
 
@@ -440,13 +441,13 @@ def test_ws_dkdv_plan_builds_for_sm90(monkeypatch, tmp_path):
 
   monkeypatch.setenv("JQAT_CACHE_DIR", str(tmp_path))
   monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
-  monkeypatch.setenv(plans.BWD_KERNEL_ENV, "ws")
   dense = plans.Tensor.dense
   for d in (128, 64):
-    x, kv, lse = dense((2, 96, 4, d), "bfloat16"), dense((2, 256, 2, d), "bfloat16"), dense((2, 4, 96), "float32")
+    x, kv, lse = dense((2, 128, 4, d), "bfloat16"), dense((2, 256, 2, d), "bfloat16"), dense((2, 4, 128), "float32")
+    monkeypatch.setenv(plans.BWD_KERNEL_ENV, "triton")
+    triton_plan = plans.attention_backward(x, x, kv, kv, x, lse, AttentionOptions(d**-0.5), GPU)
+    monkeypatch.delenv(plans.BWD_KERNEL_ENV)  # the default
     plan = plans.attention_backward(x, x, kv, kv, x, lse, AttentionOptions(d**-0.5), GPU)
-    triton_plan = plans.attention_backward(x, x, kv, kv, x, lse, AttentionOptions(d**-0.5), GPU,
-                                           config=plans.backward_config(d))
     launch, old = plan.launches[-1], triton_plan.launches[-1]
     assert launch.name == "jqat_attention_bwd_dkdv_ws" and old.kernel is kbwd.attention_bwd_dkdv_kernel
     assert [la.name for la in plan.launches[:-1]] == [la.name for la in triton_plan.launches[:-1]]
@@ -484,6 +485,11 @@ def test_ws_dkdv_plan_builds_for_sm90(monkeypatch, tmp_path):
     assert kept.launches[-1].kernel is kbwd.attention_bwd_dkdv_kernel, opts
   row = plans.attention_backward(x, x, kv, kv, x, lse, AttentionOptions(0.088, p_scale="row"), GPU, row_max=lse)
   assert row.launches[-1].kernel is kbwd.attention_bwd_dkdv_kernel
+  own = dataclasses.replace(plans.backward_config(128), kv_num_stages=2)
+  mine = plans.attention_backward(x, x, kv, kv, x, lse, AttentionOptions(0.088), GPU, config=own)
+  assert mine.launches[-1].kernel is kbwd.attention_bwd_dkdv_kernel
+  assert plans.attention_backward(x, x, kv, kv, x, lse, AttentionOptions(0.088), GPU,
+                                  config=plans.backward_config(128)).launches[-1].kernel is not mine.launches[-1].kernel
   monkeypatch.setenv(plans.BWD_KERNEL_ENV, "fast")
   with pytest.raises(ValueError, match="JQAT_ATTN_BWD_KERNEL must be one of"):
     plans.attention_backward(x, x, kv, kv, x, lse, AttentionOptions(0.088), GPU)

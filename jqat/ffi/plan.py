@@ -453,8 +453,8 @@ FWD_KERNELS = ("triton", "ws")
 _WS_ROWS = 2 * int(kws.WG_ROWS.value)  # query rows of a warp-specialized program: its two consumer warpgroups'
 
 
-def _kernel_choice(env: str) -> str:
-  choice = os.environ.get(env) or "triton"
+def _kernel_choice(env: str, default: str = "triton") -> str:
+  choice = os.environ.get(env) or default
   if choice not in FWD_KERNELS:
     raise ValueError(f"{env} must be one of {FWD_KERNELS} (or unset), got {choice!r}")
   return choice
@@ -468,10 +468,11 @@ def forward_kernel() -> str:
 
 
 def backward_kernel() -> str:
-  """The dK/dV kernel: "triton" (``attention_bwd_dkdv_kernel``, the default) or, with ``JQAT_ATTN_BWD_KERNEL=ws``,
-  the warp-specialized Gluon kernel (``kernels_triton.attention_bwd_ws``) wherever it takes the launch
-  (:func:`_ws_dkdv_takes`) and the Triton kernel elsewhere."""
-  return _kernel_choice(BWD_KERNEL_ENV)
+  """The dK/dV kernel: "ws" (the default), the warp-specialized Gluon kernel (``kernels_triton.attention_bwd_ws``)
+  wherever it takes the launch (:func:`_ws_dkdv_takes`) and ``attention_bwd_dkdv_kernel`` elsewhere, or, with
+  ``JQAT_ATTN_BWD_KERNEL=triton``, ``attention_bwd_dkdv_kernel`` everywhere. Both compute the same bits (the
+  warp-specialized kernel runs the Triton kernel's expressions in its order; docs/BENCHMARKS.md)."""
+  return _kernel_choice(BWD_KERNEL_ENV, "ws")
 
 
 def _ws_takes(q, k, v, o, opts, target, other) -> bool:
@@ -518,10 +519,14 @@ def _ws_dkdv_takes(d_out, q, k, v, opts, target, other) -> bool:
   dense16 = (_pow2_divisor([s for t in tensors for s in _s3(t)]) == 16
              and all(t.strides[3] == 1 and t.strides[2] == d for t in tensors))
   return (not other and d in kbws.HEAD_DIMS and all(t.dtype == "bfloat16" for t in tensors)
-          and tq % kbws.PLAN_BLOCK_M == 0 and tk % kbws.BLOCK_N.value == 0 and tk > 0 and dense16
+          and tq % kbws.plan_block_m(d) == 0 and tk % kbws.BLOCK_N.value == 0 and tk > 0 and dense16
           and not opts.is_causal and opts.local_window_size is None and opts.p_scale == "block"
           and opts.config.quantize_p_backward and not target.interpret
           and tuple(target.compute_capability or ()) == (9, 0))
+
+
+def _kv_config(c: kbwd.BackwardConfig) -> tuple:
+  return c.kv_block_n, c.kv_block_m, c.kv_num_warps, c.kv_num_stages
 
 
 def _dkdv_ws(d_out, q, k, v, qq, kk, vv, opts, target, in_grads) -> Launch:
@@ -641,7 +646,10 @@ def attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out_for_d
   aliases = tuple((kv_args.index(Ref(name)), ("dk", "dv").index(out)) for name, out in in_grads.items())
   stored_in = {**{hat: grad for hat, grad in in_grads.items() if hat not in given},
                **({qq: "o_for_delta"} if q_over_o else {})}
-  if (backward_kernel() == "ws" and config is None
+  # A dK/dV launch configuration other than the default (JQAT_ATTN_BWD_CONFIG, set_config_override) is the Triton
+  # kernel's: it keeps that kernel.
+  kv_default = _kv_config(c) == _kv_config(kbwd.backward_config(d, opts.local_window_size is not None))
+  if (backward_kernel() == "ws" and kv_default
           and _ws_dkdv_takes(d_out, q, k, v, opts, target, bool(mask_names) or tensor or row)):
     dkdv = _dkdv_ws(d_out, q, k, v, qq, kk, vv, opts, target, in_grads)
   else:

@@ -46,7 +46,12 @@ from jqat.kernels_triton.nvfp4 import fq_probs_t, quant_flags
 CONSUMERS = gl.constexpr(2)  # consumer warpgroups, each owning WG_ROWS (64) keys
 BLOCK_N = gl.constexpr(64 * CONSUMERS.value)  # keys per program
 HEAD_DIMS = (64, 128)
-PLAN_BLOCK_M = 32  # query rows a tile in the library's launches (64 spills at D = 128)
+
+
+def plan_block_m(head_dim: int) -> int:
+  """Query rows a tile in the library's launches: 32 at D = 128 (64 spills there), 64 at D = 64 (faster than 32)."""
+  return 32 if head_dim > 64 else 64
+
 
 
 @gluon.jit
@@ -266,9 +271,11 @@ def attention_bwd_dkdv_ws_kernel(
                       (_producer, (smem, args, HEAD_DIM, BLOCK_M, STAGES))], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-def launch_params(head_dim: int, block_m: int = PLAN_BLOCK_M, stages: int = 2, compute_capability=(9, 0),
+def launch_params(head_dim: int, block_m: int | None = None, stages: int = 2, compute_capability=(9, 0),
                   defer_dv: bool = False) -> dict:
-  """Constexprs and launch options of :func:`attention_bwd_dkdv_ws_kernel`."""
+  """Constexprs and launch options of :func:`attention_bwd_dkdv_ws_kernel` (``block_m``: :func:`plan_block_m` when
+  None)."""
+  block_m = block_m or plan_block_m(head_dim)
   maxnreg, consumer_regs = registers(CONSUMERS)
   flags = quant_flags(compute_capability)
   return {"HEAD_DIM": head_dim, "BLOCK_M": block_m, "STAGES": stages, "CONSUMER_REGS": consumer_regs,
