@@ -290,6 +290,33 @@ def attention_ws(d):
   return lines
 
 
+def attention_ws_bwd(d):
+  """benchmarks/attention_ws_bwd.py: the check (the warp-specialized dK/dV kernel's dK and dV against the Triton
+  kernel's and the float64 oracle, worst case per variant) and the kernels' times against the Triton dK/dV launch."""
+  lines = []
+  if d.get("check"):
+    names = list(dict.fromkeys(r["variant"] for r in d["check"]))
+    per = {n: [r for r in d["check"] if r["variant"] == n] for n in names}
+    worst = lambda rs, key: max(max(r[f"dk_{key}"], r[f"dv_{key}"]) for r in rs)
+    lines += _table(["variant", "cases", "largest share of dK, dV elements differing from the Triton kernel's",
+                     "largest distance from the oracle", "the Triton kernel's", "all within bound"],
+                    [[n, len(rs), f"{worst(rs, 'differing'):.1e}", f"{worst(rs, 'vs_oracle'):.2e}",
+                      f"{max(max(r['triton_dk_vs_oracle'], r['triton_dv_vs_oracle']) for r in rs):.2e}",
+                      _num(all(r["ok"] for r in rs))] for n, rs in per.items()])
+  if d.get("time"):
+    variants = list(dict.fromkeys(k[:-3] for r in d["time"] for k in r if k.endswith("_ms") and k != "triton_ms"))
+    header = (["B, H, K, T, D", "Triton dK/dV"] + variants + [f"Triton / {v}" for v in variants]
+              + ["every variant's dK, dV equal to the Triton kernel's"])
+    rows = []
+    for r in d["time"]:
+      ms = [r.get(f"{v}_ms") for v in variants]
+      same = all(r.get(f"{v}_bitwise") for v in variants)
+      rows.append([f"{r['B']}, {r['H']}, {r['K']}, {r['T']}, {r['D']}", _num(r["triton_ms"])] + [_num(m) for m in ms]
+                  + [_ratio(r["triton_ms"] / m) if m else "-" for m in ms] + [_num(same)])
+    lines += ([""] if lines else []) + _table(header, rows)
+  return lines
+
+
 def kind(d):
   """Which script wrote ``d``."""
   rows = d.get("rows") or [{}]
@@ -302,6 +329,7 @@ def kind(d):
                      ("decode_gluon", str(d.get("benchmark", "")).startswith("decode_gluon")),
                      ("decode_read", d.get("benchmark") == "decode_read"),
                      ("attention_ws", d.get("benchmark") == "attention_ws"),
+                     ("attention_ws_bwd", d.get("benchmark") == "attention_ws_bwd"),
                      ("torch_rope_qdq", "copy_fraction" in results[0]),
                      ("rope_qdq", "speedup_vs_reference" in results[0]), ("compile_time", "warm" in d)]:
     if test:
@@ -312,7 +340,7 @@ def kind(d):
 RENDER = dict(attention=attention, memory=memory, masks=masks, kernel_times=kernel_times, sharding=sharding,
               rope_qdq=rope_qdq, torch_rope_qdq=torch_rope_qdq, qat_matmul=qat_matmul, compile_time=compile_time,
               numerics_modes=numerics_modes, decode=decode, decode_gluon=decode_gluon,
-              decode_read=decode_read, attention_ws=attention_ws)
+              decode_read=decode_read, attention_ws=attention_ws, attention_ws_bwd=attention_ws_bwd)
 
 
 def report(d, command=None, date=None, machine=None, software=None, rows=None):

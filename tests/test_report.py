@@ -107,6 +107,13 @@ CASES = {
                    ws_c2_ms=0.4018, ws_c2_vs_triton=0.0)]},
     ["ws_c2 | 1 | 0.0e+00 | 1.66e-03", "0.4279", "0.4018", "| 1.06 |", "| 1.97 |"],
   ),
+  "attention_ws_bwd": (
+    {"benchmark": "attention_ws_bwd",
+     "check": [dict(variant="ws_m32_s2", dk_differing=0.0, dv_differing=2e-5, dk_vs_oracle=1.6e-3, dv_vs_oracle=1.7e-3,
+                    triton_dk_vs_oracle=1.6e-3, triton_dv_vs_oracle=1.65e-3, ok=True)],
+     "time": [dict(B=1, H=16, K=16, T=4096, D=128, triton_ms=0.8429, ws_m32_s2_ms=0.7087, ws_m32_s2_bitwise=True)]},
+    ["ws_m32_s2 | 1 | 2.0e-05 | 1.70e-03 | 1.65e-03 | yes", "| 0.8429 | 0.7087 | 1.19 | yes |"],
+  ),
 }
 
 
