@@ -59,36 +59,46 @@ PARTIAL: dict = {}  # the results so far and where they go, written out if the w
 # ----------------------------------------------------------------------------- offline build
 
 
+def build_offline(kernel_fn, types, params: dict, arch: int):
+  """``(kernel, sass_stats without the SASS text, the SASS text, the setmaxnreg counts in its PTX)`` of a Gluon
+  kernel built for ``sm_<arch>`` with ``params`` (its constexprs and launch options, as ``launch_params`` gives
+  them)."""
+  import re
+
+  from sass_stats import sass_stats
+
+  from jqat.ffi import triton_call
+
+  params = dict(params)
+  num_warps, maxnreg = params.pop("num_warps"), params.pop("maxnreg")
+  kernel = triton_call.build(kernel_fn, types, (), tuple(params.items()), num_warps, 1, (arch // 10, arch % 10),
+                             maxnreg=maxnreg)
+  st = sass_stats(kernel)
+  sass = st.pop("sass")
+  setmaxnreg = sorted({int(x) for x in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", kernel.asm["ptx"])})
+  return kernel, st, sass, setmaxnreg
+
+
 def compile_only(arch: int = 90) -> list[dict]:
   """Builds every variant at D = 128 and 64 for ``sm_<arch>`` (no GPU) and prints what ptxas made of it: launch
   registers (the per-thread count the SM reserves) and the partitions' ``setmaxnreg`` counts, stack (spills),
   local loads and stores, shared memory, global scratch, the longest loops' instruction counts and ptxas's
   "Potential Performance Loss" notes (serialized wgmma)."""
-  import re
-
-  from sass_stats import ptxas_warnings, sass_stats
-
-  from jqat.ffi import triton_call
+  from sass_stats import ptxas_warnings
 
   rows = []
   types = ("*bf16", ) * 3 + ("fp32",) + ("i32", ) * 16 + ("*bf16", "*fp32")  # outputs last
   for d, causal in ((128, False), (64, False), (128, True)):
     for name, consumers, pingpong, stages in VARIANTS:
       params = ws.launch_params(d, stages, consumers, pingpong, (arch // 10, arch % 10), causal)
-      num_warps, maxnreg = params.pop("num_warps"), params.pop("maxnreg")
       t0 = time.time()
-      kernel = triton_call.build(ws.attention_fwd_ws_kernel, types, (), tuple(params.items()), num_warps, 1,
-                                 (arch // 10, arch % 10), maxnreg=maxnreg)
-      st = sass_stats(kernel)
-      sass = st.pop("sass")
-      ptx = kernel.asm["ptx"]
+      kernel, st, sass, setmaxnreg = build_offline(ws.attention_fwd_ws_kernel, types, params, arch)
       # The consumers' KV loops: the loops issuing one tile's products (D / 16 wgmma for S, 4 for P V), not the
       # partitions' dispatch loop around them.
       loops = [lp["instructions"] for lp in st["loops"] if lp["mix"].get("HGMMA") == d // 16 + 4]
       row = {"variant": name, "D": d, "causal": causal, "compile_s": round(time.time() - t0, 2),
              "warps": kernel.metadata.num_warps,
-             "launch_registers": st["registers"], "maxnreg": maxnreg,
-             "setmaxnreg": sorted({int(x) for x in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)}),
+             "launch_registers": st["registers"], "maxnreg": params["maxnreg"], "setmaxnreg": setmaxnreg,
              "stack_bytes": st["stack_bytes"], "local_ld_st": sass.count("LDL") + sass.count("STL"),
              "shared_bytes": st["shared_bytes"], "global_scratch": kernel.metadata.global_scratch_size,
              "hgmma": st["mix"].get("HGMMA", 0), "kv_loops": loops, "ptxas_warnings": ptxas_warnings(kernel, arch)}

@@ -23,7 +23,6 @@ import dataclasses
 import functools
 import json
 import os
-import re
 import sys
 import time
 
@@ -47,21 +46,15 @@ TYPES = ("*bf16",) * 4 + ("*fp32",) * 2 + ("fp32",) + ("i32",) * 16 + ("*bf16", 
 def compile_only(arch: int = 90) -> None:
   """Builds every variant at D = 128 and 64 for ``sm_<arch>`` and prints registers, spills, shared memory and the
   consumers' loop (the loop issuing one query tile's D / 8 + BLOCK_M / 8 wgmma)."""
-  from sass_stats import ptxas_warnings, sass_stats
-
-  from jqat.ffi import triton_call
+  from attention_ws import build_offline
+  from sass_stats import ptxas_warnings
 
   for d in (128, 64):
     for name, block_m, stages, defer in VARIANTS:
-      params = ws.launch_params(d, block_m, stages, (arch // 10, arch % 10), defer)
-      num_warps, maxnreg = params.pop("num_warps"), params.pop("maxnreg")
       t0 = time.time()
-      kernel = triton_call.build(ws.attention_bwd_dkdv_ws_kernel, TYPES, (), tuple(params.items()), num_warps, 1,
-                                 (arch // 10, arch % 10), maxnreg=maxnreg)
-      st = sass_stats(kernel)
-      sass = st.pop("sass")
-      setmaxnreg = sorted({int(x) for x in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)",
-                                                      kernel.asm["ptx"])})
+      kernel, st, sass, setmaxnreg = build_offline(
+          ws.attention_bwd_dkdv_ws_kernel, TYPES, ws.launch_params(d, block_m, stages, (arch // 10, arch % 10), defer),
+          arch)
       loops = [lp["instructions"] for lp in st["loops"] if lp["mix"].get("HGMMA") == d // 8 + block_m // 8]
       print(f"{name:16s} D={d:3d} regs {st['registers']} (setmaxnreg {setmaxnreg}) stack {st['stack_bytes']} B, "
             f"LDL/STL {sass.count('LDL') + sass.count('STL')}, smem {st['shared_bytes']} B, scratch "

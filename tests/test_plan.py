@@ -372,6 +372,27 @@ def test_forward_without_residuals(p_scale, qkv_scale):
     plans.attention_forward(q, k, v, opts, GPU, keep_quantized=True, residuals=False)
 
 
+def _warp_specialized_build(plan, launch, tmp_path) -> str:
+  """Builds a warp-specialized Gluon launch of ``plan`` for sm_90 and returns cuobjdump's resource usage of it, after
+  checking its warps: 12 in all (a consumer warpgroup by default, one more and the producer's)."""
+  import subprocess
+
+  import triton
+
+  from jqat.ffi import callback_launch
+
+  types = tuple("*" + callback_launch._POINTER_TYPES[plan.buffers[a.name].dtype] if isinstance(a, plans.Ref)
+                else "fp32" if isinstance(a, float) else "i32" for a in launch.args)
+  types += tuple("*" + callback_launch._POINTER_TYPES[plan.buffers[o].dtype] for o in launch.outputs)
+  kernel = callback_launch.build(launch.kernel, types, (), tuple(launch.constexprs.items()), launch.num_warps,
+                                 launch.num_stages, (9, 0), maxnreg=launch.maxnreg)
+  assert kernel.metadata.num_warps == 12
+  path = tmp_path / "k.cubin"
+  path.write_bytes(kernel.asm["cubin"])
+  cuobjdump = str(triton.__path__[0]) + "/backends/nvidia/bin/cuobjdump"
+  return subprocess.run([cuobjdump, "-res-usage", str(path)], capture_output=True, text=True, check=True).stdout
+
+
 @pytest.mark.fresh_process  # a real compile: not in a process where the interpreter has run
 def test_ws_forward_plan_builds_for_sm90(monkeypatch, tmp_path):
   """``JQAT_ATTN_FWD_KERNEL=ws``: the O-alone forward ends in the warp-specialized Gluon kernel on fq(Q), fq(K),
@@ -379,11 +400,7 @@ def test_ws_forward_plan_builds_for_sm90(monkeypatch, tmp_path):
   all) and no spills. The training forward, and a case the warp-specialized kernel does not take, keep the Triton
   kernel; an unknown value is a ValueError naming the variable."""
   import re
-  import subprocess
 
-  import triton
-
-  from jqat.ffi import callback_launch
 
   monkeypatch.setenv("JQAT_CACHE_DIR", str(tmp_path))
   monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
@@ -396,16 +413,7 @@ def test_ws_forward_plan_builds_for_sm90(monkeypatch, tmp_path):
     launch = plan.launches[-1]
     assert launch.grid == ((4, 2) if causal else (2, 4)) and launch.outputs == ("o", "lse_ws")
     assert plan.outputs == ("o",) and "lse_ws" in plan.scratch
-    types = tuple("*" + callback_launch._POINTER_TYPES[plan.buffers[a.name].dtype] if isinstance(a, plans.Ref)
-                  else "fp32" if isinstance(a, float) else "i32" for a in launch.args)
-    types += tuple("*" + callback_launch._POINTER_TYPES[plan.buffers[o].dtype] for o in launch.outputs)
-    kernel = callback_launch.build(launch.kernel, types, (), tuple(launch.constexprs.items()), launch.num_warps,
-                                   launch.num_stages, (9, 0), maxnreg=launch.maxnreg)
-    assert kernel.metadata.num_warps == 12  # a consumer warpgroup by default, one more and the producer's
-    path = tmp_path / "k.cubin"
-    path.write_bytes(kernel.asm["cubin"])
-    cuobjdump = str(triton.__path__[0]) + "/backends/nvidia/bin/cuobjdump"
-    usage = subprocess.run([cuobjdump, "-res-usage", str(path)], capture_output=True, text=True, check=True).stdout
+    usage = _warp_specialized_build(plan, launch, tmp_path)
     assert re.search(r"STACK:0\b", usage), (causal, usage)
   training = plans.attention_forward(q, kv, kv, AttentionOptions(0.088), GPU)
   assert training.launches[-1].kernel is kfwd.attention_fwd_kernel
@@ -432,11 +440,7 @@ def test_ws_dkdv_plan_builds_for_sm90(monkeypatch, tmp_path):
   worker warps (12 in all) and no spills. A case it does not take, or a dK/dV launch configuration of one's own,
   keeps the Triton kernel; an unknown value is a ValueError naming the variable."""
   import re
-  import subprocess
 
-  import triton
-
-  from jqat.ffi import callback_launch
   from jqat.kernels_triton import attention_bwd as kbwd
 
   monkeypatch.setenv("JQAT_CACHE_DIR", str(tmp_path))
@@ -456,16 +460,7 @@ def test_ws_dkdv_plan_builds_for_sm90(monkeypatch, tmp_path):
     refs = lambda la: [a.name for a in la.args if isinstance(a, plans.Ref)]
     assert refs(launch) == [n for n in refs(old) if n != "lse"][:3] + ["do", "lse", "delta"]
     assert [(refs(launch)[i], o) for i, o in (launch.aliases)] == [(refs(old)[i], o) for i, o in old.aliases]
-    types = tuple("*" + callback_launch._POINTER_TYPES[plan.buffers[a.name].dtype] if isinstance(a, plans.Ref)
-                  else "fp32" if isinstance(a, float) else "i32" for a in launch.args)
-    types += tuple("*" + callback_launch._POINTER_TYPES[plan.buffers[o].dtype] for o in launch.outputs)
-    kernel = callback_launch.build(launch.kernel, types, (), tuple(launch.constexprs.items()), launch.num_warps,
-                                   launch.num_stages, (9, 0), maxnreg=launch.maxnreg)
-    assert kernel.metadata.num_warps == 12  # a consumer warpgroup by default, one more and the producer's
-    path = tmp_path / "k.cubin"
-    path.write_bytes(kernel.asm["cubin"])
-    cuobjdump = str(triton.__path__[0]) + "/backends/nvidia/bin/cuobjdump"
-    usage = subprocess.run([cuobjdump, "-res-usage", str(path)], capture_output=True, text=True, check=True).stdout
+    usage = _warp_specialized_build(plan, launch, tmp_path)
     assert re.search(r"STACK:0\b", usage), (d, usage)
   # Cases it does not take keep the Triton kernel: causal, 80 query rows (not a multiple of 32), 192 keys (not of
   # 128), D = 96, row mode, a window, BHSD storage (heads not side by side).
