@@ -329,12 +329,14 @@ GPU_CASES = [
     (16, 128, 128, 16, 16, 128, False, QATConfig(False, False, False, False)),
     (2, 300, 300, 4, 2, 32, False, ALL_ON),  # D <= 32 without a mask: the forward rounds its own Q tile
     (1, 200, 333, 2, 1, 16, False, ALL_ON),
-    # Shapes the warp-specialized dK/dV kernel takes (no masks, Tq a multiple of its query tile, Tk of 128 keys):
+    # Shapes the warp-specialized dK/dV kernel takes (no masks, Tq a multiple of its query tile, Tk of 128 keys),
+    # run with it (WS_DKDV_CASES):
     (2, 256, 384, 8, 2, 128, False, ALL_ON),
     (1, 128, 256, 4, 1, 64, False, ALL_ON),
     (1, 96, 128, 4, 4, 128, False, QATConfig(quantize_qkv=False)),  # dK, dV not over fq(K), fq(V)
     (1, 64, 128, 2, 2, 64, False, QATConfig(high_precision_delta=False)),
 ]
+WS_DKDV_CASES = GPU_CASES[-4:]
 
 
 def _gpu_case_id(case):
@@ -352,7 +354,9 @@ def _fwd_bwd(impl, q, k, v, do, causal, cfg):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", GPU_CASES, ids=_gpu_case_id)
-def test_triton_matches_xla_gpu(case):
+def test_triton_matches_xla_gpu(case, monkeypatch):
+  if case in WS_DKDV_CASES:
+    monkeypatch.setenv(plans.BWD_KERNEL_ENV, "ws")
   b, tq, tk, n, kh, d, causal, cfg = case
   q, k, v, do = _api_inputs(b, tq, tk, n, kh, d)
   run = jax.jit(_fwd_bwd, static_argnums=(0, 5, 6))
@@ -368,9 +372,11 @@ def test_triton_matches_xla_gpu(case):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [True, False])
-def test_triton_is_deterministic_gpu(causal):
-  """Bit-equal results from two runs (no atomics); without a mask at 1024 tokens the warp-specialized dK/dV kernel
-  runs."""
+def test_triton_is_deterministic_gpu(causal, monkeypatch):
+  """Bit-equal results from two runs (no atomics); without a mask at 1024 tokens with the warp-specialized dK/dV
+  kernel (``JQAT_ATTN_BWD_KERNEL=ws``)."""
+  if not causal:
+    monkeypatch.setenv(plans.BWD_KERNEL_ENV, "ws")
   t = 1000 if causal else 1024
   q, k, v, do = _api_inputs(2, t, t, 8, 2, 128, seed=1)
   run = jax.jit(_fwd_bwd, static_argnums=(0, 5, 6))
@@ -492,13 +498,13 @@ def test_ws_forward_through_the_library_gpu(monkeypatch, causal):
 @pytest.mark.gpu
 @pytest.mark.parametrize("d", [128, 64])
 def test_ws_dkdv_through_the_library_gpu(monkeypatch, d):
-  """dK and dV through ``jax.grad`` of ``jqat.attention`` and through the torch binding (BTNH storage) come from the
-  warp-specialized kernel, the default (the backward plan of these shapes launches it: GQA, Tk a multiple of 128),
-  and are within the Triton backward's bounds of the XLA reference."""
+  """``JQAT_ATTN_BWD_KERNEL=ws``: dK and dV through ``jax.grad`` of ``jqat.attention`` and through the torch binding
+  (BTNH storage) come from the warp-specialized kernel (the backward plan of these shapes launches it: GQA, Tk a
+  multiple of 128) and are within the Triton backward's bounds of the XLA reference."""
   import jqat.torch as jt
   from jqat.ffi import jax_launch
 
-  monkeypatch.delenv(plans.BWD_KERNEL_ENV, raising=False)
+  monkeypatch.setenv(plans.BWD_KERNEL_ENV, "ws")
   b, t, n, kh = 1, 640, 6, 3  # shapes no other test traces: a fresh trace reads the variable
   target = jax_launch.target()
   if tuple(target.compute_capability or ()) != (9, 0):

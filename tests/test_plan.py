@@ -434,11 +434,11 @@ def test_ws_forward_plan_builds_for_sm90(monkeypatch, tmp_path):
 
 @pytest.mark.fresh_process  # a real compile: not in a process where the interpreter has run
 def test_ws_dkdv_plan_builds_for_sm90(monkeypatch, tmp_path):
-  """By default (``JQAT_ATTN_BWD_KERNEL`` unset) the backward's dK/dV launch on sm_90 is the warp-specialized Gluon
-  kernel, on the same buffers as the Triton launch (fq(Q), fq(K), fq(V), dO, lse, delta) that
-  ``JQAT_ATTN_BWD_KERNEL=triton`` gives, dK and dV written over fq(K) and fq(V) in place; it builds for sm_90 with its
-  worker warps (12 in all) and no spills. A case it does not take, or a dK/dV launch configuration of one's own,
-  keeps the Triton kernel; an unknown value is a ValueError naming the variable."""
+  """``JQAT_ATTN_BWD_KERNEL=ws``: the backward's dK/dV launch on sm_90 is the warp-specialized Gluon kernel, on the
+  same buffers as the Triton launch (fq(Q), fq(K), fq(V), dO, lse, delta) that the default gives, dK and dV written
+  over fq(K) and fq(V) in place; it builds for sm_90 with its worker warps (12 in all) and no spills. A case it does
+  not take, or a dK/dV launch configuration of one's own, keeps the Triton kernel; an unknown value is a ValueError
+  naming the variable."""
   import re
 
   from jqat.kernels_triton import attention_bwd as kbwd
@@ -448,9 +448,9 @@ def test_ws_dkdv_plan_builds_for_sm90(monkeypatch, tmp_path):
   dense = plans.Tensor.dense
   for d in (128, 64):
     x, kv, lse = dense((2, 128, 4, d), "bfloat16"), dense((2, 256, 2, d), "bfloat16"), dense((2, 4, 128), "float32")
-    monkeypatch.setenv(plans.BWD_KERNEL_ENV, "triton")
+    monkeypatch.delenv(plans.BWD_KERNEL_ENV, raising=False)  # the default
     triton_plan = plans.attention_backward(x, x, kv, kv, x, lse, AttentionOptions(d**-0.5), GPU)
-    monkeypatch.delenv(plans.BWD_KERNEL_ENV)  # the default
+    monkeypatch.setenv(plans.BWD_KERNEL_ENV, "ws")
     plan = plans.attention_backward(x, x, kv, kv, x, lse, AttentionOptions(d**-0.5), GPU)
     launch, old = plan.launches[-1], triton_plan.launches[-1]
     assert launch.name == "jqat_attention_bwd_dkdv_ws" and old.kernel is kbwd.attention_bwd_dkdv_kernel

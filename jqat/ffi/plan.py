@@ -468,11 +468,12 @@ def forward_kernel() -> str:
 
 
 def backward_kernel() -> str:
-  """The dK/dV kernel: "ws" (the default), the warp-specialized Gluon kernel (``kernels_triton.attention_bwd_ws``)
-  wherever it takes the launch (:func:`_ws_dkdv_takes`) and ``attention_bwd_dkdv_kernel`` elsewhere, or, with
-  ``JQAT_ATTN_BWD_KERNEL=triton``, ``attention_bwd_dkdv_kernel`` everywhere. Both compute the same bits (the
-  warp-specialized kernel runs the Triton kernel's expressions in its order; docs/BENCHMARKS.md)."""
-  return _kernel_choice(BWD_KERNEL_ENV, "ws")
+  """The dK/dV kernel: "triton" (``attention_bwd_dkdv_kernel``, the default) or, with ``JQAT_ATTN_BWD_KERNEL=ws``,
+  the warp-specialized Gluon kernel (``kernels_triton.attention_bwd_ws``) wherever it takes the launch
+  (:func:`_ws_dkdv_takes`) and the Triton kernel elsewhere. Both compute the same bits (the warp-specialized kernel
+  runs the Triton kernel's expressions in its order; docs/BENCHMARKS.md). Opt-in until the plans have run it on a GPU
+  (so far only ``benchmarks/attention_ws_bwd.py``'s own launches have)."""
+  return _kernel_choice(BWD_KERNEL_ENV)
 
 
 def _ws_takes(q, k, v, o, opts, target, other) -> bool:
