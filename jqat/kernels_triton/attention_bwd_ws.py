@@ -53,7 +53,6 @@ def plan_block_m(head_dim: int) -> int:
   return 32 if head_dim > 64 else 64
 
 
-
 @gluon.jit
 def _probabilities(s, lse, qk_scale):
   """P^T of a query tile from S^T (``attention_bwd._dkdv_tile``'s expressions, unmasked)."""
