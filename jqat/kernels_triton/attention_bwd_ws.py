@@ -140,14 +140,14 @@ def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, BLOCK_M: 
   lse, delta = _rows(lse_ptr, delta_ptr, 0, tiles, n_q, b, n_heads, kvh, group, tq, cols, BLOCK_M)
   OPERAND: gl.constexpr = gl.DotOperandLayout(0, D_LAYOUT, 2)
   p_op = gl.zeros([WG_ROWS, BLOCK_M], gl.bfloat16, layout=OPERAND)  # the previous tile's fq(P)^T (DEFER_DV)
-  lse_next, delta_next = _rows(lse_ptr, delta_ptr, 1, tiles, n_q, b, n_heads, kvh, group, tq, cols, BLOCK_M)
-  if DEFER_DV:
+  if DEFER_DV:  # tile 0 (no dV product before it), then the walk from tile 1
+    lse_next, delta_next = _rows(lse_ptr, delta_ptr, 1, tiles, n_q, b, n_heads, kvh, group, tq, cols, BLOCK_M)
     dk, dv, p_op = _query_tile(0, dk, dv, p_op, k_s, v_s, q_bufs, do_bufs, q_ready, do_ready, q_empty, do_empty, lse,
                                delta, s_init, qk_scale, D_LAYOUT, STAGES, HW_E4M3, HW_E2M1, True, True)
     start = 1
   else:
-    start = 0
     lse_next, delta_next = lse, delta
+    start = 0
   for t in range(start, tiles):
     lse, delta = lse_next, delta_next
     lse_next, delta_next = _rows(lse_ptr, delta_ptr, t + 1, tiles, n_q, b, n_heads, kvh, group, tq, cols, BLOCK_M)
