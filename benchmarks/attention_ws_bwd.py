@@ -32,6 +32,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from attention_ws import PARTIAL, bhsd, finish_or_die, inputs, rel, triton_static  # noqa: E402
 
+from jqat.ffi import plan as plans  # noqa: E402
 from jqat.kernels_triton import attention_bwd_ws as ws  # noqa: E402
 
 # (name, query rows per tile, stages, the dV product one tile late)
@@ -92,9 +93,12 @@ def triton_backward(q, k, v, do, o_hp, lse):
 
   opts = A._options(triton_static(q.shape[-1]))
   plan, views = A.backward_plan(bhsd(do), bhsd(q), bhsd(k), bhsd(v), bhsd(o_hp), lse, opts)
+  launch = plan.launches[-1]
+  if launch.name != "jqat_attention_bwd_dkdv":  # the baseline is the Triton kernel (JQAT_ATTN_BWD_KERNEL unset)
+    raise RuntimeError(f"the backward plan's dK/dV launch is {launch.name}; unset {plans.BWD_KERNEL_ENV}")
   views.update(torch_launch.allocate(plan, plan.outputs + plan.scratch, q.device))
   torch_launch.execute(plan, views)
-  dkdv = dataclasses.replace(plan, launches=tuple(x for x in plan.launches if x.name == "jqat_attention_bwd_dkdv"))
+  dkdv = dataclasses.replace(plan, launches=(launch,))
   return views["dk"], views["dv"], views["delta"], functools.partial(torch_launch.execute, dkdv, views)
 
 
@@ -124,22 +128,23 @@ def check() -> list[dict]:
     host = lambda x: x.float().cpu().numpy()
     _, want_dk, want_dv = attention_grad_oracle(host(do), host(q), host(k), host(v), host(o_hp), lse.cpu().numpy(),
                                                 scale=d**-0.5, is_causal=False, quantize_qkv=False)
-    base = {"B": b, "H": h, "K": kh, "T": t, "D": d, "triton_dk_vs_oracle": rel(host(dk_t), want_dk),
-            "triton_dv_vs_oracle": rel(host(dv_t), want_dv)}
+    dk_t, dv_t = host(dk_t), host(dv_t)
+    base = {"B": b, "H": h, "K": kh, "T": t, "D": d, "triton_dk_vs_oracle": rel(dk_t, want_dk),
+            "triton_dv_vs_oracle": rel(dv_t, want_dv)}
     for name, block_m, stages, defer in VARIANTS:
       try:
         dk, dv = dkdv_ws(q, k, v, do, lse, delta, d**-0.5, block_m=block_m, stages=stages, defer_dv=defer)
         finish_or_die(f"{name} at {(b, h, kh, t, d)}")
+        dk, dv = host(dk), host(dv)
       except Exception as e:  # recorded; the other variants still run
         rows.append(dict(base, variant=name, ok=False, error=f"{type(e).__name__}: {e}"[:2000]))
         print(f"check {(b, h, kh, t, d)} {name} FAILED: {rows[-1]['error'][:300]}", flush=True)
         continue
-      row = dict(base, variant=name, dk_differing=float(np.mean(host(dk) != host(dk_t))),
-                 dv_differing=float(np.mean(host(dv) != host(dv_t))), dk_vs_triton=rel(host(dk), host(dk_t)),
-                 dv_vs_triton=rel(host(dv), host(dv_t)), dk_vs_oracle=rel(host(dk), want_dk),
-                 dv_vs_oracle=rel(host(dv), want_dv))
+      row = dict(base, variant=name, dk_differing=float(np.mean(dk != dk_t)), dv_differing=float(np.mean(dv != dv_t)),
+                 dk_vs_triton=rel(dk, dk_t), dv_vs_triton=rel(dv, dv_t), dk_vs_oracle=rel(dk, want_dk),
+                 dv_vs_oracle=rel(dv, want_dv))
       row["bitwise"] = row["dk_differing"] == 0 and row["dv_differing"] == 0
-      row["ok"] = bool(np.isfinite(host(dk)).all() and np.isfinite(host(dv)).all()
+      row["ok"] = bool(np.isfinite(dk).all() and np.isfinite(dv).all()
                        and row["dk_vs_oracle"] <= 1.5 * row["triton_dk_vs_oracle"] + 1e-3
                        and row["dv_vs_oracle"] <= 1.5 * row["triton_dv_vs_oracle"] + 1e-3)
       rows.append(row)
