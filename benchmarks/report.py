@@ -262,13 +262,17 @@ def numerics_modes(d):
   return _table(header, rows)
 
 
+def _by_variant(rows):
+  """``{variant: its rows}`` in the order the variants first appear."""
+  return {n: [r for r in rows if r["variant"] == n] for n in dict.fromkeys(r["variant"] for r in rows)}
+
+
 def attention_ws(d):
   """benchmarks/attention_ws.py: the check (the warp-specialized kernel's O against the Triton forward's and the
   float64 oracle, worst case per variant) and the times of its variants against the Triton forward and cuDNN."""
   lines = []
   if d.get("check"):
-    names = list(dict.fromkeys(r["variant"] for r in d["check"]))
-    per = {n: [r for r in d["check"] if r["variant"] == n] for n in names}
+    per = _by_variant(d["check"])
     lines += _table(["variant", "cases", "largest share of O elements differing from the Triton forward",
                      "largest distance from the oracle", "the Triton forward's", "all within bound"],
                     [[n, len(rs), f"{max(r['differing'] for r in rs):.1e}",
@@ -295,8 +299,7 @@ def attention_ws_bwd(d):
   kernel's and the float64 oracle, worst case per variant) and the kernels' times against the Triton dK/dV launch."""
   lines = []
   if d.get("check"):
-    names = list(dict.fromkeys(r["variant"] for r in d["check"]))
-    per = {n: [r for r in d["check"] if r["variant"] == n] for n in names}
+    per = _by_variant(d["check"])
     worst = lambda rs, key: max(max(r[f"dk_{key}"], r[f"dv_{key}"]) for r in rs)
     lines += _table(["variant", "cases", "largest share of dK, dV elements differing from the Triton kernel's",
                      "largest distance from the oracle", "the Triton kernel's", "all within bound"],

@@ -449,14 +449,14 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
 
 FWD_KERNEL_ENV = "JQAT_ATTN_FWD_KERNEL"
 BWD_KERNEL_ENV = "JQAT_ATTN_BWD_KERNEL"
-FWD_KERNELS = ("triton", "ws")
+KERNEL_CHOICES = ("triton", "ws")  # of JQAT_ATTN_FWD_KERNEL and JQAT_ATTN_BWD_KERNEL
 _WS_ROWS = 2 * int(kws.WG_ROWS.value)  # query rows of a warp-specialized program: its two consumer warpgroups'
 
 
 def _kernel_choice(env: str, default: str = "triton") -> str:
   choice = os.environ.get(env) or default
-  if choice not in FWD_KERNELS:
-    raise ValueError(f"{env} must be one of {FWD_KERNELS} (or unset), got {choice!r}")
+  if choice not in KERNEL_CHOICES:
+    raise ValueError(f"{env} must be one of {KERNEL_CHOICES} (or unset), got {choice!r}")
   return choice
 
 
