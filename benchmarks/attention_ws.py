@@ -167,13 +167,13 @@ def inputs(b, h, kh, t, d, seed):
   return raw, tuple(quantize(x) for x in raw)
 
 
-def triton_static(d: int, causal: bool = False) -> tuple:
+def triton_static(d: int, causal: bool = False, p_scale: str = "block") -> tuple:
   """The static scalars of jqat's torch ops for the O-alone forward on already-quantized inputs."""
   from jqat.ffi import options
 
   return options.keyword_scalars(head_dim=d, scale=d**-0.5, is_causal=causal, block_n=ws.BLOCK_N, quantize_qkv=False,
                                  quantize_p=True, high_precision_delta=True, quantize_p_backward=True,
-                                 local_window_size=None, causal_alignment="top_left", p_scale="block",
+                                 local_window_size=None, causal_alignment="top_left", p_scale=p_scale,
                                  qkv_scale="block")
 
 

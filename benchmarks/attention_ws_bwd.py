@@ -1,7 +1,7 @@
 """The warp-specialized Gluon dK/dV kernel (jqat/kernels_triton/attention_bwd_ws.py) against jqat's Triton dK/dV
 launch, on one Hopper GPU (torch).
 
-    PYTHONPATH=.:benchmarks python3 benchmarks/attention_ws_bwd.py --out ws_bwd.json [--check-only]
+    PYTHONPATH=.:benchmarks python3 benchmarks/attention_ws_bwd.py --out ws_bwd.json [--check-only] [--p-scale row]
     .venv/bin/python benchmarks/attention_ws_bwd.py --compile-only        (no GPU: builds every variant for sm_90)
 
 Inputs as in benchmarks/attention_ws.py: BF16 [B, T, H, D], fake-quantized once by jqat's quantize kernel; the
@@ -14,6 +14,9 @@ in the same order: 0 expected), their relative Frobenius distances from it, and 
 float64 oracle of the backward (tests/oracle.py, ``attention_grad_oracle``).
 
 Time: CUDA events around 20 back-to-back launches, median of 5: each variant, and the plan's dK/dV launch alone.
+
+``--p-scale row``: the same with p_scale="row" (the forward's row max; the kernels read the row factors that the
+backward plan's own launch forms).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import json
 import os
 import sys
 import time
+from unittest import mock
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
@@ -41,10 +45,10 @@ VARIANTS = [("ws_m32_s2", 32, 2, False), ("ws_m32_s3", 32, 3, False), ("ws_m32_s
 # (B, H, K, T, D)
 CHECKS = [(1, 2, 2, 256, 128), (2, 4, 2, 512, 128), (1, 2, 2, 256, 64), (1, 4, 1, 384, 128)]
 TIMES = [(1, 16, 16, 4096, 128), (1, 16, 16, 16384, 128), (4, 32, 8, 4096, 128), (1, 16, 16, 8192, 64)]
-TYPES = ("*bf16",) * 4 + ("*fp32",) * 2 + ("fp32",) + ("i32",) * 16 + ("*bf16", "*bf16")
+TYPES = ("*bf16",) * 4 + ("*fp32",) * 3 + ("fp32",) + ("i32",) * 16 + ("*bf16", "*bf16")
 
 
-def compile_only(arch: int = 90) -> None:
+def compile_only(arch: int = 90, p_row_range: float = 0.0) -> None:
   """Builds every variant at D = 128 and 64 for ``sm_<arch>`` and prints registers, spills, shared memory and the
   consumers' loop (the loop issuing one query tile's D / 8 + BLOCK_M / 8 wgmma)."""
   from attention_ws import build_offline
@@ -54,8 +58,8 @@ def compile_only(arch: int = 90) -> None:
     for name, block_m, stages, defer in VARIANTS:
       t0 = time.time()
       kernel, st, sass, setmaxnreg = build_offline(
-          ws.attention_bwd_dkdv_ws_kernel, TYPES, ws.launch_params(d, block_m, stages, (arch // 10, arch % 10), defer),
-          arch)
+          ws.attention_bwd_dkdv_ws_kernel, TYPES,
+          ws.launch_params(d, block_m, stages, (arch // 10, arch % 10), defer, p_row_range), arch)
       loops = [lp["instructions"] for lp in st["loops"] if lp["mix"].get("HGMMA") == d // 8 + block_m // 8]
       print(f"{name:16s} D={d:3d} regs {st['registers']} (setmaxnreg {setmaxnreg}) stack {st['stack_bytes']} B, "
             f"LDL/STL {sass.count('LDL') + sass.count('STL')}, smem {st['shared_bytes']} B, scratch "
@@ -63,9 +67,9 @@ def compile_only(arch: int = 90) -> None:
             f"{ptxas_warnings(kernel, arch) or 'none'} ({time.time() - t0:.1f} s)", flush=True)
 
 
-def dkdv_ws(q, k, v, do, lse, delta, scale, *, block_m=32, stages=2, defer_dv=False):
+def dkdv_ws(q, k, v, do, lse, delta, scale, *, block_m=32, stages=2, defer_dv=False, row_factors=None):
   """dK, dV of the new kernel on BTNH torch tensors (q, do [B, T, N, D]; k, v [B, Tk, K, D], bf16, heads side by
-  side) and lse, delta [B, N, T] fp32."""
+  side) and lse, delta [B, N, T] fp32; row_factors [B, N, 2, T] fp32 for p_scale="row"."""
   import torch
 
   from jqat.ffi import torch_launch
@@ -78,62 +82,75 @@ def dkdv_ws(q, k, v, do, lse, delta, scale, *, block_m=32, stages=2, defer_dv=Fa
   if any(x.stride(-1) != 1 or x.stride(-2) != d for x in (q, k, v, do)):
     raise ValueError("q, k, v, do must have a contiguous last axis and heads side by side")
   dk, dv = torch.empty_like(k), torch.empty_like(v)
-  params = ws.launch_params(d, block_m, stages, torch.cuda.get_device_capability(q.device), defer_dv)
-  args = (q, k, v, do, lse, delta, scale, t, tk, n, n // kh, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-          *do.stride()[:3], dk, dv)
+  row = row_factors is not None
+  params = ws.launch_params(d, block_m, stages, torch.cuda.get_device_capability(q.device), defer_dv,
+                            plans.P_ROW_RANGE if row else 0.0)
+  args = (q, k, v, do, lse, delta, row_factors if row else lse, scale, t, tk, n, n // kh, *q.stride()[:3],
+          *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], dk, dv)
   torch_launch.launch(ws.attention_bwd_dkdv_ws_kernel, (tk // ws.BLOCK_N.value, b * kh), args, params)
   return dk, dv
 
 
-def triton_backward(q, k, v, do, o_hp, lse):
-  """jqat's backward plan on BTNH q, k, v, do, O' and lse [B, N, T]: ``(dk, dv, delta, run_dkdv)`` with dK, dV as
-  BTNH, delta [B, N, T] and a function that runs the plan's dK/dV launch alone again."""
+def triton_backward(q, k, v, do, o_hp, lse, row_max=None):
+  """jqat's backward plan on BTNH q, k, v, do, O' and lse [B, N, T] (and the forward's row max with p_scale="row"):
+  ``(dk, dv, delta, row_factors, run_dkdv)`` with dK, dV as BTNH, delta [B, N, T], the row factors [B, N, 2, T] (None
+  with "block") and a function that runs the plan's dK/dV launch alone again."""
   from jqat.ffi import torch_launch
   from jqat.torch import _attention as A
 
-  opts = A._options(triton_static(q.shape[-1]))
-  plan, views = A.backward_plan(bhsd(do), bhsd(q), bhsd(k), bhsd(v), bhsd(o_hp), lse, opts)
+  opts = A._options(triton_static(q.shape[-1], p_scale="block" if row_max is None else "row"))
+  with mock.patch.dict(os.environ, {plans.BWD_KERNEL_ENV: "triton"}):  # the baseline: the Triton dK/dV kernel
+    plan, views = A.backward_plan(bhsd(do), bhsd(q), bhsd(k), bhsd(v), bhsd(o_hp), lse, opts, row_max=row_max)
   launch = plan.launches[-1]
-  if launch.name != "jqat_attention_bwd_dkdv":  # the baseline is the Triton kernel (JQAT_ATTN_BWD_KERNEL unset)
-    raise RuntimeError(f"the backward plan's dK/dV launch is {launch.name}; unset {plans.BWD_KERNEL_ENV}")
+  assert launch.name == "jqat_attention_bwd_dkdv", launch.name
   views.update(torch_launch.allocate(plan, plan.outputs + plan.scratch, q.device))
   torch_launch.execute(plan, views)
   dkdv = dataclasses.replace(plan, launches=(launch,))
-  return views["dk"], views["dv"], views["delta"], functools.partial(torch_launch.execute, dkdv, views)
+  return (views["dk"], views["dv"], views["delta"], views.get("row_factors"),
+          functools.partial(torch_launch.execute, dkdv, views))
 
 
-def case(b, h, kh, t, d, seed):
-  """fq(Q), fq(K), fq(V), dO (BTNH), O' (BTNH) and lse [B, N, T] of one shape."""
+def case(b, h, kh, t, d, seed, p_scale="block"):
+  """fq(Q), fq(K), fq(V), dO (BTNH), O' (BTNH), lse [B, N, T] and the row max [B, N, T] (None with "block") of one
+  shape."""
   import torch
 
   from jqat.torch._attention import attention_fwd_op
 
   _, (q, k, v) = inputs(b, h, kh, t, d, seed)
-  _, o_hp, lse, _ = attention_fwd_op(bhsd(q), bhsd(k), bhsd(v), None, None, None, None, *triton_static(d))
+  _, o_hp, lse, m = attention_fwd_op(bhsd(q), bhsd(k), bhsd(v), None, None, None, None,
+                                     *triton_static(d, p_scale=p_scale))
   g = torch.Generator(device="cuda").manual_seed(seed + 1000)
   do = torch.randn(q.shape, generator=g, device="cuda").to(torch.bfloat16)
-  return q, k, v, do, bhsd(o_hp), lse
+  return q, k, v, do, bhsd(o_hp), lse, m if p_scale == "row" else None
 
 
-def check() -> list[dict]:
+def check(p_scale: str) -> list[dict]:
   import numpy as np
   import torch
-  from oracle import attention_grad_oracle
+  from attention_ws import ws as fwd_ws
+  from oracle import attention_grad_oracle, row_oracle
 
   rows = PARTIAL.setdefault("result", {}).setdefault("check", [])
   for i, (b, h, kh, t, d) in enumerate(CHECKS):
-    q, k, v, do, o_hp, lse = case(b, h, kh, t, d, 20 + i)
-    dk_t, dv_t, delta, _ = triton_backward(q, k, v, do, o_hp, lse)
+    q, k, v, do, o_hp, lse, m = case(b, h, kh, t, d, 20 + i, p_scale)
+    dk_t, dv_t, delta, rf, _ = triton_backward(q, k, v, do, o_hp, lse, m)
     torch.cuda.synchronize()
     host = lambda x: x.float().cpu().numpy()
-    _, want_dk, want_dv = attention_grad_oracle(host(do), host(q), host(k), host(v), host(o_hp), lse.cpu().numpy(),
-                                                scale=d**-0.5, is_causal=False, quantize_qkv=False)
+    if p_scale == "row":  # the oracle's own forward (the same KV tiles) gives the O' of its delta
+      *_, want_dk, want_dv = row_oracle(host(q), host(k), host(v), host(do), scale=d**-0.5,
+                                        block_n=fwd_ws.BLOCK_N, vis=np.ones((b, t, t), bool))
+    else:
+      _, want_dk, want_dv = attention_grad_oracle(host(do), host(q), host(k), host(v), host(o_hp),
+                                                  lse.cpu().numpy(), scale=d**-0.5, is_causal=False,
+                                                  quantize_qkv=False)
     dk_t, dv_t = host(dk_t), host(dv_t)
     base = {"B": b, "H": h, "K": kh, "T": t, "D": d, "triton_dk_vs_oracle": rel(dk_t, want_dk),
             "triton_dv_vs_oracle": rel(dv_t, want_dv)}
     for name, block_m, stages, defer in VARIANTS:
       try:
-        dk, dv = dkdv_ws(q, k, v, do, lse, delta, d**-0.5, block_m=block_m, stages=stages, defer_dv=defer)
+        dk, dv = dkdv_ws(q, k, v, do, lse, delta, d**-0.5, block_m=block_m, stages=stages, defer_dv=defer,
+                         row_factors=rf)
         finish_or_die(f"{name} at {(b, h, kh, t, d)}")
         dk, dv = host(dk), host(dv)
       except Exception as e:  # recorded; the other variants still run
@@ -154,19 +171,20 @@ def check() -> list[dict]:
   return rows
 
 
-def time_shapes(iters: int, repeats: int) -> list[dict]:
+def time_shapes(iters: int, repeats: int, p_scale: str) -> list[dict]:
   from _timing import cuda_event_ms
 
   rows = PARTIAL.setdefault("result", {}).setdefault("time", [])
   for b, h, kh, t, d in TIMES:
-    q, k, v, do, o_hp, lse = case(b, h, kh, t, d, 1)
-    dk_t, dv_t, delta, run_dkdv = triton_backward(q, k, v, do, o_hp, lse)
+    q, k, v, do, o_hp, lse, m = case(b, h, kh, t, d, 1, p_scale)
+    dk_t, dv_t, delta, rf, run_dkdv = triton_backward(q, k, v, do, o_hp, lse, m)
     row = {"B": b, "H": h, "K": kh, "T": t, "D": d}
     rows.append(row)
     row["triton_ms"] = cuda_event_ms(run_dkdv, iters, repeats)
     print(f"time {(b, h, kh, t, d)} triton dK/dV {row['triton_ms']:.4f} ms", flush=True)
     for name, block_m, stages, defer in VARIANTS:
-      fn = functools.partial(dkdv_ws, q, k, v, do, lse, delta, d**-0.5, block_m=block_m, stages=stages, defer_dv=defer)
+      fn = functools.partial(dkdv_ws, q, k, v, do, lse, delta, d**-0.5, block_m=block_m, stages=stages, defer_dv=defer,
+                             row_factors=rf)
       try:
         dk, dv = fn()
         finish_or_die(f"{name} at {(b, h, kh, t, d)}")
@@ -186,22 +204,26 @@ def main():
   ap.add_argument("--out", default="attention_ws_bwd.json")
   ap.add_argument("--compile-only", action="store_true", help="build every variant for sm_90 (no GPU) and stop")
   ap.add_argument("--check-only", action="store_true")
+  ap.add_argument("--p-scale", choices=("block", "row"), default="block")
+  ap.add_argument("--variants", help="comma-separated variant names to run (default: all)")
   ap.add_argument("--iters", type=int, default=20)
   ap.add_argument("--repeats", type=int, default=5)
   args = ap.parse_args()
+  if args.variants:
+    VARIANTS[:] = [v for v in VARIANTS if v[0] in args.variants.split(",")]
   if args.compile_only:
-    compile_only()
+    compile_only(p_row_range=plans.P_ROW_RANGE if args.p_scale == "row" else 0.0)
     return
   import torch
 
   result = {"benchmark": "attention_ws_bwd", "date": time.strftime("%Y-%m-%d"),
-            "device": torch.cuda.get_device_name()}
+            "device": torch.cuda.get_device_name(), "p_scale": args.p_scale}
   PARTIAL.update(out=args.out, result=result)
-  result["check"] = check()
+  result["check"] = check(args.p_scale)
   result["check_ok"] = all(r["ok"] for r in result["check"])
   print("check ok:", result["check_ok"], flush=True)
   if not args.check_only:
-    result["time"] = time_shapes(args.iters, args.repeats)
+    result["time"] = time_shapes(args.iters, args.repeats, args.p_scale)
   with open(args.out, "w") as f:
     json.dump(result, f, indent=1)
   print("wrote", args.out)

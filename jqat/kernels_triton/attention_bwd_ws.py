@@ -1,8 +1,8 @@
 """A warp-specialized NVFP4 QAT dK/dV kernel for Hopper (sm_90), in Gluon.
 
 The function is ``attention_bwd.attention_bwd_dkdv_kernel``'s (docs/NUMERICS.md, section 5) for its simplest cases:
-Q, K, V already fake-quantized, p_scale "block", fq(P) on, no masks, no segment ids, D = 128 or 64, sequence lengths
-multiples of the tiles.
+Q, K, V already fake-quantized, p_scale "block" or "row", fq(P) on, no masks, no segment ids, D = 128 or 64, sequence
+lengths multiples of the tiles.
 
 Why: the Triton dK/dV kernel (64 keys x 32 query rows on one warpgroup, two programs per SM) is latency-bound: 44% of
 issue slots, the tensor pipe at 34%, and the Q / dO tiles' addresses and copies take 27% of its stall samples
@@ -21,10 +21,11 @@ along keys reduces each block of 16 keys across the 8 lanes of a warp that hold 
 
 Numerics: the Triton kernel's expressions on the same FP32 values (``attention_bwd._dkdv_tile``, unmasked, block
 mode), in its order: ``lse2 = lse * log2 e`` (+inf where lse is -inf), ``p = exp2((k . q) * scale log2 e - lse2)``,
-``ds = p * ((v . do) - delta)``, ``dK += bf16(ds) Q``, ``dV += bf16(fq(p)) dO``, the query heads of the KV head in
-order, their query tiles in order; at the end ``dK * scale`` and dV rounded to bf16. The dK and dV products
-accumulate the same k16 steps in the same order as the Triton kernel's (query rows ascending), so the sums agree
-bit for bit where the hardware's accumulation is deterministic.
+``ds = p * ((v . do) - delta)``, ``dK += bf16(ds) Q``, ``dV += bf16(fq(p)) dO`` (p_scale "row":
+``bf16(fq(p * rl) * inv_rl)``, with the per-row factors of ``attention_bwd_row_factors_kernel``), the query heads
+of the KV head in order, their query tiles in order; at the end ``dK * scale`` and dV rounded to bf16. The dK and dV
+products accumulate the same k16 steps in the same order as the Triton kernel's (query rows ascending), so the sums
+agree bit for bit where the hardware's accumulation is deterministic.
 
 Barrier protocol as in ``attention_fwd_ws`` (stage ``st`` of query tile ``t``, its n-th use ``n = t // STAGES``):
 ``q_ready[st]`` / ``do_ready[st]`` completed by the TMA copies, consumers wait for parity ``n & 1``;
@@ -61,17 +62,21 @@ def _probabilities(s, lse, qk_scale):
 
 
 @gluon.jit
-def _query_tile(t, dk, dv, p_op, k_s, v_s, q_bufs, do_bufs, q_ready, do_ready, q_empty, do_empty, lse, delta, s_init,
-                qk_scale, D_LAYOUT: gl.constexpr, STAGES: gl.constexpr, HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr,
-                DEFER_DV: gl.constexpr, FIRST: gl.constexpr):
+def _query_tile(t, dk, dv, p_op, k_s, v_s, q_bufs, do_bufs, q_ready, do_ready, q_empty, do_empty, lse, delta, rf,
+                tq, s_init, qk_scale, D_LAYOUT: gl.constexpr, STAGES: gl.constexpr, HW_E4M3: gl.constexpr,
+                HW_E2M1: gl.constexpr, ROW: gl.constexpr, DEFER_DV: gl.constexpr, FIRST: gl.constexpr):
   """Query tile ``t`` of a consumer's walk: its contribution to the consumer's dK and dV (FP32, D_LAYOUT).
-  ``lse``, ``delta``: the tile's rows (FP32, along S^T's columns).
+  ``lse``, ``delta``: the tile's rows (FP32, along S^T's columns). ROW (p_scale "row"): ``rf`` points at the tile's
+  R * l (1 / (R * l) ``tq`` further), loaded here: held a tile ahead as lse and delta are, they spilled.
 
   DEFER_DV: the previous tile's dV product (``p_op``, its fq(P)^T as a bf16 operand) is issued here beside this
   tile's S^T and dP^T (as the forward issues P V one tile late), so it runs while this tile's exponentials are
   computed, and this tile's dV product is left to the next (or to the walk's end: the returned operand). FIRST (with
   DEFER_DV): tile 0, with no previous product. Otherwise every product is waited for within the tile (``p_op`` is
   returned unused). Returns ``(dk, dv, p_op)``."""
+  if ROW:
+    rl = gl.load(rf)
+    inv_rl = gl.load(rf + tq)
   st = t % STAGES
   sp = (t - 1) % STAGES
   PENDING: gl.constexpr = 1 if DEFER_DV and not FIRST else 0  # the previous dV product, issued after dP^T
@@ -90,7 +95,11 @@ def _query_tile(t, dk, dv, p_op, k_s, v_s, q_bufs, do_bufs, q_ready, do_ready, q
   OPERAND: gl.constexpr = gl.DotOperandLayout(0, D_LAYOUT, 2)
   ds_op = gl.convert_layout(ds.to(gl.bfloat16), OPERAND, assert_trivial=True)
   dk_tok = warpgroup_mma(ds_op, q_bufs.index(st), dk, is_async=True)
-  p_fq = fq_probs_t(p, p.shape[0], p.shape[1], HW_E4M3, HW_E2M1)  # blocks of 16 along keys; exact in bf16
+  if ROW:  # relative to the row's maximum: p * (R * l) = R * exp(s - m) (attention_bwd._dkdv_tile)
+    p_fq = fq_probs_t(p * rl[None, :], p.shape[0], p.shape[1], HW_E4M3, HW_E2M1)
+    p_fq = gl.convert_layout(p_fq, p.type.layout, assert_trivial=True) * inv_rl[None, :]
+  else:
+    p_fq = fq_probs_t(p, p.shape[0], p.shape[1], HW_E4M3, HW_E2M1)  # blocks of 16 along keys; exact in bf16
   p_next = gl.convert_layout(p_fq.to(gl.bfloat16), OPERAND, assert_trivial=True)
   if DEFER_DV:
     if PENDING:
@@ -108,22 +117,22 @@ def _query_tile(t, dk, dv, p_op, k_s, v_s, q_bufs, do_bufs, q_ready, do_ready, q
 
 
 @gluon.jit
-def _rows(lse_ptr, delta_ptr, t, tiles, n_q, b, n_heads, kvh, group, tq, cols, BLOCK_M: gl.constexpr):
-  """lse and delta of query tile ``min(t, tiles - 1)`` (query head ``kvh * group + t // n_q``), along ``cols``."""
+def _rows(t, tiles, n_q, b, n_heads, kvh, group, tq, cols, BLOCK_M: gl.constexpr, WIDTH: gl.constexpr = 1):
+  """Offsets of query tile ``min(t, tiles - 1)``'s rows (query head ``kvh * group + t // n_q``, along ``cols``) in
+  ``[B, N, WIDTH * Tq]`` (lse and delta: WIDTH 1; the row factors R * l and 1 / (R * l): 2)."""
   t = gl.minimum(t, tiles - 1)
   g = t // n_q
-  rows = (b * n_heads + kvh * group + g).to(gl.int64) * tq + (t - g * n_q) * BLOCK_M + cols
-  return gl.load(lse_ptr + rows), gl.load(delta_ptr + rows)
+  return (b * n_heads + kvh * group + g).to(gl.int64) * (WIDTH * tq) + (t - g * n_q) * BLOCK_M + cols
 
 
 @gluon.jit
 def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-              HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr, DEFER_DV: gl.constexpr):
+              HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr, ROW: gl.constexpr, DEFER_DV: gl.constexpr):
   """Consumer warpgroup WG: keys ``[start_n + 64 WG, +64)`` of KV head ``kvh``, batch ``b``; walks every query tile
   of the KV head's ``group`` query heads and stores its dK and dV rows."""
   q_bufs, do_bufs, k_bufs, v_bufs, kv_ready, q_ready, do_ready, q_empty, do_empty = smem
-  (lse_ptr, delta_ptr, dk_ptr, dv_ptr, scale, n_q, tq, tiles, b, kvh, group, n_heads, start_n, stride_kb, stride_kt,
-   stride_kh, stride_vb, stride_vt, stride_vh) = scalars
+  (lse_ptr, delta_ptr, rf_ptr, dk_ptr, dv_ptr, scale, n_q, tq, tiles, b, kvh, group, n_heads, start_n, stride_kb,
+   stride_kt, stride_kh, stride_vb, stride_vt, stride_vh) = scalars
   S_LAYOUT: gl.constexpr = acc_layout(BLOCK_M)  # S^T: [64 keys, BLOCK_M query rows]
   D_LAYOUT: gl.constexpr = acc_layout(HEAD_DIM)  # dK, dV: [64 keys, D]
   COLS: gl.constexpr = gl.SliceLayout(0, S_LAYOUT)
@@ -137,22 +146,28 @@ def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, BLOCK_M: 
   mbarrier.wait(kv_ready, 0)
   # lse and delta loaded one tile ahead (plain loads, cached: each row's are read by every program of its KV head),
   # so no product waits on them.
-  lse, delta = _rows(lse_ptr, delta_ptr, 0, tiles, n_q, b, n_heads, kvh, group, tq, cols, BLOCK_M)
+  at = _rows(0, tiles, n_q, b, n_heads, kvh, group, tq, cols, BLOCK_M)
+  lse, delta = gl.load(lse_ptr + at), gl.load(delta_ptr + at)
   OPERAND: gl.constexpr = gl.DotOperandLayout(0, D_LAYOUT, 2)
   p_op = gl.zeros([WG_ROWS, BLOCK_M], gl.bfloat16, layout=OPERAND)  # the previous tile's fq(P)^T (DEFER_DV)
   if DEFER_DV:  # tile 0 (no dV product before it), then the walk from tile 1
-    lse_next, delta_next = _rows(lse_ptr, delta_ptr, 1, tiles, n_q, b, n_heads, kvh, group, tq, cols, BLOCK_M)
+    at = _rows(1, tiles, n_q, b, n_heads, kvh, group, tq, cols, BLOCK_M)
+    lse_next, delta_next = gl.load(lse_ptr + at), gl.load(delta_ptr + at)
+    rf = rf_ptr + _rows(0, tiles, n_q, b, n_heads, kvh, group, tq, cols, BLOCK_M, 2)
     dk, dv, p_op = _query_tile(0, dk, dv, p_op, k_s, v_s, q_bufs, do_bufs, q_ready, do_ready, q_empty, do_empty, lse,
-                               delta, s_init, qk_scale, D_LAYOUT, STAGES, HW_E4M3, HW_E2M1, True, True)
+                               delta, rf, tq, s_init, qk_scale, D_LAYOUT, STAGES, HW_E4M3, HW_E2M1, ROW, True, True)
     start = 1
   else:
     lse_next, delta_next = lse, delta
     start = 0
   for t in range(start, tiles):
     lse, delta = lse_next, delta_next
-    lse_next, delta_next = _rows(lse_ptr, delta_ptr, t + 1, tiles, n_q, b, n_heads, kvh, group, tq, cols, BLOCK_M)
+    at = _rows(t + 1, tiles, n_q, b, n_heads, kvh, group, tq, cols, BLOCK_M)
+    lse_next, delta_next = gl.load(lse_ptr + at), gl.load(delta_ptr + at)
+    rf = rf_ptr + _rows(t, tiles, n_q, b, n_heads, kvh, group, tq, cols, BLOCK_M, 2)  # read with ROW only
     dk, dv, p_op = _query_tile(t, dk, dv, p_op, k_s, v_s, q_bufs, do_bufs, q_ready, do_ready, q_empty, do_empty, lse,
-                               delta, s_init, qk_scale, D_LAYOUT, STAGES, HW_E4M3, HW_E2M1, DEFER_DV, False)
+                               delta, rf, tq, s_init, qk_scale, D_LAYOUT, STAGES, HW_E4M3, HW_E2M1, ROW, DEFER_DV,
+                               False)
   if DEFER_DV:  # the last tile's dV product
     sp = (tiles - 1) % STAGES
     dv_tok = warpgroup_mma(p_op, do_bufs.index(sp), dv, is_async=True)
@@ -208,17 +223,19 @@ def _producer(smem, args, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES:
 
 @gluon.jit
 def attention_bwd_dkdv_ws_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, scale, tq, tk, n_heads, group,
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, rf_ptr, scale, tq, tk, n_heads, group,
     stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     stride_db, stride_dt, stride_dh, dk_ptr, dv_ptr,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr, DEFER_DV: gl.constexpr = False):
+    HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr, P_ROW_RANGE: gl.constexpr = 0.0, DEFER_DV: gl.constexpr = False):
   """dK and dV of 128 keys of one KV head per program: grid ``(tk / 128, B * K)``. Outputs last, as the launch plans
   order arguments.
 
   q, do: [B, Tq, N, D] bf16; k, v, dk, dv: [B, Tk, K, D] bf16 (dk, dv with k's and v's strides), N = K * group
   (query head h reads KV head h // group); q, k, v already fake-quantized (fq along D); lse, delta: [B, N, Tq] fp32
-  (the forward's lse and ``rowsum(O' * dO)``). Every last axis contiguous, heads side by side (``stride_h == D``),
+  (the forward's lse and ``rowsum(O' * dO)``); rf: with ``P_ROW_RANGE > 0`` (p_scale "row") the row factors
+``[B, N, 2, Tq]`` fp32 of ``attention_bwd_row_factors_kernel``, else not read (the plan passes lse, as to the
+Triton kernel). Every last axis contiguous, heads side by side (``stride_h == D``),
   the other strides multiples of 16 elements. ``tq % BLOCK_M == 0``, ``tk % 128 == 0``, ``tq > 0``. Launch with
   ``num_warps=4`` (the default partition: consumer 0) and ``maxnreg`` of ``attention_fwd_ws.registers(2)``; the kernel
   adds a 4-warp consumer partition and the producer's warp. Needs the launch's global scratch (four tensor
@@ -261,22 +278,23 @@ def attention_bwd_dkdv_ws_kernel(
     mbarrier.init(do_empty.index(i), count=CONSUMERS)
 
   smem = (q_bufs, do_bufs, k_bufs, v_bufs, kv_ready, q_ready, do_ready, q_empty, do_empty)
-  scalars = (lse_ptr, delta_ptr, dk_ptr, dv_ptr, scale, n_q, tq, tiles, b, kvh, group, n_heads, start_n, stride_kb,
-             stride_kt, stride_kh, stride_vb, stride_vt, stride_vh)
+  ROW: gl.constexpr = P_ROW_RANGE > 0
+  scalars = (lse_ptr, delta_ptr, rf_ptr, dk_ptr, dv_ptr, scale, n_q, tq, tiles, b, kvh, group, n_heads, start_n,
+             stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh)
   args = (q_ptr, do_ptr, k_ptr, v_ptr, n_q, tq, tk, tiles, b, kvh, group, n_heads, kv_heads, start_n, stride_qb,
           stride_qt, stride_db, stride_dt, stride_kb, stride_kt, stride_vb, stride_vt)
-  gl.warp_specialize([(_consumer, (0, smem, scalars, HEAD_DIM, BLOCK_M, STAGES, HW_E4M3, HW_E2M1, DEFER_DV)),
-                      (_consumer, (1, smem, scalars, HEAD_DIM, BLOCK_M, STAGES, HW_E4M3, HW_E2M1, DEFER_DV)),
+  gl.warp_specialize([(_consumer, (0, smem, scalars, HEAD_DIM, BLOCK_M, STAGES, HW_E4M3, HW_E2M1, ROW, DEFER_DV)),
+                      (_consumer, (1, smem, scalars, HEAD_DIM, BLOCK_M, STAGES, HW_E4M3, HW_E2M1, ROW, DEFER_DV)),
                       (_producer, (smem, args, HEAD_DIM, BLOCK_M, STAGES))], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 def launch_params(head_dim: int, block_m: int | None = None, stages: int = 2, compute_capability=(9, 0),
-                  defer_dv: bool = False) -> dict:
+                  defer_dv: bool = False, p_row_range: float = 0.0) -> dict:
   """Constexprs and launch options of :func:`attention_bwd_dkdv_ws_kernel` (``block_m``: :func:`plan_block_m` when
-  None)."""
+  None; ``p_row_range``: the plan's P_ROW_RANGE with p_scale "row", else 0)."""
   block_m = block_m or plan_block_m(head_dim)
   maxnreg, consumer_regs = registers(CONSUMERS)
   flags = quant_flags(compute_capability)
   return {"HEAD_DIM": head_dim, "BLOCK_M": block_m, "STAGES": stages, "CONSUMER_REGS": consumer_regs,
-          "HW_E4M3": flags["HW_E4M3"], "HW_E2M1": flags["HW_E2M1"], "DEFER_DV": bool(defer_dv), "num_warps": 4,
-          "maxnreg": maxnreg}
+          "HW_E4M3": flags["HW_E4M3"], "HW_E2M1": flags["HW_E2M1"], "DEFER_DV": bool(defer_dv),
+          "P_ROW_RANGE": float(p_row_range), "num_warps": 4, "maxnreg": maxnreg}
