@@ -329,8 +329,8 @@ GPU_CASES = [
     (16, 128, 128, 16, 16, 128, False, QATConfig(False, False, False, False)),
     (2, 300, 300, 4, 2, 32, False, ALL_ON),  # D <= 32 without a mask: the forward rounds its own Q tile
     (1, 200, 333, 2, 1, 16, False, ALL_ON),
-    # Shapes the warp-specialized dK/dV kernel takes (no masks, Tq a multiple of its query tile, Tk of 128 keys),
-    # run with it (WS_DKDV_CASES):
+    # Shapes the warp-specialized dK/dV kernel (the default) takes: no masks, Tq a multiple of its query tile, Tk of
+    # 128 keys. WS_DKDV_CASES run once more with the Triton dK/dV kernel (JQAT_ATTN_BWD_KERNEL=triton):
     (2, 256, 384, 8, 2, 128, False, ALL_ON),
     (1, 128, 256, 4, 1, 64, False, ALL_ON),
     (1, 96, 128, 4, 4, 128, False, QATConfig(quantize_qkv=False)),  # dK, dV not over fq(K), fq(V)
@@ -353,10 +353,11 @@ def _fwd_bwd(impl, q, k, v, do, causal, cfg):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", GPU_CASES, ids=_gpu_case_id)
-def test_triton_matches_xla_gpu(case, monkeypatch):
-  if case in WS_DKDV_CASES:
-    monkeypatch.setenv(plans.BWD_KERNEL_ENV, "ws")
+@pytest.mark.parametrize("case, bwd_kernel", [pytest.param(c, None, id=_gpu_case_id(c)) for c in GPU_CASES]
+                         + [pytest.param(c, "triton", id=f"{_gpu_case_id(c)}-bwd_triton") for c in WS_DKDV_CASES])
+def test_triton_matches_xla_gpu(case, bwd_kernel, monkeypatch):
+  if bwd_kernel:
+    monkeypatch.setenv(plans.BWD_KERNEL_ENV, bwd_kernel)
   b, tq, tk, n, kh, d, causal, cfg = case
   q, k, v, do = _api_inputs(b, tq, tk, n, kh, d)
   run = jax.jit(_fwd_bwd, static_argnums=(0, 5, 6))
@@ -372,11 +373,9 @@ def test_triton_matches_xla_gpu(case, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [True, False])
-def test_triton_is_deterministic_gpu(causal, monkeypatch):
-  """Bit-equal results from two runs (no atomics); without a mask at 1024 tokens with the warp-specialized dK/dV
-  kernel (``JQAT_ATTN_BWD_KERNEL=ws``)."""
-  if not causal:
-    monkeypatch.setenv(plans.BWD_KERNEL_ENV, "ws")
+def test_triton_is_deterministic_gpu(causal):
+  """Bit-equal results from two runs (no atomics); without a mask at 1024 tokens the dK/dV launch is the
+  warp-specialized kernel."""
   t = 1000 if causal else 1024
   q, k, v, do = _api_inputs(2, t, t, 8, 2, 128, seed=1)
   run = jax.jit(_fwd_bwd, static_argnums=(0, 5, 6))
@@ -496,27 +495,30 @@ def test_ws_forward_through_the_library_gpu(monkeypatch, causal):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("d", [128, 64])
-def test_ws_dkdv_through_the_library_gpu(monkeypatch, d):
-  """``JQAT_ATTN_BWD_KERNEL=ws``: dK and dV through ``jax.grad`` of ``jqat.attention`` and through the torch binding
+@pytest.mark.parametrize("d, p_scale", [(128, "block"), (64, "block"), (128, "row"), (64, "row")])
+def test_ws_dkdv_through_the_library_gpu(monkeypatch, d, p_scale):
+  """The default dK/dV kernel: dK and dV through ``jax.grad`` of ``jqat.attention`` and through the torch binding
   (BTNH storage) come from the warp-specialized kernel (the backward plan of these shapes launches it: GQA, Tk a
-  multiple of 128) and are within the Triton backward's bounds of the XLA reference."""
+  multiple of 128; p_scale "block" and "row") and are within the Triton backward's bounds of the XLA reference."""
   import jqat.torch as jt
   from jqat.ffi import jax_launch
 
-  monkeypatch.setenv(plans.BWD_KERNEL_ENV, "ws")
+  monkeypatch.delenv(plans.BWD_KERNEL_ENV, raising=False)
   b, t, n, kh = 1, 640, 6, 3  # shapes no other test traces: a fresh trace reads the variable
   target = jax_launch.target()
   if tuple(target.compute_capability or ()) != (9, 0):
     pytest.skip("the warp-specialized dK/dV kernel is sm_90 code")
   dense = plans.Tensor.dense
   x, kv = dense((b, t, n, d), "bfloat16"), dense((b, t, kh, d), "bfloat16")
-  plan = plans.attention_backward(x, x, kv, kv, x, dense((b, n, t), "float32"), AttentionOptions(d**-0.5), target)
+  lse = dense((b, n, t), "float32")
+  plan = plans.attention_backward(x, x, kv, kv, x, lse, AttentionOptions(d**-0.5, p_scale=p_scale), target,
+                                  row_max=lse if p_scale == "row" else None)
   assert plan.launches[-1].name == "jqat_attention_bwd_dkdv_ws"
   q, k, v, do = _api_inputs(b, t, t, n, kh, d, seed=11 + d)
 
   def loss(q, k, v, impl):
-    return jnp.sum(jqat.attention(q, k, v, implementation=impl).astype(jnp.float32) * do.astype(jnp.float32))
+    return jnp.sum(jqat.attention(q, k, v, implementation=impl, p_scale=p_scale).astype(jnp.float32)
+                   * do.astype(jnp.float32))
 
   grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)), static_argnums=3)
   want = [np.asarray(g.astype(jnp.float32)) for g in grad(q, k, v, "xla")]
@@ -524,7 +526,7 @@ def test_ws_dkdv_through_the_library_gpu(monkeypatch, d):
     assert_close(np.asarray(a.astype(jnp.float32)), e, rel=BOUNDS[name], name=f"{name} (jax)")
   bhsd = lambda x: torch.from_numpy(np.asarray(x.astype(jnp.float32))).to("cuda", torch.bfloat16).transpose(1, 2)
   qt, kt, vt = (bhsd(x).requires_grad_() for x in (q, k, v))  # BTNH storage: heads side by side
-  jt.attention(qt, kt, vt, enable_gqa=True).backward(bhsd(do))
+  jt.attention(qt, kt, vt, enable_gqa=True, p_scale=p_scale).backward(bhsd(do))
   for name, g, e in zip(("dQ", "dK", "dV"), (qt.grad, kt.grad, vt.grad), want):
     assert_close(g.transpose(1, 2).float().cpu().numpy(), e, rel=BOUNDS[name], name=f"{name} (torch)")
 

@@ -434,11 +434,12 @@ def test_ws_forward_plan_builds_for_sm90(monkeypatch, tmp_path):
 
 @pytest.mark.fresh_process  # a real compile: not in a process where the interpreter has run
 def test_ws_dkdv_plan_builds_for_sm90(monkeypatch, tmp_path):
-  """``JQAT_ATTN_BWD_KERNEL=ws``: the backward's dK/dV launch on sm_90 is the warp-specialized Gluon kernel, on the
-  same buffers as the Triton launch (fq(Q), fq(K), fq(V), dO, lse, delta) that the default gives, dK and dV written
-  over fq(K) and fq(V) in place; it builds for sm_90 with its worker warps (12 in all) and no spills. A case it does
-  not take, or a dK/dV launch configuration of one's own, keeps the Triton kernel; an unknown value is a ValueError
-  naming the variable."""
+  """By default (and with ``JQAT_ATTN_BWD_KERNEL=ws``) the backward's dK/dV launch on sm_90 is the warp-specialized
+  Gluon kernel, on the same buffers as the Triton launch (fq(Q), fq(K), fq(V), dO, lse, delta) that
+  ``JQAT_ATTN_BWD_KERNEL=triton`` gives, dK and dV written over fq(K) and fq(V) in place; it builds for sm_90 with
+  its worker warps (12 in all) and no spills, in block and row mode (reading the row factors). A case it does not
+  take, or a dK/dV launch configuration of one's own, keeps the Triton kernel; an unknown value is a ValueError naming
+  the variable."""
   import re
 
   from jqat.kernels_triton import attention_bwd as kbwd
@@ -448,23 +449,37 @@ def test_ws_dkdv_plan_builds_for_sm90(monkeypatch, tmp_path):
   dense = plans.Tensor.dense
   for d in (128, 64):
     x, kv, lse = dense((2, 128, 4, d), "bfloat16"), dense((2, 256, 2, d), "bfloat16"), dense((2, 4, 128), "float32")
-    monkeypatch.delenv(plans.BWD_KERNEL_ENV, raising=False)  # the default
+    monkeypatch.setenv(plans.BWD_KERNEL_ENV, "triton")
     triton_plan = plans.attention_backward(x, x, kv, kv, x, lse, AttentionOptions(d**-0.5), GPU)
     monkeypatch.setenv(plans.BWD_KERNEL_ENV, "ws")
     plan = plans.attention_backward(x, x, kv, kv, x, lse, AttentionOptions(d**-0.5), GPU)
+    monkeypatch.delenv(plans.BWD_KERNEL_ENV)  # the default is the warp-specialized kernel
+    default = plans.attention_backward(x, x, kv, kv, x, lse, AttentionOptions(d**-0.5), GPU)
+    assert default.launches[-1] == plan.launches[-1]
     launch, old = plan.launches[-1], triton_plan.launches[-1]
     assert launch.name == "jqat_attention_bwd_dkdv_ws" and old.kernel is kbwd.attention_bwd_dkdv_kernel
     assert [la.name for la in plan.launches[:-1]] == [la.name for la in triton_plan.launches[:-1]]
     assert launch.grid == (2, 4) and launch.outputs == old.outputs == ("dk", "dv")
     assert plan.stored_in == triton_plan.stored_in and plan.scratch == triton_plan.scratch
     refs = lambda la: [a.name for a in la.args if isinstance(a, plans.Ref)]
-    assert refs(launch) == [n for n in refs(old) if n != "lse"][:3] + ["do", "lse", "delta"]
+    assert refs(launch) == [n for n in refs(old) if n != "lse"][:3] + ["do", "lse", "delta", "lse"]  # rf: unread
     assert [(refs(launch)[i], o) for i, o in (launch.aliases)] == [(refs(old)[i], o) for i, o in old.aliases]
     usage = _warp_specialized_build(plan, launch, tmp_path)
     assert re.search(r"STACK:0\b", usage), (d, usage)
-  # Cases it does not take keep the Triton kernel: causal, 80 query rows (not a multiple of 32), 192 keys (not of
-  # 128), D = 96, row mode, a window, BHSD storage (heads not side by side).
+  # p_scale="row": the same launch reading the row factors (the Triton launch's rf argument) with P_ROW_RANGE.
   x, kv, lse = dense((1, 96, 4, 128), "bfloat16"), dense((1, 256, 2, 128), "bfloat16"), dense((1, 4, 96), "float32")
+  monkeypatch.setenv(plans.BWD_KERNEL_ENV, "triton")
+  row_opts = AttentionOptions(0.088, p_scale="row")
+  old = plans.attention_backward(x, x, kv, kv, x, lse, row_opts, GPU, row_max=lse).launches[-1]
+  monkeypatch.delenv(plans.BWD_KERNEL_ENV)
+  row = plans.attention_backward(x, x, kv, kv, x, lse, row_opts, GPU, row_max=lse)
+  launch = row.launches[-1]
+  assert launch.name == "jqat_attention_bwd_dkdv_ws" and launch.constexprs["P_ROW_RANGE"] == plans.P_ROW_RANGE > 0
+  assert refs(launch) == [n for n in refs(old) if n != "lse"][:3] + ["do", "lse", "delta", "row_factors"]
+  assert refs(old)[6] == "row_factors"
+  assert re.search(r"STACK:0\b", _warp_specialized_build(row, launch, tmp_path))
+  # Cases it does not take keep the Triton kernel: causal, 80 query rows (not a multiple of 32), 192 keys (not of
+  # 128), D = 96, a window, BHSD storage (heads not side by side).
   bhsd = lambda shape: plans.Tensor(shape, "bfloat16",
                                     (shape[1] * shape[2] * shape[3], shape[3], shape[1] * shape[3], 1))
   x80, x96 = dense((1, 80, 4, 128), "bfloat16"), dense((1, 96, 4, 96), "bfloat16")
@@ -478,8 +493,6 @@ def test_ws_dkdv_plan_builds_for_sm90(monkeypatch, tmp_path):
                      ((xt, xt, kvt, kvt, xt, lse), AttentionOptions(0.088))):
     kept = plans.attention_backward(*args, opts, GPU)
     assert kept.launches[-1].kernel is kbwd.attention_bwd_dkdv_kernel, opts
-  row = plans.attention_backward(x, x, kv, kv, x, lse, AttentionOptions(0.088, p_scale="row"), GPU, row_max=lse)
-  assert row.launches[-1].kernel is kbwd.attention_bwd_dkdv_kernel
   own = dataclasses.replace(plans.backward_config(128), kv_num_stages=2)
   mine = plans.attention_backward(x, x, kv, kv, x, lse, AttentionOptions(0.088), GPU, config=own)
   assert mine.launches[-1].kernel is kbwd.attention_bwd_dkdv_kernel

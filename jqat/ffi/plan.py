@@ -468,12 +468,12 @@ def forward_kernel() -> str:
 
 
 def backward_kernel() -> str:
-  """The dK/dV kernel: "triton" (``attention_bwd_dkdv_kernel``, the default) or, with ``JQAT_ATTN_BWD_KERNEL=ws``,
-  the warp-specialized Gluon kernel (``kernels_triton.attention_bwd_ws``) wherever it takes the launch
-  (:func:`_ws_dkdv_takes`) and the Triton kernel elsewhere. Both compute the same bits (the warp-specialized kernel
-  runs the Triton kernel's expressions in its order; docs/BENCHMARKS.md). Opt-in until the plans have run it on a GPU
-  (so far only ``benchmarks/attention_ws_bwd.py``'s own launches have)."""
-  return _kernel_choice(BWD_KERNEL_ENV)
+  """The dK/dV kernel: "ws" (the default) launches the warp-specialized Gluon kernel
+  (``kernels_triton.attention_bwd_ws``) wherever it takes the launch (:func:`_ws_dkdv_takes`) and the Triton kernel
+  (``attention_bwd_dkdv_kernel``) elsewhere; "triton" (``JQAT_ATTN_BWD_KERNEL=triton``) the Triton kernel always.
+  Both compute the same bits: the warp-specialized kernel runs the Triton kernel's expressions in its order
+  (docs/BENCHMARKS.md)."""
+  return _kernel_choice(BWD_KERNEL_ENV, "ws")
 
 
 def _ws_takes(q, k, v, o, opts, target, other) -> bool:
@@ -511,9 +511,10 @@ def _forward_ws(q, k, v, o, opts, target, buffers, inputs, outputs, scratch, lau
 
 def _ws_dkdv_takes(d_out, q, k, v, opts, target, other) -> bool:
   """Whether the warp-specialized dK/dV kernel takes this backward's dK/dV launch: sm_90, bf16, D of 64 or 128, Tq a
-  multiple of its query tile, Tk of its 128 keys a program, no masks, block modes, fq(P) on in the backward (relative
-  to lse: the forward's KV tile plays no part), heads side by side in q, dO, k and v (``stride_h == D``, the
-  descriptors' columns) and rows of whole 16-element strides. ``other``: masks, tensor scales or p_scale="row"."""
+  multiple of its query tile, Tk of its 128 keys a program, no masks, qkv_scale="block", p_scale "block" or "row",
+  fq(P) on in the backward (relative to lse or the row max: the forward's KV tile plays no part), heads side by side
+  in q, dO, k and v (``stride_h == D``, the descriptors' columns) and rows of whole 16-element strides. ``other``:
+  masks or tensor scales."""
   tq, d = q.shape[1], q.shape[3]
   tk = k.shape[1]
   tensors = (d_out, q, k, v)
@@ -521,7 +522,7 @@ def _ws_dkdv_takes(d_out, q, k, v, opts, target, other) -> bool:
              and all(t.strides[3] == 1 and t.strides[2] == d for t in tensors))
   return (not other and d in kbws.HEAD_DIMS and all(t.dtype == "bfloat16" for t in tensors)
           and tq % kbws.plan_block_m(d) == 0 and tk % kbws.BLOCK_N.value == 0 and tk > 0 and dense16
-          and not opts.is_causal and opts.local_window_size is None and opts.p_scale == "block"
+          and not opts.is_causal and opts.local_window_size is None and opts.p_scale in ("block", "row")
           and opts.config.quantize_p_backward and not target.interpret
           and tuple(target.compute_capability or ()) == (9, 0))
 
@@ -530,15 +531,18 @@ def _kv_config(c: kbwd.BackwardConfig) -> tuple:
   return c.kv_block_n, c.kv_block_m, c.kv_num_warps, c.kv_num_stages
 
 
-def _dkdv_ws(d_out, q, k, v, qq, kk, vv, opts, target, in_grads) -> Launch:
+def _dkdv_ws(d_out, q, k, v, qq, kk, vv, opts, target, in_grads, row: bool) -> Launch:
   """The backward plan's dK/dV launch by ``attention_bwd_dkdv_ws_kernel`` (only where :func:`_ws_dkdv_takes`): the
-  same arguments' buffers as the Triton launch's (fq(Q), fq(K), fq(V), dO, lse, delta), the same outputs and the
-  same in-place writes over fq(K) and fq(V) where they live in dK's and dV's storage (``in_grads``)."""
+  same arguments' buffers as the Triton launch's (fq(Q), fq(K), fq(V), dO, lse, delta, and with ``row`` the row
+  factors; else lse in their place), the same outputs and the same in-place writes over fq(K) and fq(V) where they
+  live in dK's and dV's storage (``in_grads``)."""
   b, tq, n, d = q.shape
   tk, kh = k.shape[1], k.shape[2]
-  params = kbws.launch_params(d, compute_capability=tuple(target.compute_capability))
+  params = kbws.launch_params(d, compute_capability=tuple(target.compute_capability),
+                              p_row_range=P_ROW_RANGE if row else 0.0)
   num_warps, maxnreg = params.pop("num_warps"), params.pop("maxnreg")
-  args = (Ref(qq), Ref(kk), Ref(vv), Ref("do"), Ref("lse"), Ref("delta"), float(opts.scale), tq, tk, n, n // kh,
+  args = (Ref(qq), Ref(kk), Ref(vv), Ref("do"), Ref("lse"), Ref("delta"), Ref("row_factors" if row else "lse"),
+          float(opts.scale), tq, tk, n, n // kh,
           *_s3(q), *_s3(k), *_s3(v), *_s3(d_out))
   aliases = tuple((args.index(Ref(name)), ("dk", "dv").index(out)) for name, out in in_grads.items())
   return Launch("jqat_attention_bwd_dkdv_ws", kbws.attention_bwd_dkdv_ws_kernel,
@@ -651,8 +655,8 @@ def attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out_for_d
   # kernel's: it keeps that kernel.
   kv_default = _kv_config(c) == _kv_config(kbwd.backward_config(d, opts.local_window_size is not None))
   if (backward_kernel() == "ws" and kv_default
-          and _ws_dkdv_takes(d_out, q, k, v, opts, target, bool(mask_names) or tensor or row)):
-    dkdv = _dkdv_ws(d_out, q, k, v, qq, kk, vv, opts, target, in_grads)
+          and _ws_dkdv_takes(d_out, q, k, v, opts, target, bool(mask_names) or tensor)):
+    dkdv = _dkdv_ws(d_out, q, k, v, qq, kk, vv, opts, target, in_grads, row)
   else:
     dkdv = Launch("jqat_attention_bwd_dkdv", kbwd.attention_bwd_dkdv_kernel,
                   (triton.cdiv(tk, c.kv_block_n), b * kh), kv_args, ("dk", "dv"),
