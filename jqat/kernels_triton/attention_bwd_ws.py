@@ -1,8 +1,8 @@
 """A warp-specialized NVFP4 QAT dK/dV kernel for Hopper (sm_90), in Gluon.
 
 The function is ``attention_bwd.attention_bwd_dkdv_kernel``'s (docs/NUMERICS.md, section 5) for its simplest cases:
-Q, K, V already fake-quantized, p_scale "block" or "row", fq(P) on, no masks, no segment ids, D = 128 or 64, sequence
-lengths multiples of the tiles.
+Q, K, V already fake-quantized, p_scale "block" or "row", fq(P) on, no masks, no segment ids, D = 128 or 64, Tk a
+multiple of 16 (fq(P)'s blocks along keys never mix a key past Tk with one before it).
 
 Why: the Triton dK/dV kernel (64 keys x 32 query rows on one warpgroup, two programs per SM) is latency-bound: 44% of
 issue slots, the tensor pipe at 34%, and the Q / dO tiles' addresses and copies take 27% of its stall samples
@@ -63,11 +63,13 @@ def _probabilities(s, lse, qk_scale):
 
 @gluon.jit
 def _query_tile(t, dk, dv, p_op, k_s, v_s, q_bufs, do_bufs, q_ready, do_ready, q_empty, do_empty, lse, delta, rf,
-                tq, s_init, qk_scale, D_LAYOUT: gl.constexpr, STAGES: gl.constexpr, HW_E4M3: gl.constexpr,
-                HW_E2M1: gl.constexpr, ROW: gl.constexpr, DEFER_DV: gl.constexpr, FIRST: gl.constexpr):
+                rf_ok, tq, s_init, qk_scale, D_LAYOUT: gl.constexpr, STAGES: gl.constexpr, HW_E4M3: gl.constexpr,
+                HW_E2M1: gl.constexpr, ROW: gl.constexpr, EVEN: gl.constexpr, DEFER_DV: gl.constexpr,
+                FIRST: gl.constexpr):
   """Query tile ``t`` of a consumer's walk: its contribution to the consumer's dK and dV (FP32, D_LAYOUT).
   ``lse``, ``delta``: the tile's rows (FP32, along S^T's columns). ROW (p_scale "row"): ``rf`` points at the tile's
-  R * l (1 / (R * l) ``tq`` further), loaded here: held a tile ahead as lse and delta are, they spilled.
+  R * l (1 / (R * l) ``tq`` further; rows past Tq, ``rf_ok`` false: 1 and 0), loaded here: held a tile ahead as lse
+  and delta are, they spilled.
 
   DEFER_DV: the previous tile's dV product (``p_op``, its fq(P)^T as a bf16 operand) is issued here beside this
   tile's S^T and dP^T (as the forward issues P V one tile late), so it runs while this tile's exponentials are
@@ -75,8 +77,8 @@ def _query_tile(t, dk, dv, p_op, k_s, v_s, q_bufs, do_bufs, q_ready, do_ready, q
   DEFER_DV): tile 0, with no previous product. Otherwise every product is waited for within the tile (``p_op`` is
   returned unused). Returns ``(dk, dv, p_op)``."""
   if ROW:
-    rl = gl.load(rf)
-    inv_rl = gl.load(rf + tq)
+    rl = _load(rf, rf_ok, 1.0, EVEN)
+    inv_rl = _load(rf + tq, rf_ok, 0.0, EVEN)
   st = t % STAGES
   sp = (t - 1) % STAGES
   PENDING: gl.constexpr = 1 if DEFER_DV and not FIRST else 0  # the previous dV product, issued after dP^T
@@ -119,19 +121,40 @@ def _query_tile(t, dk, dv, p_op, k_s, v_s, q_bufs, do_bufs, q_ready, do_ready, q
 @gluon.jit
 def _rows(t, tiles, n_q, b, n_heads, kvh, group, tq, cols, BLOCK_M: gl.constexpr, WIDTH: gl.constexpr = 1):
   """Offsets of query tile ``min(t, tiles - 1)``'s rows (query head ``kvh * group + t // n_q``, along ``cols``) in
-  ``[B, N, WIDTH * Tq]`` (lse and delta: WIDTH 1; the row factors R * l and 1 / (R * l): 2)."""
+  ``[B, N, WIDTH * Tq]`` (lse and delta: WIDTH 1; the row factors R * l and 1 / (R * l): 2), and which are rows
+  (before Tq)."""
   t = gl.minimum(t, tiles - 1)
   g = t // n_q
-  return (b * n_heads + kvh * group + g).to(gl.int64) * (WIDTH * tq) + (t - g * n_q) * BLOCK_M + cols
+  m0 = (t - g * n_q) * BLOCK_M  # added to the row's offset before the columns: fewer 64-bit adds
+  return (b * n_heads + kvh * group + g).to(gl.int64) * (WIDTH * tq) + m0 + cols, m0 + cols < tq
+
+
+@gluon.jit
+def _load(ptr, ok, other, EVEN: gl.constexpr):
+  """``ptr``'s values, ``other`` where ``ok`` is false (EVEN: every one is true, no mask)."""
+  if EVEN:
+    return gl.load(ptr)
+  else:
+    return gl.load(ptr, mask=ok, other=other)
+
+
+@gluon.jit
+def _lse_delta(lse_ptr, delta_ptr, t, tiles, n_q, b, n_heads, kvh, group, tq, cols, BLOCK_M: gl.constexpr,
+               EVEN: gl.constexpr):
+  """lse and delta of query tile ``min(t, tiles - 1)`` (rows past Tq: -inf and 0, so that P = 0 there, as the Triton
+  kernel's masked tiles have them)."""
+  at, ok = _rows(t, tiles, n_q, b, n_heads, kvh, group, tq, cols, BLOCK_M)
+  return _load(lse_ptr + at, ok, float("-inf"), EVEN), _load(delta_ptr + at, ok, 0.0, EVEN)
 
 
 @gluon.jit
 def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-              HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr, ROW: gl.constexpr, DEFER_DV: gl.constexpr):
+              HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr, ROW: gl.constexpr, EVEN: gl.constexpr,
+              DEFER_DV: gl.constexpr):
   """Consumer warpgroup WG: keys ``[start_n + 64 WG, +64)`` of KV head ``kvh``, batch ``b``; walks every query tile
   of the KV head's ``group`` query heads and stores its dK and dV rows."""
   q_bufs, do_bufs, k_bufs, v_bufs, kv_ready, q_ready, do_ready, q_empty, do_empty = smem
-  (lse_ptr, delta_ptr, rf_ptr, dk_ptr, dv_ptr, scale, n_q, tq, tiles, b, kvh, group, n_heads, start_n, stride_kb,
+  (lse_ptr, delta_ptr, rf_ptr, dk_ptr, dv_ptr, scale, n_q, tq, tk, tiles, b, kvh, group, n_heads, start_n, stride_kb,
    stride_kt, stride_kh, stride_vb, stride_vt, stride_vh) = scalars
   S_LAYOUT: gl.constexpr = acc_layout(BLOCK_M)  # S^T: [64 keys, BLOCK_M query rows]
   D_LAYOUT: gl.constexpr = acc_layout(HEAD_DIM)  # dK, dV: [64 keys, D]
@@ -146,28 +169,28 @@ def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, BLOCK_M: 
   mbarrier.wait(kv_ready, 0)
   # lse and delta loaded one tile ahead (plain loads, cached: each row's are read by every program of its KV head),
   # so no product waits on them.
-  at = _rows(0, tiles, n_q, b, n_heads, kvh, group, tq, cols, BLOCK_M)
-  lse, delta = gl.load(lse_ptr + at), gl.load(delta_ptr + at)
+  lse, delta = _lse_delta(lse_ptr, delta_ptr, 0, tiles, n_q, b, n_heads, kvh, group, tq, cols, BLOCK_M, EVEN)
   OPERAND: gl.constexpr = gl.DotOperandLayout(0, D_LAYOUT, 2)
   p_op = gl.zeros([WG_ROWS, BLOCK_M], gl.bfloat16, layout=OPERAND)  # the previous tile's fq(P)^T (DEFER_DV)
   if DEFER_DV:  # tile 0 (no dV product before it), then the walk from tile 1
-    at = _rows(1, tiles, n_q, b, n_heads, kvh, group, tq, cols, BLOCK_M)
-    lse_next, delta_next = gl.load(lse_ptr + at), gl.load(delta_ptr + at)
-    rf = rf_ptr + _rows(0, tiles, n_q, b, n_heads, kvh, group, tq, cols, BLOCK_M, 2)
+    lse_next, delta_next = _lse_delta(lse_ptr, delta_ptr, 1, tiles, n_q, b, n_heads, kvh, group, tq, cols, BLOCK_M,
+                                      EVEN)
+    rf, rf_ok = _rows(0, tiles, n_q, b, n_heads, kvh, group, tq, cols, BLOCK_M, 2)
     dk, dv, p_op = _query_tile(0, dk, dv, p_op, k_s, v_s, q_bufs, do_bufs, q_ready, do_ready, q_empty, do_empty, lse,
-                               delta, rf, tq, s_init, qk_scale, D_LAYOUT, STAGES, HW_E4M3, HW_E2M1, ROW, True, True)
+                               delta, rf_ptr + rf, rf_ok, tq, s_init, qk_scale, D_LAYOUT, STAGES, HW_E4M3, HW_E2M1,
+                               ROW, EVEN, True, True)
     start = 1
   else:
     lse_next, delta_next = lse, delta
     start = 0
   for t in range(start, tiles):
     lse, delta = lse_next, delta_next
-    at = _rows(t + 1, tiles, n_q, b, n_heads, kvh, group, tq, cols, BLOCK_M)
-    lse_next, delta_next = gl.load(lse_ptr + at), gl.load(delta_ptr + at)
-    rf = rf_ptr + _rows(t, tiles, n_q, b, n_heads, kvh, group, tq, cols, BLOCK_M, 2)  # read with ROW only
+    lse_next, delta_next = _lse_delta(lse_ptr, delta_ptr, t + 1, tiles, n_q, b, n_heads, kvh, group, tq, cols,
+                                      BLOCK_M, EVEN)
+    rf, rf_ok = _rows(t, tiles, n_q, b, n_heads, kvh, group, tq, cols, BLOCK_M, 2)  # read with ROW only
     dk, dv, p_op = _query_tile(t, dk, dv, p_op, k_s, v_s, q_bufs, do_bufs, q_ready, do_ready, q_empty, do_empty, lse,
-                               delta, rf, tq, s_init, qk_scale, D_LAYOUT, STAGES, HW_E4M3, HW_E2M1, ROW, DEFER_DV,
-                               False)
+                               delta, rf_ptr + rf, rf_ok, tq, s_init, qk_scale, D_LAYOUT, STAGES, HW_E4M3, HW_E2M1,
+                               ROW, EVEN, DEFER_DV, False)
   if DEFER_DV:  # the last tile's dV product
     sp = (tiles - 1) % STAGES
     dv_tok = warpgroup_mma(p_op, do_bufs.index(sp), dv, is_async=True)
@@ -180,8 +203,13 @@ def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, BLOCK_M: 
   ch = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, D_LAYOUT))
   k_rows = b.to(gl.int64) * stride_kb + kvh.to(gl.int64) * stride_kh + keys.to(gl.int64) * stride_kt
   v_rows = b.to(gl.int64) * stride_vb + kvh.to(gl.int64) * stride_vh + keys.to(gl.int64) * stride_vt
-  gl.store(dk_ptr + k_rows[:, None] + ch[None, :], (dk * scale).to(dk_ptr.dtype.element_ty))
-  gl.store(dv_ptr + v_rows[:, None] + ch[None, :], dv.to(dv_ptr.dtype.element_ty))
+  if EVEN:
+    gl.store(dk_ptr + k_rows[:, None] + ch[None, :], (dk * scale).to(dk_ptr.dtype.element_ty))
+    gl.store(dv_ptr + v_rows[:, None] + ch[None, :], dv.to(dv_ptr.dtype.element_ty))
+  else:  # the last program's keys past Tk (zeros from the copies) are not stored
+    keep = (keys < tk)[:, None]
+    gl.store(dk_ptr + k_rows[:, None] + ch[None, :], (dk * scale).to(dk_ptr.dtype.element_ty), mask=keep)
+    gl.store(dv_ptr + v_rows[:, None] + ch[None, :], dv.to(dv_ptr.dtype.element_ty), mask=keep)
 
 
 @gluon.jit
@@ -227,7 +255,8 @@ def attention_bwd_dkdv_ws_kernel(
     stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     stride_db, stride_dt, stride_dh, dk_ptr, dv_ptr,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr, P_ROW_RANGE: gl.constexpr = 0.0, DEFER_DV: gl.constexpr = False):
+    HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr, P_ROW_RANGE: gl.constexpr = 0.0, EVEN: gl.constexpr = True,
+    DEFER_DV: gl.constexpr = False):
   """dK and dV of 128 keys of one KV head per program: grid ``(tk / 128, B * K)``. Outputs last, as the launch plans
   order arguments.
 
@@ -236,7 +265,9 @@ def attention_bwd_dkdv_ws_kernel(
   (the forward's lse and ``rowsum(O' * dO)``); rf: with ``P_ROW_RANGE > 0`` (p_scale "row") the row factors
 ``[B, N, 2, Tq]`` fp32 of ``attention_bwd_row_factors_kernel``, else not read (the plan passes lse, as to the
 Triton kernel). Every last axis contiguous, heads side by side (``stride_h == D``),
-  the other strides multiples of 16 elements. ``tq % BLOCK_M == 0``, ``tk % 128 == 0``, ``tq > 0``. Launch with
+  the other strides multiples of 16 elements. ``tq > 0``, ``tk % 16 == 0``: the copies fill rows past Tq and keys
+past Tk with zeros, where P is 0 (lse of -inf) and dK, dV are not stored; EVEN: ``tq % BLOCK_M == 0`` and
+``tk % 128 == 0`` (no masks on the rows' loads or the stores). Launch with
   ``num_warps=4`` (the default partition: consumer 0) and ``maxnreg`` of ``attention_fwd_ws.registers(2)``; the kernel
   adds a 4-warp consumer partition and the producer's warp. Needs the launch's global scratch (four tensor
   descriptors a program).
@@ -256,7 +287,10 @@ Triton kernel). Every last axis contiguous, heads side by side (``stride_h == D`
   b = pid_bk // kv_heads
   kvh = pid_bk % kv_heads
   start_n = pid_n * BLOCK_N
-  n_q = tq // BLOCK_M
+  if EVEN:
+    n_q = tq // BLOCK_M
+  else:
+    n_q = (tq + BLOCK_M - 1) // BLOCK_M
   tiles = n_q * group
 
   Q_SMEM: gl.constexpr = tile_smem_layout(BLOCK_M, HEAD_DIM)
@@ -279,22 +313,28 @@ Triton kernel). Every last axis contiguous, heads side by side (``stride_h == D`
 
   smem = (q_bufs, do_bufs, k_bufs, v_bufs, kv_ready, q_ready, do_ready, q_empty, do_empty)
   ROW: gl.constexpr = P_ROW_RANGE > 0
-  scalars = (lse_ptr, delta_ptr, rf_ptr, dk_ptr, dv_ptr, scale, n_q, tq, tiles, b, kvh, group, n_heads, start_n,
+  scalars = (lse_ptr, delta_ptr, rf_ptr, dk_ptr, dv_ptr, scale, n_q, tq, tk, tiles, b, kvh, group, n_heads, start_n,
              stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh)
   args = (q_ptr, do_ptr, k_ptr, v_ptr, n_q, tq, tk, tiles, b, kvh, group, n_heads, kv_heads, start_n, stride_qb,
           stride_qt, stride_db, stride_dt, stride_kb, stride_kt, stride_vb, stride_vt)
-  gl.warp_specialize([(_consumer, (0, smem, scalars, HEAD_DIM, BLOCK_M, STAGES, HW_E4M3, HW_E2M1, ROW, DEFER_DV)),
-                      (_consumer, (1, smem, scalars, HEAD_DIM, BLOCK_M, STAGES, HW_E4M3, HW_E2M1, ROW, DEFER_DV)),
+  gl.warp_specialize([(_consumer, (0, smem, scalars, HEAD_DIM, BLOCK_M, STAGES, HW_E4M3, HW_E2M1, ROW, EVEN,
+                                   DEFER_DV)),
+                      (_consumer, (1, smem, scalars, HEAD_DIM, BLOCK_M, STAGES, HW_E4M3, HW_E2M1, ROW, EVEN,
+                                   DEFER_DV)),
                       (_producer, (smem, args, HEAD_DIM, BLOCK_M, STAGES))], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 def launch_params(head_dim: int, block_m: int | None = None, stages: int = 2, compute_capability=(9, 0),
-                  defer_dv: bool = False, p_row_range: float = 0.0) -> dict:
+                  defer_dv: bool = False, p_row_range: float = 0.0, tq: int | None = None,
+                  tk: int | None = None) -> dict:
   """Constexprs and launch options of :func:`attention_bwd_dkdv_ws_kernel` (``block_m``: :func:`plan_block_m` when
-  None; ``p_row_range``: the plan's P_ROW_RANGE with p_scale "row", else 0)."""
+  None; ``p_row_range``: the plan's P_ROW_RANGE with p_scale "row", else 0; ``tq``, ``tk``: the lengths, None for
+  ones that the tiles divide)."""
   block_m = block_m or plan_block_m(head_dim)
   maxnreg, consumer_regs = registers(CONSUMERS)
   flags = quant_flags(compute_capability)
   return {"HEAD_DIM": head_dim, "BLOCK_M": block_m, "STAGES": stages, "CONSUMER_REGS": consumer_regs,
           "HW_E4M3": flags["HW_E4M3"], "HW_E2M1": flags["HW_E2M1"], "DEFER_DV": bool(defer_dv),
-          "P_ROW_RANGE": float(p_row_range), "num_warps": 4, "maxnreg": maxnreg}
+          "P_ROW_RANGE": float(p_row_range), "EVEN": (tq or 0) % block_m == 0 and (tk or 0) % BLOCK_N.value == 0,
+          "num_warps": 4,
+          "maxnreg": maxnreg}
