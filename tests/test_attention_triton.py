@@ -329,14 +329,16 @@ GPU_CASES = [
     (16, 128, 128, 16, 16, 128, False, QATConfig(False, False, False, False)),
     (2, 300, 300, 4, 2, 32, False, ALL_ON),  # D <= 32 without a mask: the forward rounds its own Q tile
     (1, 200, 333, 2, 1, 16, False, ALL_ON),
-    # Shapes the warp-specialized dK/dV kernel (the default) takes: no masks, Tq a multiple of its query tile, Tk of
-    # 128 keys. WS_DKDV_CASES run once more with the Triton dK/dV kernel (JQAT_ATTN_BWD_KERNEL=triton):
+    # Shapes the warp-specialized dK/dV kernel (the default) takes: no masks, Tk a multiple of 16. WS_DKDV_CASES run
+    # once more with the Triton dK/dV kernel (JQAT_ATTN_BWD_KERNEL=triton):
     (2, 256, 384, 8, 2, 128, False, ALL_ON),
     (1, 128, 256, 4, 1, 64, False, ALL_ON),
     (1, 96, 128, 4, 4, 128, False, QATConfig(quantize_qkv=False)),  # dK, dV not over fq(K), fq(V)
     (1, 64, 128, 2, 2, 64, False, QATConfig(high_precision_delta=False)),
+    (1, 200, 336, 4, 2, 128, False, ALL_ON),  # lengths the tiles do not divide (Tk a multiple of 16)
+    (2, 100, 208, 4, 1, 64, False, ALL_ON),
 ]
-WS_DKDV_CASES = GPU_CASES[-4:]
+WS_DKDV_CASES = GPU_CASES[-6:]
 
 
 def _gpu_case_id(case):

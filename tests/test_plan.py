@@ -478,16 +478,26 @@ def test_ws_dkdv_plan_builds_for_sm90(monkeypatch, tmp_path):
   assert refs(launch) == [n for n in refs(old) if n != "lse"][:3] + ["do", "lse", "delta", "row_factors"]
   assert refs(old)[6] == "row_factors"
   assert re.search(r"STACK:0\b", _warp_specialized_build(row, launch, tmp_path))
-  # Cases it does not take keep the Triton kernel: causal, 80 query rows (not a multiple of 32), 192 keys (not of
-  # 128), D = 96, a window, BHSD storage (heads not side by side).
+  # Lengths its tiles do not divide (80 query rows, 208 keys: a multiple of 16): two key programs, masked row loads.
+  x80, kv208 = dense((1, 80, 4, 128), "bfloat16"), dense((1, 208, 2, 128), "bfloat16")
+  ragged = plans.attention_backward(x80, x80, kv208, kv208, x80, dense((1, 4, 80), "float32"), AttentionOptions(0.088),
+                                    GPU)
+  launch = ragged.launches[-1]
+  assert launch.name == "jqat_attention_bwd_dkdv_ws" and launch.grid == (2, 2) and not launch.constexprs["EVEN"]
+  assert re.search(r"STACK:0\b", _warp_specialized_build(ragged, launch, tmp_path))
+  lse80 = dense((1, 4, 80), "float32")
+  row_ragged = plans.attention_backward(x80, x80, kv208, kv208, x80, lse80, AttentionOptions(0.088, p_scale="row"),
+                                        GPU, row_max=lse80)
+  assert row_ragged.launches[-1].kernel is kbwd.attention_bwd_dkdv_kernel  # row mode: whole tiles only
+  # Cases it does not take keep the Triton kernel: causal, 200 keys (not a multiple of 16), D = 96, a window, BHSD
+  # storage (heads not side by side).
   bhsd = lambda shape: plans.Tensor(shape, "bfloat16",
                                     (shape[1] * shape[2] * shape[3], shape[3], shape[1] * shape[3], 1))
-  x80, x96 = dense((1, 80, 4, 128), "bfloat16"), dense((1, 96, 4, 96), "bfloat16")
-  kv192, kv96 = dense((1, 192, 2, 128), "bfloat16"), dense((1, 256, 2, 96), "bfloat16")
+  x96 = dense((1, 96, 4, 96), "bfloat16")
+  kv200, kv96 = dense((1, 200, 2, 128), "bfloat16"), dense((1, 256, 2, 96), "bfloat16")
   xt, kvt = bhsd((1, 96, 4, 128)), bhsd((1, 256, 2, 128))
   for args, opts in (((x, x, kv, kv, x, lse), AttentionOptions(0.088, is_causal=True)),
-                     ((x80, x80, kv, kv, x80, dense((1, 4, 80), "float32")), AttentionOptions(0.088)),
-                     ((x, x, kv192, kv192, x, lse), AttentionOptions(0.088)),
+                     ((x, x, kv200, kv200, x, lse), AttentionOptions(0.088)),
                      ((x96, x96, kv96, kv96, x96, lse), AttentionOptions(0.1)),
                      ((x, x, kv, kv, x, lse), AttentionOptions(0.088, local_window_size=(64, 0))),
                      ((xt, xt, kvt, kvt, xt, lse), AttentionOptions(0.088))):

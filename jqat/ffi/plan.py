@@ -510,8 +510,9 @@ def _forward_ws(q, k, v, o, opts, target, buffers, inputs, outputs, scratch, lau
 
 
 def _ws_dkdv_takes(d_out, q, k, v, opts, target, other) -> bool:
-  """Whether the warp-specialized dK/dV kernel takes this backward's dK/dV launch: sm_90, bf16, D of 64 or 128, Tq a
-  multiple of its query tile, Tk of its 128 keys a program, no masks, qkv_scale="block", p_scale "block" or "row",
+  """Whether the warp-specialized dK/dV kernel takes this backward's dK/dV launch: sm_90, bf16, D of 64 or 128, Tk a
+  multiple of 16 (fq(P)'s blocks along keys; with p_scale="row" Tq and Tk multiples of its tiles: its masked loads of
+  the row factors have not run on a GPU), no masks, qkv_scale="block", p_scale "block" or "row",
   fq(P) on in the backward (relative to lse or the row max: the forward's KV tile plays no part), heads side by side
   in q, dO, k and v (``stride_h == D``, the descriptors' columns) and rows of whole 16-element strides. ``other``:
   masks or tensor scales."""
@@ -521,7 +522,8 @@ def _ws_dkdv_takes(d_out, q, k, v, opts, target, other) -> bool:
   dense16 = (_pow2_divisor([s for t in tensors for s in _s3(t)]) == 16
              and all(t.strides[3] == 1 and t.strides[2] == d for t in tensors))
   return (not other and d in kbws.HEAD_DIMS and all(t.dtype == "bfloat16" for t in tensors)
-          and tq % kbws.plan_block_m(d) == 0 and tk % kbws.BLOCK_N.value == 0 and tk > 0 and dense16
+          and tq > 0 and tk % 16 == 0 and tk > 0 and dense16
+          and (opts.p_scale == "block" or (tq % kbws.plan_block_m(d) == 0 and tk % kbws.BLOCK_N.value == 0))
           and not opts.is_causal and opts.local_window_size is None and opts.p_scale in ("block", "row")
           and opts.config.quantize_p_backward and not target.interpret
           and tuple(target.compute_capability or ()) == (9, 0))
@@ -539,14 +541,14 @@ def _dkdv_ws(d_out, q, k, v, qq, kk, vv, opts, target, in_grads, row: bool) -> L
   b, tq, n, d = q.shape
   tk, kh = k.shape[1], k.shape[2]
   params = kbws.launch_params(d, compute_capability=tuple(target.compute_capability),
-                              p_row_range=P_ROW_RANGE if row else 0.0)
+                              p_row_range=P_ROW_RANGE if row else 0.0, tq=tq, tk=tk)
   num_warps, maxnreg = params.pop("num_warps"), params.pop("maxnreg")
   args = (Ref(qq), Ref(kk), Ref(vv), Ref("do"), Ref("lse"), Ref("delta"), Ref("row_factors" if row else "lse"),
           float(opts.scale), tq, tk, n, n // kh,
           *_s3(q), *_s3(k), *_s3(v), *_s3(d_out))
   aliases = tuple((args.index(Ref(name)), ("dk", "dv").index(out)) for name, out in in_grads.items())
   return Launch("jqat_attention_bwd_dkdv_ws", kbws.attention_bwd_dkdv_ws_kernel,
-                (tk // kbws.BLOCK_N.value, b * kh), args, ("dk", "dv"), params, num_warps, 1, aliases,
+                (triton.cdiv(tk, kbws.BLOCK_N.value), b * kh), args, ("dk", "dv"), params, num_warps, 1, aliases,
                 maxnreg=maxnreg)
 
 
