@@ -263,11 +263,11 @@ def attention_bwd_dkdv_ws_kernel(
   q, do: [B, Tq, N, D] bf16; k, v, dk, dv: [B, Tk, K, D] bf16 (dk, dv with k's and v's strides), N = K * group
   (query head h reads KV head h // group); q, k, v already fake-quantized (fq along D); lse, delta: [B, N, Tq] fp32
   (the forward's lse and ``rowsum(O' * dO)``); rf: with ``P_ROW_RANGE > 0`` (p_scale "row") the row factors
-``[B, N, 2, Tq]`` fp32 of ``attention_bwd_row_factors_kernel``, else not read (the plan passes lse, as to the
-Triton kernel). Every last axis contiguous, heads side by side (``stride_h == D``),
-  the other strides multiples of 16 elements. ``tq > 0``, ``tk % 16 == 0``: the copies fill rows past Tq and keys
-past Tk with zeros, where P is 0 (lse of -inf) and dK, dV are not stored; EVEN: ``tq % BLOCK_M == 0`` and
-``tk % 128 == 0`` (no masks on the rows' loads or the stores). Launch with
+  ``[B, N, 2, Tq]`` fp32 of ``attention_bwd_row_factors_kernel``, else not read (the plan passes lse, as to the
+  Triton kernel). Every last axis contiguous, heads side by side (``stride_h == D``), the other strides multiples of
+  16 elements. ``tq > 0``, ``tk % 16 == 0``: the copies fill rows past Tq and keys past Tk with zeros, where P is 0
+  (lse of -inf) and dK, dV are not stored; EVEN: ``tq % BLOCK_M == 0`` and ``tk % 128 == 0`` (no masks on the rows'
+  loads or the stores). Launch with
   ``num_warps=4`` (the default partition: consumer 0) and ``maxnreg`` of ``attention_fwd_ws.registers(2)``; the kernel
   adds a 4-warp consumer partition and the producer's warp. Needs the launch's global scratch (four tensor
   descriptors a program).
@@ -287,10 +287,7 @@ past Tk with zeros, where P is 0 (lse of -inf) and dK, dV are not stored; EVEN: 
   b = pid_bk // kv_heads
   kvh = pid_bk % kv_heads
   start_n = pid_n * BLOCK_N
-  if EVEN:
-    n_q = tq // BLOCK_M
-  else:
-    n_q = (tq + BLOCK_M - 1) // BLOCK_M
+  n_q = (tq + BLOCK_M - 1) // BLOCK_M
   tiles = n_q * group
 
   Q_SMEM: gl.constexpr = tile_smem_layout(BLOCK_M, HEAD_DIM)
