@@ -497,16 +497,18 @@ def test_ws_forward_through_the_library_gpu(monkeypatch, causal):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("d, p_scale", [(128, "block"), (64, "block"), (128, "row"), (64, "row")])
-def test_ws_dkdv_through_the_library_gpu(monkeypatch, d, p_scale):
+@pytest.mark.parametrize("d, p_scale, t", [(128, "block", 640), (64, "block", 640), (128, "row", 640), (64, "row", 640),
+                                           (128, "row", 592), (64, "row", 592)])
+def test_ws_dkdv_through_the_library_gpu(monkeypatch, d, p_scale, t):
   """The default dK/dV kernel: dK and dV through ``jax.grad`` of ``jqat.attention`` and through the torch binding
-  (BTNH storage) come from the warp-specialized kernel (the backward plan of these shapes launches it: GQA, Tk a
-  multiple of 128; p_scale "block" and "row") and are within the Triton backward's bounds of the XLA reference."""
+  (BTNH storage) come from the warp-specialized kernel (the backward plan of these shapes launches it: GQA, T a
+  multiple of 128, or 592 = 37 * 16, which neither its query nor its key tiles divide; p_scale "block" and "row") and
+  are within the Triton backward's bounds of the XLA reference."""
   import jqat.torch as jt
   from jqat.ffi import jax_launch
 
   monkeypatch.delenv(plans.BWD_KERNEL_ENV, raising=False)
-  b, t, n, kh = 1, 640, 6, 3  # shapes no other test traces: a fresh trace reads the variable
+  b, n, kh = 1, 6, 3  # shapes no other test traces: a fresh trace reads the variable
   target = jax_launch.target()
   if tuple(target.compute_capability or ()) != (9, 0):
     pytest.skip("the warp-specialized dK/dV kernel is sm_90 code")

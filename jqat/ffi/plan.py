@@ -511,9 +511,8 @@ def _forward_ws(q, k, v, o, opts, target, buffers, inputs, outputs, scratch, lau
 
 def _ws_dkdv_takes(d_out, q, k, v, opts, target, other) -> bool:
   """Whether the warp-specialized dK/dV kernel takes this backward's dK/dV launch: sm_90, bf16, D of 64 or 128, Tk a
-  multiple of 16 (fq(P)'s blocks along keys; with p_scale="row" Tq and Tk multiples of its tiles: its masked loads of
-  the row factors have not run on a GPU), no masks, qkv_scale="block", fq(P) on in the backward (relative to lse or
-  the row max: the forward's KV tile plays no part), heads side by side in q, dO, k and v (``stride_h == D``, the
+  multiple of 16 (fq(P)'s blocks along keys), no masks, qkv_scale="block", fq(P) on in the backward (relative to lse
+  or the row max: the forward's KV tile plays no part), heads side by side in q, dO, k and v (``stride_h == D``, the
   descriptors' columns) and rows of whole 16-element strides. ``other``: masks or tensor scales."""
   tq, d = q.shape[1], q.shape[3]
   tk = k.shape[1]
@@ -522,7 +521,6 @@ def _ws_dkdv_takes(d_out, q, k, v, opts, target, other) -> bool:
              and all(t.strides[3] == 1 and t.strides[2] == d for t in tensors))
   return (not other and d in kbws.HEAD_DIMS and all(t.dtype == "bfloat16" for t in tensors)
           and tq > 0 and tk % 16 == 0 and tk > 0 and dense16
-          and (opts.p_scale == "block" or (tq % kbws.plan_block_m(d) == 0 and tk % kbws.BLOCK_N.value == 0))
           and not opts.is_causal and opts.local_window_size is None
           and opts.config.quantize_p_backward and not target.interpret
           and tuple(target.compute_capability or ()) == (9, 0))
