@@ -46,6 +46,8 @@ from jqat.kernels_triton.nvfp4 import fq_probs_t, quant_flags
 
 CONSUMERS = gl.constexpr(2)  # consumer warpgroups, each owning WG_ROWS (64) keys
 BLOCK_N = gl.constexpr(64 * CONSUMERS.value)  # keys per program
+# Row mode's factors of a query tile as a consumer warpgroup holds them a tile ahead: one value a thread.
+FACTORS_LAYOUT = gl.constexpr(gl.BlockedLayout([1], [32], [4], [0]))
 HEAD_DIMS = (64, 128)
 
 
@@ -62,14 +64,14 @@ def _probabilities(s, lse, qk_scale):
 
 
 @gluon.jit
-def _query_tile(t, dk, dv, p_op, k_s, v_s, q_bufs, do_bufs, q_ready, do_ready, q_empty, do_empty, lse, delta, rf,
-                rf_ok, tq, s_init, qk_scale, D_LAYOUT: gl.constexpr, STAGES: gl.constexpr, HW_E4M3: gl.constexpr,
-                HW_E2M1: gl.constexpr, ROW: gl.constexpr, EVEN: gl.constexpr, DEFER_DV: gl.constexpr,
-                FIRST: gl.constexpr):
+def _query_tile(t, dk, dv, p_op, k_s, v_s, q_bufs, do_bufs, q_ready, do_ready, q_empty, do_empty, lse, delta, rl_c,
+                inv_c, s_init, qk_scale, D_LAYOUT: gl.constexpr, STAGES: gl.constexpr, HW_E4M3: gl.constexpr,
+                HW_E2M1: gl.constexpr, ROW: gl.constexpr, DEFER_DV: gl.constexpr, FIRST: gl.constexpr):
   """Query tile ``t`` of a consumer's walk: its contribution to the consumer's dK and dV (FP32, D_LAYOUT).
-  ``lse``, ``delta``: the tile's rows (FP32, along S^T's columns). ROW (p_scale "row"): ``rf`` points at the tile's
-  R * l (1 / (R * l) ``tq`` further; rows past Tq, ``rf_ok`` false: 1 and 0), loaded here: held a tile ahead as lse
-  and delta are, they spilled.
+  ``lse``, ``delta``: the tile's rows (FP32, along S^T's columns). ROW (p_scale "row"): ``rl_c``, ``inv_c``: the
+  tile's R * l and 1 / (R * l) (rows past Tq: 1 and 0), loaded a tile ahead in FACTORS_LAYOUT (one register each;
+  held in S^T's column layout, as lse and delta are, they spilled; loaded here, in the tile, their latency stalled
+  it) and spread to the columns here.
 
   DEFER_DV: the previous tile's dV product (``p_op``, its fq(P)^T as a bf16 operand) is issued here beside this
   tile's S^T and dP^T (as the forward issues P V one tile late), so it runs while this tile's exponentials are
@@ -77,8 +79,9 @@ def _query_tile(t, dk, dv, p_op, k_s, v_s, q_bufs, do_bufs, q_ready, do_ready, q
   DEFER_DV): tile 0, with no previous product. Otherwise every product is waited for within the tile (``p_op`` is
   returned unused). Returns ``(dk, dv, p_op)``."""
   if ROW:
-    rl = _load(rf, rf_ok, 1.0, EVEN)
-    inv_rl = _load(rf + tq, rf_ok, 0.0, EVEN)
+    COLS: gl.constexpr = gl.SliceLayout(0, s_init.type.layout)
+    rl = gl.convert_layout(rl_c, COLS)
+    inv_rl = gl.convert_layout(inv_c, COLS)
   st = t % STAGES
   sp = (t - 1) % STAGES
   PENDING: gl.constexpr = 1 if DEFER_DV and not FIRST else 0  # the previous dV product, issued after dP^T
@@ -139,6 +142,15 @@ def _load(ptr, ok, other, EVEN: gl.constexpr):
 
 
 @gluon.jit
+def _factors(rf_ptr, t, tiles, n_q, b, n_heads, kvh, group, tq, BLOCK_M: gl.constexpr, EVEN: gl.constexpr):
+  """R * l and 1 / (R * l) of query tile ``min(t, tiles - 1)``'s rows (rows past Tq: 1 and 0) in FACTORS_LAYOUT,
+  so that they can be held a tile ahead (:func:`_query_tile`)."""
+  cols = gl.arange(0, BLOCK_M, layout=FACTORS_LAYOUT)
+  at, ok = _rows(t, tiles, n_q, b, n_heads, kvh, group, tq, cols, BLOCK_M, 2)
+  return _load(rf_ptr + at, ok, 1.0, EVEN), _load(rf_ptr + at + tq, ok, 0.0, EVEN)
+
+
+@gluon.jit
 def _lse_delta(lse_ptr, delta_ptr, t, tiles, n_q, b, n_heads, kvh, group, tq, cols, BLOCK_M: gl.constexpr,
                EVEN: gl.constexpr):
   """lse and delta of query tile ``min(t, tiles - 1)`` (rows past Tq: -inf and 0, so that P = 0 there, as the Triton
@@ -172,13 +184,20 @@ def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, BLOCK_M: 
   lse, delta = _lse_delta(lse_ptr, delta_ptr, 0, tiles, n_q, b, n_heads, kvh, group, tq, cols, BLOCK_M, EVEN)
   OPERAND: gl.constexpr = gl.DotOperandLayout(0, D_LAYOUT, 2)
   p_op = gl.zeros([WG_ROWS, BLOCK_M], gl.bfloat16, layout=OPERAND)  # the previous tile's fq(P)^T (DEFER_DV)
+  # Row mode's factors, a tile ahead (FACTORS_LAYOUT; unused in block mode, where they are never loaded).
+  if ROW:
+    rl_next, inv_next = _factors(rf_ptr, 0, tiles, n_q, b, n_heads, kvh, group, tq, BLOCK_M, EVEN)
+  else:
+    rl_next = gl.zeros([BLOCK_M], gl.float32, layout=FACTORS_LAYOUT)
+    inv_next = rl_next
   if DEFER_DV:  # tile 0 (no dV product before it), then the walk from tile 1
     lse_next, delta_next = _lse_delta(lse_ptr, delta_ptr, 1, tiles, n_q, b, n_heads, kvh, group, tq, cols, BLOCK_M,
                                       EVEN)
-    rf, rf_ok = _rows(0, tiles, n_q, b, n_heads, kvh, group, tq, cols, BLOCK_M, 2)
+    rl, inv = rl_next, inv_next
+    if ROW:
+      rl_next, inv_next = _factors(rf_ptr, 1, tiles, n_q, b, n_heads, kvh, group, tq, BLOCK_M, EVEN)
     dk, dv, p_op = _query_tile(0, dk, dv, p_op, k_s, v_s, q_bufs, do_bufs, q_ready, do_ready, q_empty, do_empty, lse,
-                               delta, rf_ptr + rf, rf_ok, tq, s_init, qk_scale, D_LAYOUT, STAGES, HW_E4M3, HW_E2M1,
-                               ROW, EVEN, True, True)
+                               delta, rl, inv, s_init, qk_scale, D_LAYOUT, STAGES, HW_E4M3, HW_E2M1, ROW, True, True)
     start = 1
   else:
     lse_next, delta_next = lse, delta
@@ -187,10 +206,12 @@ def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, BLOCK_M: 
     lse, delta = lse_next, delta_next
     lse_next, delta_next = _lse_delta(lse_ptr, delta_ptr, t + 1, tiles, n_q, b, n_heads, kvh, group, tq, cols,
                                       BLOCK_M, EVEN)
-    rf, rf_ok = _rows(t, tiles, n_q, b, n_heads, kvh, group, tq, cols, BLOCK_M, 2)  # read with ROW only
+    rl, inv = rl_next, inv_next
+    if ROW:
+      rl_next, inv_next = _factors(rf_ptr, t + 1, tiles, n_q, b, n_heads, kvh, group, tq, BLOCK_M, EVEN)
     dk, dv, p_op = _query_tile(t, dk, dv, p_op, k_s, v_s, q_bufs, do_bufs, q_ready, do_ready, q_empty, do_empty, lse,
-                               delta, rf_ptr + rf, rf_ok, tq, s_init, qk_scale, D_LAYOUT, STAGES, HW_E4M3, HW_E2M1,
-                               ROW, EVEN, DEFER_DV, False)
+                               delta, rl, inv, s_init, qk_scale, D_LAYOUT, STAGES, HW_E4M3, HW_E2M1, ROW, DEFER_DV,
+                               False)
   if DEFER_DV:  # the last tile's dV product
     sp = (tiles - 1) % STAGES
     dv_tok = warpgroup_mma(p_op, do_bufs.index(sp), dv, is_async=True)
