@@ -278,8 +278,8 @@ def attention_bwd_dkdv_ws_kernel(
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr, P_ROW_RANGE: gl.constexpr = 0.0, EVEN: gl.constexpr = True,
     DEFER_DV: gl.constexpr = False):
-  """dK and dV of 128 keys of one KV head per program: grid ``(tk / 128, B * K)``. Outputs last, as the launch plans
-  order arguments.
+  """dK and dV of 128 keys of one KV head per program: grid ``(cdiv(tk, 128), B * K)``. Outputs last, as the launch
+  plans order arguments.
 
   q, do: [B, Tq, N, D] bf16; k, v, dk, dv: [B, Tk, K, D] bf16 (dk, dv with k's and v's strides), N = K * group
   (query head h reads KV head h // group); q, k, v already fake-quantized (fq along D); lse, delta: [B, N, Tq] fp32
@@ -288,9 +288,8 @@ def attention_bwd_dkdv_ws_kernel(
   Triton kernel). Every last axis contiguous, heads side by side (``stride_h == D``), the other strides multiples of
   16 elements. ``tq > 0``, ``tk % 16 == 0``: the copies fill rows past Tq and keys past Tk with zeros, where P is 0
   (lse of -inf) and dK, dV are not stored; EVEN: ``tq % BLOCK_M == 0`` and ``tk % 128 == 0`` (no masks on the rows'
-  loads or the stores). Launch with
-  ``num_warps=4`` (the default partition: consumer 0) and ``maxnreg`` of ``attention_fwd_ws.registers(2)``; the kernel
-  adds a 4-warp consumer partition and the producer's warp. Needs the launch's global scratch (four tensor
+  loads or the stores). Launch with ``num_warps=4`` (the default partition: consumer 0) and ``maxnreg`` of
+  ``attention_fwd_ws.registers(2)``; the kernel adds a 4-warp consumer partition and the producer's warp. Needs the launch's global scratch (four tensor
   descriptors a program).
   """
   gl.static_assert(HEAD_DIM == 64 or HEAD_DIM == 128, "D of 64 or 128")
@@ -354,5 +353,4 @@ def launch_params(head_dim: int, block_m: int | None = None, stages: int = 2, co
   return {"HEAD_DIM": head_dim, "BLOCK_M": block_m, "STAGES": stages, "CONSUMER_REGS": consumer_regs,
           "HW_E4M3": flags["HW_E4M3"], "HW_E2M1": flags["HW_E2M1"], "DEFER_DV": bool(defer_dv),
           "P_ROW_RANGE": float(p_row_range), "EVEN": (tq or 0) % block_m == 0 and (tk or 0) % BLOCK_N.value == 0,
-          "num_warps": 4,
-          "maxnreg": maxnreg}
+          "num_warps": 4, "maxnreg": maxnreg}
