@@ -479,7 +479,8 @@ def test_ws_dkdv_plan_builds_for_sm90(monkeypatch, tmp_path):
   assert refs(old)[6] == "row_factors"
   assert re.search(r"STACK:0\b", _warp_specialized_build(row, launch, tmp_path))
   # Lengths its tiles do not divide (80 query rows, 208 keys: a multiple of 16): two key programs, masked row loads.
-  x80, kv208, lse80 = dense((1, 80, 4, 128), "bfloat16"), dense((1, 208, 2, 128), "bfloat16"), dense((1, 4, 80), "float32")
+  x80, kv208 = dense((1, 80, 4, 128), "bfloat16"), dense((1, 208, 2, 128), "bfloat16")
+  lse80 = dense((1, 4, 80), "float32")
   ragged = plans.attention_backward(x80, x80, kv208, kv208, x80, lse80, AttentionOptions(0.088), GPU)
   launch = ragged.launches[-1]
   assert launch.name == "jqat_attention_bwd_dkdv_ws" and launch.grid == (2, 2) and not launch.constexprs["EVEN"]

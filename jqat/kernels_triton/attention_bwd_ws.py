@@ -289,8 +289,8 @@ def attention_bwd_dkdv_ws_kernel(
   16 elements. ``tq > 0``, ``tk % 16 == 0``: the copies fill rows past Tq and keys past Tk with zeros, where P is 0
   (lse of -inf) and dK, dV are not stored; EVEN: ``tq % BLOCK_M == 0`` and ``tk % 128 == 0`` (no masks on the rows'
   loads or the stores). Launch with ``num_warps=4`` (the default partition: consumer 0) and ``maxnreg`` of
-  ``attention_fwd_ws.registers(2)``; the kernel adds a 4-warp consumer partition and the producer's warp. Needs the launch's global scratch (four tensor
-  descriptors a program).
+  ``attention_fwd_ws.registers(2)``; the kernel adds a 4-warp consumer partition and the producer's warp. Needs the
+  launch's global scratch (four tensor descriptors a program).
   """
   gl.static_assert(HEAD_DIM == 64 or HEAD_DIM == 128, "D of 64 or 128")
   gl.static_assert(BLOCK_M == 32 or BLOCK_M == 64, "query tiles of 32 or 64 rows")
