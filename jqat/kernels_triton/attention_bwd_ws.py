@@ -52,8 +52,9 @@ HEAD_DIMS = (64, 128)
 
 
 def plan_block_m(head_dim: int) -> int:
-  """Query rows a tile in the library's launches: 32 at D = 128 (64 spills there), 64 at D = 64 (faster than 32)."""
-  return 32 if head_dim > 64 else 64
+  """Query rows a tile in the library's launches: 64 at D = 64 and 128 (faster than 32 in both modes since lse, delta
+  and row mode's factors are held a tile ahead in FACTORS_LAYOUT; docs/BENCHMARKS.md)."""
+  return 64
 
 
 @gluon.jit
@@ -68,20 +69,20 @@ def _query_tile(t, dk, dv, p_op, k_s, v_s, q_bufs, do_bufs, q_ready, do_ready, q
                 inv_c, s_init, qk_scale, D_LAYOUT: gl.constexpr, STAGES: gl.constexpr, HW_E4M3: gl.constexpr,
                 HW_E2M1: gl.constexpr, ROW: gl.constexpr, DEFER_DV: gl.constexpr, FIRST: gl.constexpr):
   """Query tile ``t`` of a consumer's walk: its contribution to the consumer's dK and dV (FP32, D_LAYOUT).
-  ``lse``, ``delta``: the tile's rows (FP32, along S^T's columns). ROW (p_scale "row"): ``rl_c``, ``inv_c``: the
-  tile's R * l and 1 / (R * l) (rows past Tq: 1 and 0), loaded a tile ahead in FACTORS_LAYOUT (one register each;
-  held in S^T's column layout, as lse and delta are, they spilled; loaded here, in the tile, their latency stalled
-  it) and spread to the columns here.
+  ``lse``, ``delta`` and, ROW (p_scale "row"), ``rl_c``, ``inv_c`` (the tile's R * l and 1 / (R * l), rows past Tq:
+  1 and 0): the tile's rows, loaded a tile ahead in FACTORS_LAYOUT (one register each; held a tile ahead in S^T's
+  column layout they spilled; loaded in the tile, their latency stalled it) and spread to S^T's columns where they
+  are used: the factors after dK's product is issued, when lse and delta are dead (spread with them, a 64-row tile
+  at D = 128 spilled in its loop).
 
   DEFER_DV: the previous tile's dV product (``p_op``, its fq(P)^T as a bf16 operand) is issued here beside this
   tile's S^T and dP^T (as the forward issues P V one tile late), so it runs while this tile's exponentials are
   computed, and this tile's dV product is left to the next (or to the walk's end: the returned operand). FIRST (with
   DEFER_DV): tile 0, with no previous product. Otherwise every product is waited for within the tile (``p_op`` is
   returned unused). Returns ``(dk, dv, p_op)``."""
-  if ROW:
-    COLS: gl.constexpr = gl.SliceLayout(0, s_init.type.layout)
-    rl = gl.convert_layout(rl_c, COLS)
-    inv_rl = gl.convert_layout(inv_c, COLS)
+  COLS: gl.constexpr = gl.SliceLayout(0, s_init.type.layout)
+  lse = gl.convert_layout(lse, COLS)
+  delta = gl.convert_layout(delta, COLS)
   st = t % STAGES
   sp = (t - 1) % STAGES
   PENDING: gl.constexpr = 1 if DEFER_DV and not FIRST else 0  # the previous dV product, issued after dP^T
@@ -101,6 +102,8 @@ def _query_tile(t, dk, dv, p_op, k_s, v_s, q_bufs, do_bufs, q_ready, do_ready, q
   ds_op = gl.convert_layout(ds.to(gl.bfloat16), OPERAND, assert_trivial=True)
   dk_tok = warpgroup_mma(ds_op, q_bufs.index(st), dk, is_async=True)
   if ROW:  # relative to the row's maximum: p * (R * l) = R * exp(s - m) (attention_bwd._dkdv_tile)
+    rl = gl.convert_layout(rl_c, COLS)
+    inv_rl = gl.convert_layout(inv_c, COLS)
     p_fq = fq_probs_t(p * rl[None, :], p.shape[0], p.shape[1], HW_E4M3, HW_E2M1)
     p_fq = gl.convert_layout(p_fq, p.type.layout, assert_trivial=True) * inv_rl[None, :]
   else:
@@ -151,10 +154,11 @@ def _factors(rf_ptr, t, tiles, n_q, b, n_heads, kvh, group, tq, BLOCK_M: gl.cons
 
 
 @gluon.jit
-def _lse_delta(lse_ptr, delta_ptr, t, tiles, n_q, b, n_heads, kvh, group, tq, cols, BLOCK_M: gl.constexpr,
+def _lse_delta(lse_ptr, delta_ptr, t, tiles, n_q, b, n_heads, kvh, group, tq, BLOCK_M: gl.constexpr,
                EVEN: gl.constexpr):
   """lse and delta of query tile ``min(t, tiles - 1)`` (rows past Tq: -inf and 0, so that P = 0 there, as the Triton
-  kernel's masked tiles have them)."""
+  kernel's masked tiles have them) in FACTORS_LAYOUT, as :func:`_factors`."""
+  cols = gl.arange(0, BLOCK_M, layout=FACTORS_LAYOUT)
   at, ok = _rows(t, tiles, n_q, b, n_heads, kvh, group, tq, cols, BLOCK_M)
   return _load(lse_ptr + at, ok, float("-inf"), EVEN), _load(delta_ptr + at, ok, 0.0, EVEN)
 
@@ -170,18 +174,16 @@ def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, BLOCK_M: 
    stride_kt, stride_kh, stride_vb, stride_vt, stride_vh) = scalars
   S_LAYOUT: gl.constexpr = acc_layout(BLOCK_M)  # S^T: [64 keys, BLOCK_M query rows]
   D_LAYOUT: gl.constexpr = acc_layout(HEAD_DIM)  # dK, dV: [64 keys, D]
-  COLS: gl.constexpr = gl.SliceLayout(0, S_LAYOUT)
   qk_scale = scale * LOG2E  # as the Triton kernel forms it: one FP32 product
   k_s = k_bufs.index(WG)
   v_s = v_bufs.index(WG)
   dk = gl.zeros([WG_ROWS, HEAD_DIM], gl.float32, layout=D_LAYOUT)
   dv = gl.zeros([WG_ROWS, HEAD_DIM], gl.float32, layout=D_LAYOUT)
   s_init = gl.zeros([WG_ROWS, BLOCK_M], gl.float32, layout=S_LAYOUT)  # not read: use_acc=False
-  cols = gl.arange(0, BLOCK_M, layout=COLS)
   mbarrier.wait(kv_ready, 0)
-  # lse and delta loaded one tile ahead (plain loads, cached: each row's are read by every program of its KV head),
-  # so no product waits on them.
-  lse, delta = _lse_delta(lse_ptr, delta_ptr, 0, tiles, n_q, b, n_heads, kvh, group, tq, cols, BLOCK_M, EVEN)
+  # lse and delta loaded one tile ahead in FACTORS_LAYOUT (plain loads, cached: each row's are read by every program
+  # of its KV head), so no product waits on them.
+  lse, delta = _lse_delta(lse_ptr, delta_ptr, 0, tiles, n_q, b, n_heads, kvh, group, tq, BLOCK_M, EVEN)
   OPERAND: gl.constexpr = gl.DotOperandLayout(0, D_LAYOUT, 2)
   p_op = gl.zeros([WG_ROWS, BLOCK_M], gl.bfloat16, layout=OPERAND)  # the previous tile's fq(P)^T (DEFER_DV)
   # Row mode's factors, a tile ahead (FACTORS_LAYOUT; unused in block mode, where they are never loaded).
@@ -191,8 +193,7 @@ def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, BLOCK_M: 
     rl_next = gl.zeros([BLOCK_M], gl.float32, layout=FACTORS_LAYOUT)
     inv_next = rl_next
   if DEFER_DV:  # tile 0 (no dV product before it), then the walk from tile 1
-    lse_next, delta_next = _lse_delta(lse_ptr, delta_ptr, 1, tiles, n_q, b, n_heads, kvh, group, tq, cols, BLOCK_M,
-                                      EVEN)
+    lse_next, delta_next = _lse_delta(lse_ptr, delta_ptr, 1, tiles, n_q, b, n_heads, kvh, group, tq, BLOCK_M, EVEN)
     rl, inv = rl_next, inv_next
     if ROW:
       rl_next, inv_next = _factors(rf_ptr, 1, tiles, n_q, b, n_heads, kvh, group, tq, BLOCK_M, EVEN)
@@ -204,8 +205,8 @@ def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, BLOCK_M: 
     start = 0
   for t in range(start, tiles):
     lse, delta = lse_next, delta_next
-    lse_next, delta_next = _lse_delta(lse_ptr, delta_ptr, t + 1, tiles, n_q, b, n_heads, kvh, group, tq, cols,
-                                      BLOCK_M, EVEN)
+    lse_next, delta_next = _lse_delta(lse_ptr, delta_ptr, t + 1, tiles, n_q, b, n_heads, kvh, group, tq, BLOCK_M,
+                                      EVEN)
     rl, inv = rl_next, inv_next
     if ROW:
       rl_next, inv_next = _factors(rf_ptr, t + 1, tiles, n_q, b, n_heads, kvh, group, tq, BLOCK_M, EVEN)
