@@ -51,10 +51,9 @@ FACTORS_LAYOUT = gl.constexpr(gl.BlockedLayout([1], [32], [4], [0]))
 HEAD_DIMS = (64, 128)
 
 
-def plan_block_m(head_dim: int) -> int:
-  """Query rows a tile in the library's launches: 64 at D = 64 and 128 (faster than 32 in both modes since lse, delta
-  and row mode's factors are held a tile ahead in FACTORS_LAYOUT; docs/BENCHMARKS.md)."""
-  return 64
+# Query rows a tile in the library's launches, at D = 64 and 128: faster than 32 in both modes since lse, delta and
+# row mode's factors are held a tile ahead in FACTORS_LAYOUT (docs/BENCHMARKS.md).
+PLAN_BLOCK_M = 64
 
 
 @gluon.jit
@@ -345,10 +344,10 @@ def attention_bwd_dkdv_ws_kernel(
 def launch_params(head_dim: int, block_m: int | None = None, stages: int = 2, compute_capability=(9, 0),
                   defer_dv: bool = False, p_row_range: float = 0.0, tq: int | None = None,
                   tk: int | None = None) -> dict:
-  """Constexprs and launch options of :func:`attention_bwd_dkdv_ws_kernel` (``block_m``: :func:`plan_block_m` when
+  """Constexprs and launch options of :func:`attention_bwd_dkdv_ws_kernel` (``block_m``: PLAN_BLOCK_M when
   None; ``p_row_range``: the plan's P_ROW_RANGE with p_scale "row", else 0; ``tq``, ``tk``: the lengths, None for
   ones that the tiles divide)."""
-  block_m = block_m or plan_block_m(head_dim)
+  block_m = block_m or PLAN_BLOCK_M
   maxnreg, consumer_regs = registers(CONSUMERS)
   flags = quant_flags(compute_capability)
   return {"HEAD_DIM": head_dim, "BLOCK_M": block_m, "STAGES": stages, "CONSUMER_REGS": consumer_regs,
