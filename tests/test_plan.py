@@ -372,10 +372,12 @@ def test_forward_without_residuals(p_scale, qkv_scale):
     plans.attention_forward(q, k, v, opts, GPU, keep_quantized=True, residuals=False)
 
 
-def _warp_specialized_build(plan, launch, tmp_path, sass=False):
+def _warp_specialized_build(plan, launch, tmp_path, loops=False):
   """Builds a warp-specialized Gluon launch of ``plan`` for sm_90 and returns cuobjdump's resource usage of it (with
-  ``sass``: and its SASS), after checking its warps: 12 in all (a consumer warpgroup by default, one more and the
-  producer's)."""
+  ``loops``: and its SASS loops with their instruction mix, ``benchmarks/sass_stats.py``'s), after checking its
+  warps: 12 in all (a consumer warpgroup by default, one more and the producer's)."""
+  import importlib.util
+  import os
   import subprocess
 
   import triton
@@ -392,27 +394,22 @@ def _warp_specialized_build(plan, launch, tmp_path, sass=False):
   path.write_bytes(kernel.asm["cubin"])
   cuobjdump = str(triton.__path__[0]) + "/backends/nvidia/bin/cuobjdump"
   usage = subprocess.run([cuobjdump, "-res-usage", str(path)], capture_output=True, text=True, check=True).stdout
-  if sass:
-    return usage, subprocess.run([cuobjdump, "-sass", str(path)], capture_output=True, text=True, check=True).stdout
-  return usage
+  if not loops:
+    return usage
+  script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "sass_stats.py")
+  spec = importlib.util.spec_from_file_location("bench_sass_stats", script)
+  stats = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(stats)
+  return usage, stats.sass_stats(kernel)["loops"]
 
 
-def _walk_local_ops(sass: str, hgmma: int) -> dict:
-  """Local-memory loads and stores (spill traffic) in the ws dK/dV consumers' walk: the shortest loop (a backward
-  branch's range) issuing ``hgmma`` wgmma instructions, D / 8 + BLOCK_M / 8 per query tile."""
-  import re
-
-  instrs = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", sass)]
-  walks = []
-  for addr, text in instrs:
-    target = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", text)
-    if target and int(target.group(1), 16) < addr:
-      body = [t for a, t in instrs if int(target.group(1), 16) <= a <= addr]
-      if sum(" HGMMA." in f" {t}" for t in body) == hgmma:
-        walks.append(body)
+def _walk_local_ops(loops: list, hgmma: int) -> dict:
+  """Local-memory loads and stores (spill traffic) in the ws dK/dV consumers' walk: the shortest loop issuing
+  ``hgmma`` wgmma instructions, D / 8 + BLOCK_M / 8 per query tile."""
+  walks = [lp for lp in loops if lp["mix"].get("HGMMA") == hgmma]
   assert walks, "no loop issues the walk's wgmma"
-  walk = min(walks, key=len)
-  return {op: sum(re.search(rf"\b{op}\b", t) is not None for t in walk) for op in ("LDL", "STL")}
+  walk = min(walks, key=lambda lp: lp["instructions"])
+  return {op: walk["mix"].get(op, 0) for op in ("LDL", "STL")}
 
 
 @pytest.mark.fresh_process  # a real compile: not in a process where the interpreter has run
@@ -488,10 +485,10 @@ def test_ws_dkdv_plan_builds_for_sm90(monkeypatch, tmp_path):
     refs = lambda la: [a.name for a in la.args if isinstance(a, plans.Ref)]
     assert refs(launch) == [n for n in refs(old) if n != "lse"][:3] + ["do", "lse", "delta", "lse"]  # rf: unread
     assert [(refs(launch)[i], o) for i, o in (launch.aliases)] == [(refs(old)[i], o) for i, o in old.aliases]
-    usage, sass = _warp_specialized_build(plan, launch, tmp_path, sass=True)
+    usage, loops = _warp_specialized_build(plan, launch, tmp_path, loops=True)
     assert launch.constexprs["BLOCK_M"] == 64
     assert d == 128 or re.search(r"STACK:0\b", usage), (d, usage)
-    assert _walk_local_ops(sass, d // 8 + 64 // 8) == {"LDL": 0, "STL": 0}, d
+    assert _walk_local_ops(loops, d // 8 + 64 // 8) == {"LDL": 0, "STL": 0}, d
   # p_scale="row": the same launch reading the row factors (the Triton launch's rf argument) with P_ROW_RANGE.
   x, kv, lse = dense((1, 96, 4, 128), "bfloat16"), dense((1, 256, 2, 128), "bfloat16"), dense((1, 4, 96), "float32")
   monkeypatch.setenv(plans.BWD_KERNEL_ENV, "triton")
@@ -503,20 +500,20 @@ def test_ws_dkdv_plan_builds_for_sm90(monkeypatch, tmp_path):
   assert launch.name == "jqat_attention_bwd_dkdv_ws" and launch.constexprs["P_ROW_RANGE"] == plans.P_ROW_RANGE > 0
   assert refs(launch) == [n for n in refs(old) if n != "lse"][:3] + ["do", "lse", "delta", "row_factors"]
   assert refs(old)[6] == "row_factors"
-  assert _walk_local_ops(_warp_specialized_build(row, launch, tmp_path, sass=True)[1], 24)["STL"] == 0
+  assert _walk_local_ops(_warp_specialized_build(row, launch, tmp_path, loops=True)[1], 24)["STL"] == 0
   # Lengths its tiles do not divide (80 query rows, 208 keys: a multiple of 16): two key programs, masked row loads.
   x80, kv208 = dense((1, 80, 4, 128), "bfloat16"), dense((1, 208, 2, 128), "bfloat16")
   lse80 = dense((1, 4, 80), "float32")
   ragged = plans.attention_backward(x80, x80, kv208, kv208, x80, lse80, AttentionOptions(0.088), GPU)
   launch = ragged.launches[-1]
   assert launch.name == "jqat_attention_bwd_dkdv_ws" and launch.grid == (2, 2) and not launch.constexprs["EVEN"]
-  assert _walk_local_ops(_warp_specialized_build(ragged, launch, tmp_path, sass=True)[1], 24) == {"LDL": 0, "STL": 0}
+  assert _walk_local_ops(_warp_specialized_build(ragged, launch, tmp_path, loops=True)[1], 24) == {"LDL": 0, "STL": 0}
   row_ragged = plans.attention_backward(x80, x80, kv208, kv208, x80, lse80, AttentionOptions(0.088, p_scale="row"),
                                         GPU, row_max=lse80)
   launch = row_ragged.launches[-1]
   assert launch.name == "jqat_attention_bwd_dkdv_ws" and launch.grid == (2, 2) and not launch.constexprs["EVEN"]
   assert launch.constexprs["P_ROW_RANGE"] == plans.P_ROW_RANGE
-  assert _walk_local_ops(_warp_specialized_build(row_ragged, launch, tmp_path, sass=True)[1], 24)["STL"] == 0
+  assert _walk_local_ops(_warp_specialized_build(row_ragged, launch, tmp_path, loops=True)[1], 24)["STL"] == 0
   # Cases it does not take keep the Triton kernel: causal, 200 keys (not a multiple of 16), D = 96, a window, BHSD
   # storage (heads not side by side).
   bhsd = lambda shape: plans.Tensor(shape, "bfloat16",
