@@ -16,7 +16,8 @@ float64 oracle of the backward (tests/oracle.py, ``attention_grad_oracle``; ``ro
 Time: CUDA events around 20 back-to-back launches, median of 5: each variant, and the plan's dK/dV launch alone.
 
 ``--p-scale row``: the same with p_scale="row" (the forward's row max; the kernels read the row factors that the
-backward plan's own launch forms).
+backward plan's own launch forms). ``--causal``: the same with a (top-left) causal mask: the Triton kernel's causal
+walk against the new kernel's (``IS_CAUSAL``), which the library does not launch yet.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ CHECKS = [(1, 2, 2, 256, 128), (2, 4, 2, 512, 128), (1, 2, 2, 256, 64), (1, 4, 1
           (1, 4, 2, 400, 128), (1, 2, 1, 208, 64)]  # the last two: T a multiple of 16 only
 TIMES = [(1, 16, 16, 4096, 128), (1, 16, 16, 16384, 128), (4, 32, 8, 4096, 128), (1, 16, 16, 8192, 64),
          (1, 40, 40, 9360, 128), (1, 16, 16, 8208, 64)]  # the last two: lengths the tiles do not divide
-TYPES = ("*bf16",) * 4 + ("*fp32",) * 3 + ("fp32",) + ("i32",) * 16 + ("*bf16", "*bf16")
+TYPES = ("*bf16",) * 4 + ("*fp32",) * 3 + ("fp32",) + ("i32",) * 17 + ("*bf16", "*bf16", "*i32")
+CAUSAL = False  # --causal: every run with a top-left causal mask
 
 
 def compile_only(arch: int = 90, p_row_range: float = 0.0) -> None:
@@ -58,10 +60,12 @@ def compile_only(arch: int = 90, p_row_range: float = 0.0) -> None:
 
   for d in (128, 64):
     for name, block_m, stages, defer in VARIANTS:
+      if defer and CAUSAL:
+        continue
       t0 = time.time()
       kernel, st, sass, setmaxnreg = build_offline(
           ws.attention_bwd_dkdv_ws_kernel, TYPES,
-          ws.launch_params(d, block_m, stages, (arch // 10, arch % 10), defer, p_row_range), arch)
+          ws.launch_params(d, block_m, stages, (arch // 10, arch % 10), defer, p_row_range, is_causal=CAUSAL), arch)
       loops = [lp["instructions"] for lp in st["loops"] if lp["mix"].get("HGMMA") == d // 8 + block_m // 8]
       print(f"{name:16s} D={d:3d} regs {st['registers']} (setmaxnreg {setmaxnreg}) stack {st['stack_bytes']} B, "
             f"LDL/STL {sass.count('LDL') + sass.count('STL')}, smem {st['shared_bytes']} B, scratch "
@@ -85,9 +89,10 @@ def dkdv_ws(q, k, v, do, lse, delta, scale, *, block_m=32, stages=2, defer_dv=Fa
   dk, dv = torch.empty_like(k), torch.empty_like(v)
   row = row_factors is not None
   params = ws.launch_params(d, block_m, stages, torch.cuda.get_device_capability(q.device), defer_dv,
-                            plans.P_ROW_RANGE if row else 0.0, t, tk)
-  args = (q, k, v, do, lse, delta, row_factors if row else lse, scale, t, tk, n, n // kh, *q.stride()[:3],
-          *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], dk, dv)
+                            plans.P_ROW_RANGE if row else 0.0, t, tk, is_causal=CAUSAL)
+  args = (q, k, v, do, lse, delta, row_factors if row else lse, scale, t, tk, n, n // kh, 0, *q.stride()[:3],
+          *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], dk, dv,
+          torch.empty((b * kh, -(-tk // 64)), dtype=torch.int32, device=q.device))  # the causal walk's NaN flags
   torch_launch.launch(ws.attention_bwd_dkdv_ws_kernel, (-(-tk // ws.BLOCK_N.value), b * kh), args, params)
   return dk, dv
 
@@ -99,7 +104,7 @@ def triton_backward(q, k, v, do, o_hp, lse, row_max=None):
   from jqat.ffi import torch_launch
   from jqat.torch import _attention as A
 
-  opts = A._options(triton_static(q.shape[-1], p_scale="block" if row_max is None else "row"))
+  opts = A._options(triton_static(q.shape[-1], CAUSAL, p_scale="block" if row_max is None else "row"))
   with mock.patch.dict(os.environ, {plans.BWD_KERNEL_ENV: "triton"}):  # the baseline: the Triton dK/dV kernel
     plan, views = A.backward_plan(bhsd(do), bhsd(q), bhsd(k), bhsd(v), bhsd(o_hp), lse, opts, row_max=row_max)
   launch = plan.launches[-1]
@@ -121,7 +126,7 @@ def case(b, h, kh, t, d, seed, p_scale="block"):
 
   _, (q, k, v) = inputs(b, h, kh, t, d, seed)
   _, o_hp, lse, m = attention_fwd_op(bhsd(q), bhsd(k), bhsd(v), None, None, None, None,
-                                     *triton_static(d, p_scale=p_scale))
+                                     *triton_static(d, CAUSAL, p_scale=p_scale))
   g = torch.Generator(device="cuda").manual_seed(seed + 1000)
   do = torch.randn(q.shape, generator=g, device="cuda").to(torch.bfloat16)
   return q, k, v, do, bhsd(o_hp), lse, m if p_scale == "row" else None
@@ -141,15 +146,18 @@ def check(p_scale: str) -> list[dict]:
     host = lambda x: x.float().cpu().numpy()
     if p_scale == "row":  # the oracle's own forward (the same KV tiles) gives the O' of its delta
       *_, want_dk, want_dv = row_oracle(host(q), host(k), host(v), host(do), scale=d**-0.5,
-                                        block_n=fwd_ws.BLOCK_N, vis=np.ones((b, t, t), bool))
+                                        block_n=fwd_ws.BLOCK_N, vis=np.tril(np.ones((b, t, t), bool)) if CAUSAL
+                                        else np.ones((b, t, t), bool))
     else:
       _, want_dk, want_dv = attention_grad_oracle(host(do), host(q), host(k), host(v), host(o_hp),
-                                                  lse.cpu().numpy(), scale=d**-0.5, is_causal=False,
+                                                  lse.cpu().numpy(), scale=d**-0.5, is_causal=CAUSAL,
                                                   quantize_qkv=False)
     dk_t, dv_t = host(dk_t), host(dv_t)
     base = {"B": b, "H": h, "K": kh, "T": t, "D": d, "triton_dk_vs_oracle": rel(dk_t, want_dk),
             "triton_dv_vs_oracle": rel(dv_t, want_dv)}
     for name, block_m, stages, defer in VARIANTS:
+      if defer and CAUSAL:
+        continue
       try:
         dk, dv = dkdv_ws(q, k, v, do, lse, delta, d**-0.5, block_m=block_m, stages=stages, defer_dv=defer,
                          row_factors=rf)
@@ -185,6 +193,8 @@ def time_shapes(iters: int, repeats: int, p_scale: str, shapes=TIMES) -> list[di
     row["triton_ms"] = cuda_event_ms(run_dkdv, iters, repeats)
     print(f"time {(b, h, kh, t, d)} triton dK/dV {row['triton_ms']:.4f} ms", flush=True)
     for name, block_m, stages, defer in VARIANTS:
+      if defer and CAUSAL:
+        continue
       fn = functools.partial(dkdv_ws, q, k, v, do, lse, delta, d**-0.5, block_m=block_m, stages=stages, defer_dv=defer,
                              row_factors=rf)
       try:
@@ -209,10 +219,13 @@ def main():
   ap.add_argument("--time-only", action="store_true")
   ap.add_argument("--times", help="comma-separated indices of the TIMES shapes to time (default: all)")
   ap.add_argument("--p-scale", choices=("block", "row"), default="block")
+  ap.add_argument("--causal", action="store_true", help="a top-left causal mask")
   ap.add_argument("--variants", help="comma-separated variant names to run (default: all)")
   ap.add_argument("--iters", type=int, default=20)
   ap.add_argument("--repeats", type=int, default=5)
   args = ap.parse_args()
+  global CAUSAL
+  CAUSAL = args.causal
   if args.variants:
     VARIANTS[:] = [v for v in VARIANTS if v[0] in args.variants.split(",")]
   if args.compile_only:
@@ -221,7 +234,7 @@ def main():
   import torch
 
   result = {"benchmark": "attention_ws_bwd", "date": time.strftime("%Y-%m-%d"),
-            "device": torch.cuda.get_device_name(), "p_scale": args.p_scale}
+            "device": torch.cuda.get_device_name(), "p_scale": args.p_scale, "causal": CAUSAL}
   PARTIAL.update(out=args.out, result=result)
   if not args.time_only:
     result["check"] = check(args.p_scale)

@@ -201,6 +201,41 @@ def test_backward_writes_fq_q_over_o_prime(case):
   np.testing.assert_array_equal(_np(o_for_delta).view(np.uint32), fq_oracle(_np(q)).view(np.uint32))
 
 
+def test_redo_walks_exactly_the_flagged_key_tiles():
+  """The Triton dK/dV kernel's REDO launch (the plan's after the warp-specialized kernel's causal walk): where a key
+  tile's flag is set it walks that tile exactly, reading fq(K) and fq(V) from dK's and dV's storage, and writes its dK
+  and dV there (without NaN the exact walk's values are the fast walk's, bit for bit: the same tiles in the same
+  order); the other tiles keep what their storage holds. Causal, 40 query rows, 64 keys in four tiles of 16, GQA."""
+  device = kernel_device()
+  b, tq, tk, n, kh, d = 1, 40, 64, 2, 1, 32
+  to_t = lambda x: torch.from_numpy(np.array(x)).to(torch.bfloat16).to(device)
+  q, k, v, do = (to_t(x) for x in _inputs(b, tq, tk, n, kh, d, "bfloat16"))
+  _, o_hp, lse = _kernel_forward(q, k, v, scale=d**-0.5, is_causal=True, block_n=16, block_m=16, cfg=ALL_ON)
+  plan = plans.attention_backward(*map(torch_launch.describe, (do, q, k, v, o_hp, lse)),
+                                  AttentionOptions(d**-0.5, True, 64, ALL_ON), torch_launch.target(q),
+                                  config=BackwardConfig(16, 16, 4, 1, 16, 16, 4, 1))
+  dkdv = plan.launches[-1]
+  assert dkdv.kernel is kbwd.attention_bwd_dkdv_kernel and dkdv.grid == (4, 1)
+  kk, vv = (name for name, out in plan.stored_in.items() if out in ("dk", "dv"))
+  tensors = dict(do=do, q=q, k=k, v=v, o_for_delta=o_hp, lse=lse, **poisoned(plan, plan.scratch + plan.outputs, device))
+  torch_launch.execute(plan, tensors)  # the fast walk: the reference bits
+  want = {name: tensors[name].clone() for name in ("dk", "dv")}
+  # The plan up to its dK/dV launch leaves fq(K) and fq(V) in dK's and dV's storage; then REDO with two tiles flagged.
+  leaks = torch.tensor([[1, 0, 0, 1]], dtype=torch.int32, device=device)
+  redo = dataclasses.replace(plan, launches=plan.launches[:-1] + (plans.redo_launch(dkdv, kk, vv),),
+                             buffers={**plan.buffers, "dkdv_leaks": torch_launch.describe(leaks)})
+  tensors = dict(do=do, q=q, k=k, v=v, o_for_delta=o_hp, lse=lse, dkdv_leaks=leaks,
+                 **poisoned(plan, plan.scratch + plan.outputs, device))
+  before = dataclasses.replace(plan, launches=plan.launches[:-1])
+  torch_launch.execute(before, dict(tensors))
+  fq_k, fq_v = tensors["dk"].clone(), tensors["dv"].clone()
+  torch_launch.execute(redo, tensors)
+  for name, fq in (("dk", fq_k), ("dv", fq_v)):
+    got, ref, kept = (_np(x).reshape(4, 16, -1).view(np.uint32) for x in (tensors[name], want[name], fq))
+    np.testing.assert_array_equal(got[[0, 3]], ref[[0, 3]], err_msg=f"{name}: the flagged tiles")
+    np.testing.assert_array_equal(got[[1, 2]], kept[[1, 2]], err_msg=f"{name}: the other tiles")
+
+
 def test_no_visible_key_gives_zero_and_minus_inf():
   """Tk = 0: every row is empty, so O = O' = 0 and lse = -inf, never NaN."""
   device = kernel_device()
@@ -497,13 +532,16 @@ def test_ws_forward_through_the_library_gpu(monkeypatch, causal):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("d, p_scale, t", [(128, "block", 640), (64, "block", 640), (128, "row", 640), (64, "row", 640),
-                                           (128, "row", 592), (64, "row", 592)])
-def test_ws_dkdv_through_the_library_gpu(monkeypatch, d, p_scale, t):
+@pytest.mark.parametrize("d, p_scale, t, causal", [(128, "block", 640, False), (64, "block", 640, False),
+                                                   (128, "row", 640, False), (64, "row", 640, False),
+                                                   (128, "row", 592, False), (64, "row", 592, False),
+                                                   (128, "block", 640, True), (128, "row", 592, True)])
+def test_ws_dkdv_through_the_library_gpu(monkeypatch, d, p_scale, t, causal):
   """The default dK/dV kernel: dK and dV through ``jax.grad`` of ``jqat.attention`` and through the torch binding
   (BTNH storage) come from the warp-specialized kernel (the backward plan of these shapes launches it: GQA, T a
-  multiple of 128, or 592 = 37 * 16, which neither its query nor its key tiles divide; p_scale "block" and "row") and
-  are within the Triton backward's bounds of the XLA reference."""
+  multiple of 128, or 592 = 37 * 16, which neither its query nor its key tiles divide; p_scale "block" and "row";
+  causal at D = 128: its causal walk, then the Triton kernel's REDO launch) and are within the Triton backward's
+  bounds of the XLA reference."""
   import jqat.torch as jt
   from jqat.ffi import jax_launch
 
@@ -515,14 +553,16 @@ def test_ws_dkdv_through_the_library_gpu(monkeypatch, d, p_scale, t):
   dense = plans.Tensor.dense
   x, kv = dense((b, t, n, d), "bfloat16"), dense((b, t, kh, d), "bfloat16")
   lse = dense((b, n, t), "float32")
-  plan = plans.attention_backward(x, x, kv, kv, x, lse, AttentionOptions(d**-0.5, p_scale=p_scale), target,
-                                  row_max=lse if p_scale == "row" else None)
-  assert plan.launches[-1].name == "jqat_attention_bwd_dkdv_ws"
+  plan = plans.attention_backward(x, x, kv, kv, x, lse, AttentionOptions(d**-0.5, is_causal=causal, p_scale=p_scale),
+                                  target, row_max=lse if p_scale == "row" else None)
+  names = [la.name for la in plan.launches]
+  assert names[-2:] == ["jqat_attention_bwd_dkdv_ws", "jqat_attention_bwd_dkdv_redo"] if causal else (
+      names[-1] == "jqat_attention_bwd_dkdv_ws")
   q, k, v, do = _api_inputs(b, t, t, n, kh, d, seed=11 + d)
 
   def loss(q, k, v, impl):
-    return jnp.sum(jqat.attention(q, k, v, implementation=impl, p_scale=p_scale).astype(jnp.float32)
-                   * do.astype(jnp.float32))
+    return jnp.sum(jqat.attention(q, k, v, is_causal=causal, implementation=impl, p_scale=p_scale)
+                   .astype(jnp.float32) * do.astype(jnp.float32))
 
   grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)), static_argnums=3)
   want = [np.asarray(g.astype(jnp.float32)) for g in grad(q, k, v, "xla")]
@@ -530,7 +570,7 @@ def test_ws_dkdv_through_the_library_gpu(monkeypatch, d, p_scale, t):
     assert_close(np.asarray(a.astype(jnp.float32)), e, rel=BOUNDS[name], name=f"{name} (jax)")
   bhsd = lambda x: torch.from_numpy(np.asarray(x.astype(jnp.float32))).to("cuda", torch.bfloat16).transpose(1, 2)
   qt, kt, vt = (bhsd(x).requires_grad_() for x in (q, k, v))  # BTNH storage: heads side by side
-  jt.attention(qt, kt, vt, enable_gqa=True, p_scale=p_scale).backward(bhsd(do))
+  jt.attention(qt, kt, vt, is_causal=causal, enable_gqa=True, p_scale=p_scale).backward(bhsd(do))
   for name, g, e in zip(("dQ", "dK", "dV"), (qt.grad, kt.grad, vt.grad), want):
     assert_close(g.transpose(1, 2).float().cpu().numpy(), e, rel=BOUNDS[name], name=f"{name} (torch)")
 

@@ -181,3 +181,25 @@ def test_nan_at_masked_pairs_reaches_only_its_dependents(implementation, case, w
   # The case must test containment: some output stays finite although a product over the poisoned input's
   # masked pairs reaches it.
   assert not all(w.all() for w in want)
+
+
+# ----------------------------------------------------------------------------- the warp-specialized causal walk
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("where", ["q", "k", "v", "do"])
+def test_nan_through_the_warp_specialized_causal_walk_gpu(where):
+  """With the bindings' default launch configurations a causal backward at D = 128 (Tk a multiple of 16, heads side by
+  side) runs dK/dV on sm_90 as the warp-specialized kernel's causal walk; a key tile that a NaN reached there goes to
+  the Triton kernel's exact walk (its REDO launch). The NaN positions stay exact: 96 query rows, 256 keys, top-left
+  (keys past row 95 see none: the second program walks no tile; the NaN key is one of them), GQA."""
+  shape = (1, 96, 256, 4, 2, 128)
+  args = dict(zip(("q", "k", "v", "do"), _inputs(shape, seed=3)))
+  args[where] = poison(args[where], {"q": (0, 80, 1, 5), "k": (0, 150, 0, 7), "v": (0, 60, 1, 9),
+                                     "do": (0, 40, 2, 3)}[where])
+  got = run("triton", *args.values(), Masks(is_causal=True), block_n=jqat.DEFAULT_BLOCK_N, fwd=None, bwd=None)
+  o_nan, lse_nan = attention_nan_oracle(*(nan_of(args[x]) for x in ("q", "k", "v")), is_causal=True)
+  want = attention_grad_nan_oracle(nan_of(args["do"]), *(nan_of(args[x]) for x in ("q", "k", "v")), o_nan, lse_nan,
+                                   is_causal=True)
+  for name, expected in zip(("O", "lse", "dQ", "dK", "dV"), (o_nan, lse_nan, *want)):
+    _assert_nan_at(got[name], expected, name)

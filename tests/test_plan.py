@@ -480,8 +480,9 @@ def test_ws_dkdv_plan_builds_for_sm90(monkeypatch, tmp_path):
     launch, old = plan.launches[-1], triton_plan.launches[-1]
     assert launch.name == "jqat_attention_bwd_dkdv_ws" and old.kernel is kbwd.attention_bwd_dkdv_kernel
     assert [la.name for la in plan.launches[:-1]] == [la.name for la in triton_plan.launches[:-1]]
-    assert launch.grid == (2, 4) and launch.outputs == old.outputs == ("dk", "dv")
-    assert plan.stored_in == triton_plan.stored_in and plan.scratch == triton_plan.scratch
+    assert launch.grid == (2, 4) and launch.outputs == ("dk", "dv", "dkdv_leaks") and old.outputs == ("dk", "dv")
+    assert plan.stored_in == triton_plan.stored_in and set(plan.scratch) == {*triton_plan.scratch, "dkdv_leaks"}
+    assert plan.buffers["dkdv_leaks"].shape == (1,)  # a placeholder: only a causal walk writes its flags
     refs = lambda la: [a.name for a in la.args if isinstance(a, plans.Ref)]
     assert refs(launch) == [n for n in refs(old) if n != "lse"][:3] + ["do", "lse", "delta", "lse"]  # rf: unread
     assert [(refs(launch)[i], o) for i, o in (launch.aliases)] == [(refs(old)[i], o) for i, o in old.aliases]
@@ -514,14 +515,27 @@ def test_ws_dkdv_plan_builds_for_sm90(monkeypatch, tmp_path):
   assert launch.name == "jqat_attention_bwd_dkdv_ws" and launch.grid == (2, 2) and not launch.constexprs["EVEN"]
   assert launch.constexprs["P_ROW_RANGE"] == plans.P_ROW_RANGE
   assert _walk_local_ops(_warp_specialized_build(row_ragged, launch, tmp_path, loops=True)[1], 24)["STL"] == 0
-  # Cases it does not take keep the Triton kernel: causal, 200 keys (not a multiple of 16), D = 96, a window, BHSD
-  # storage (heads not side by side).
+  # A causal mask (96 query rows, 256 keys): the kernel's causal walk (off: 0 top-left, Tk - Tq bottom-right), then
+  # the Triton kernel's REDO launch over dK and dV (fq(K), fq(V) where a flag is set), reading the flags of its grid.
+  for align, off in (("top_left", 0), ("bottom_right", 256 - 96)):
+    causal = plans.attention_backward(x, x, kv, kv, x, lse,
+                                      AttentionOptions(0.088, is_causal=True, causal_alignment=align), GPU)
+    launch, redo = causal.launches[-2:]
+    assert launch.name == "jqat_attention_bwd_dkdv_ws" and launch.constexprs["IS_CAUSAL"] and launch.args[12] == off
+    assert launch.outputs == ("dk", "dv", "dkdv_leaks") and causal.buffers["dkdv_leaks"].shape == (2, 4)
+    assert redo.kernel is kbwd.attention_bwd_dkdv_kernel and redo.constexprs["REDO"] and redo.grid == (4, 2)
+    assert refs(redo)[1:3] == ["dk", "dv"] and refs(redo)[-1] == "dkdv_leaks" and redo.outputs == ("dk", "dv")
+    assert [(refs(redo)[i], o) for i, o in redo.aliases] == [("dk", 0), ("dv", 1)]
+  assert _walk_local_ops(_warp_specialized_build(causal, launch, tmp_path, loops=True)[1], 24)["STL"] == 0
+  # Cases it does not take keep the Triton kernel: causal without quantize_qkv (fq(K) not in dK's storage), 200 keys
+  # (not a multiple of 16), D = 96, a window, BHSD storage (heads not side by side).
   bhsd = lambda shape: plans.Tensor(shape, "bfloat16",
                                     (shape[1] * shape[2] * shape[3], shape[3], shape[1] * shape[3], 1))
   x96 = dense((1, 96, 4, 96), "bfloat16")
   kv200, kv96 = dense((1, 200, 2, 128), "bfloat16"), dense((1, 256, 2, 96), "bfloat16")
   xt, kvt = bhsd((1, 96, 4, 128)), bhsd((1, 256, 2, 128))
-  for args, opts in (((x, x, kv, kv, x, lse), AttentionOptions(0.088, is_causal=True)),
+  for args, opts in (((x, x, kv, kv, x, lse), AttentionOptions(0.088, is_causal=True,
+                                                                  config=QATConfig(quantize_qkv=False))),
                      ((x, x, kv200, kv200, x, lse), AttentionOptions(0.088)),
                      ((x96, x96, kv96, kv96, x96, lse), AttentionOptions(0.1)),
                      ((x, x, kv, kv, x, lse), AttentionOptions(0.088, local_window_size=(64, 0))),

@@ -511,9 +511,11 @@ def _forward_ws(q, k, v, o, opts, target, buffers, inputs, outputs, scratch, lau
 
 def _ws_dkdv_takes(d_out, q, k, v, opts, target, other) -> bool:
   """Whether the warp-specialized dK/dV kernel takes this backward's dK/dV launch: sm_90, bf16, D of 64 or 128, Tk a
-  multiple of 16 (fq(P)'s blocks along keys), no masks, qkv_scale="block", fq(P) on in the backward (relative to lse
-  or the row max: the forward's KV tile plays no part), heads side by side in q, dO, k and v (``stride_h == D``, the
-  descriptors' columns) and rows of whole 16-element strides. ``other``: masks or tensor scales."""
+  multiple of 16 (fq(P)'s blocks along keys), no masks but a causal one, qkv_scale="block", fq(P) on in the backward
+  (relative to lse or the row max: the forward's KV tile plays no part), heads side by side in q, dO, k and v
+  (``stride_h == D``, the descriptors' columns) and rows of whole 16-element strides. ``other``: masks other than the
+  causal one, or tensor scales. A causal walk also needs fq(K) and fq(V) in dK's and dV's storage (quantize_qkv),
+  where the Triton kernel's exact walk finds them for a key tile that a NaN reached (:func:`_dkdv_ws`)."""
   tq, d = q.shape[1], q.shape[3]
   tk = k.shape[1]
   tensors = (d_out, q, k, v)
@@ -521,7 +523,7 @@ def _ws_dkdv_takes(d_out, q, k, v, opts, target, other) -> bool:
              and all(t.strides[3] == 1 and t.strides[2] == d for t in tensors))
   return (not other and d in kbws.HEAD_DIMS and all(t.dtype == "bfloat16" for t in tensors)
           and tq > 0 and tk % 16 == 0 and tk > 0 and dense16
-          and not opts.is_causal and opts.local_window_size is None
+          and (not opts.is_causal or opts.config.quantize_qkv) and opts.local_window_size is None
           and opts.config.quantize_p_backward and not target.interpret
           and tuple(target.compute_capability or ()) == (9, 0))
 
@@ -530,23 +532,41 @@ def _kv_config(c: kbwd.BackwardConfig) -> tuple:
   return c.kv_block_n, c.kv_block_m, c.kv_num_warps, c.kv_num_stages
 
 
-def _dkdv_ws(d_out, q, k, v, qq, kk, vv, opts, target, in_grads, row: bool) -> Launch:
+def _dkdv_ws(d_out, q, k, v, qq, kk, vv, opts, target, in_grads, row: bool, redo: Launch) -> tuple[Launch, ...]:
   """The backward plan's dK/dV launch by ``attention_bwd_dkdv_ws_kernel`` (only where :func:`_ws_dkdv_takes`): the
   same arguments' buffers as the Triton launch's (fq(Q), fq(K), fq(V), dO, lse, delta, and with ``row`` the row
   factors; else lse in their place), the same outputs and the same in-place writes over fq(K) and fq(V) where they
-  live in dK's and dV's storage (``in_grads``)."""
+  live in dK's and dV's storage (``in_grads``), and the key tiles' NaN flags (``dkdv_leaks``). A causal walk is
+  followed by ``redo``, the Triton launch in REDO mode over dK and dV (fq(K) and fq(V) still in the key tiles whose
+  flag is set, which it walks exactly and only those)."""
   b, tq, n, d = q.shape
   tk, kh = k.shape[1], k.shape[2]
   params = kbws.launch_params(d, compute_capability=tuple(target.compute_capability),
-                              p_row_range=P_ROW_RANGE if row else 0.0, tq=tq, tk=tk)
+                              p_row_range=P_ROW_RANGE if row else 0.0, tq=tq, tk=tk, is_causal=opts.is_causal)
   num_warps, maxnreg = params.pop("num_warps"), params.pop("maxnreg")
+  off = tk - tq if opts.is_causal and opts.causal_alignment == "bottom_right" else 0
   args = (Ref(qq), Ref(kk), Ref(vv), Ref("do"), Ref("lse"), Ref("delta"), Ref("row_factors" if row else "lse"),
-          float(opts.scale), tq, tk, n, n // kh,
+          float(opts.scale), tq, tk, n, n // kh, off,
           *_s3(q), *_s3(k), *_s3(v), *_s3(d_out))
   aliases = tuple((args.index(Ref(name)), ("dk", "dv").index(out)) for name, out in in_grads.items())
-  return Launch("jqat_attention_bwd_dkdv_ws", kbws.attention_bwd_dkdv_ws_kernel,
-                (triton.cdiv(tk, kbws.BLOCK_N.value), b * kh), args, ("dk", "dv"), params, num_warps, 1, aliases,
-                maxnreg=maxnreg)
+  ws = Launch("jqat_attention_bwd_dkdv_ws", kbws.attention_bwd_dkdv_ws_kernel,
+              (triton.cdiv(tk, kbws.BLOCK_N.value), b * kh), args, ("dk", "dv", "dkdv_leaks"), params, num_warps, 1,
+              aliases, maxnreg=maxnreg)
+  return (ws, redo_launch(redo, kk, vv)) if opts.is_causal else (ws,)
+
+
+_LEAK_ARG = 20  # the Triton dK/dV kernel's leak_ptr: after q, k, v, dO, lse, delta, rf, 5 scalars, 5 masks, 3 enc
+
+
+def redo_launch(dkdv: Launch, kk: str, vv: str) -> Launch:
+  """The Triton dK/dV launch ``dkdv`` (reading fq(K), fq(V) as ``kk``, ``vv``) in REDO mode: it reads fq(K) and fq(V)
+  from dK's and dV's storage instead (where they stay in a key tile whose flag is set), the flags from
+  ``dkdv_leaks``, and writes dK and dV in place, only in those tiles."""
+  args = tuple(Ref({kk: "dk", vv: "dv"}.get(a.name, a.name)) if isinstance(a, Ref) else a for a in dkdv.args)
+  args = args[:_LEAK_ARG] + (Ref("dkdv_leaks"),) + args[_LEAK_ARG + 1:]
+  return dataclasses.replace(dkdv, name="jqat_attention_bwd_dkdv_redo", args=args,
+                             constexprs=dict(dkdv.constexprs, REDO=True),
+                             aliases=((args.index(Ref("dk")), 0), (args.index(Ref("dv")), 1)))
 
 
 def attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out_for_delta: Tensor, lse: Tensor,
@@ -642,6 +662,7 @@ def attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out_for_d
                           (triton.cdiv(rows, rf["BLOCK"]),), (Ref("lse"), Ref("row_max"), rows, tq), ("row_factors",),
                           dict(P_ROW_RANGE=P_ROW_RANGE, BLOCK=rf["BLOCK"]), rf["num_warps"], rf["num_stages"]),)
   kv_args = common[:6] + (Ref("row_factors" if row else "lse"),) + common[6:]
+  kv_args = kv_args[:_LEAK_ARG] + (Ref(qq),) + kv_args[_LEAK_ARG:]  # leak_ptr: read in REDO mode only
   row_range = P_ROW_RANGE if row else 0.0
   # fq(K) and fq(V), the pass's or the forward's (given), live in dK's and dV's storage (issue 13's memory bound:
   # two fewer K/V-sized buffers at the backward's peak). Safe in place: the dQ kernel, which reads every key, runs
@@ -653,17 +674,23 @@ def attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out_for_d
   # A dK/dV launch configuration other than the default (JQAT_ATTN_BWD_CONFIG, set_config_override) is the Triton
   # kernel's: it keeps that kernel.
   kv_default = _kv_config(c) == _kv_config(kbwd.backward_config(d, opts.local_window_size is not None))
-  if (backward_kernel() == "ws" and kv_default
+  dkdv = (Launch("jqat_attention_bwd_dkdv", kbwd.attention_bwd_dkdv_kernel,
+                 (triton.cdiv(tk, c.kv_block_n), b * kh), kv_args, ("dk", "dv"),
+                 dict(BLOCK_M=c.kv_block_m, BLOCK_N=c.kv_block_n, QUANTIZE_P=cfg.quantize_p_backward, **flags,
+                      **target.quant_flags(), P_ROW_RANGE=row_range, REDO=False),
+                 c.kv_num_warps, c.kv_num_stages, aliases),)
+  # A causal walk's NaN flags are per key tile of one consumer warpgroup (64 keys): the Triton kernel's REDO launch
+  # reads them as its own key tiles' (64 keys at D = 128; at D = 64 its tiles are of 128, and it keeps the walk).
+  redo_fits = not opts.is_causal or c.kv_block_n == kbws.WG_ROWS.value
+  if (backward_kernel() == "ws" and kv_default and redo_fits
           and _ws_dkdv_takes(d_out, q, k, v, opts, target, bool(mask_names) or tensor)):
-    dkdv = _dkdv_ws(d_out, q, k, v, qq, kk, vv, opts, target, in_grads, row)
-  else:
-    dkdv = Launch("jqat_attention_bwd_dkdv", kbwd.attention_bwd_dkdv_kernel,
-                  (triton.cdiv(tk, c.kv_block_n), b * kh), kv_args, ("dk", "dv"),
-                  dict(BLOCK_M=c.kv_block_m, BLOCK_N=c.kv_block_n, QUANTIZE_P=cfg.quantize_p_backward, **flags,
-                       **target.quant_flags(), P_ROW_RANGE=row_range),
-                  c.kv_num_warps, c.kv_num_stages, aliases)
+    # The NaN flags (without a causal mask a placeholder the kernel never touches).
+    leaks = (b * kh, triton.cdiv(tk, kbws.WG_ROWS.value)) if opts.is_causal else (1,)
+    buffers["dkdv_leaks"] = Tensor.dense(leaks, "int32")
+    scratch += ("dkdv_leaks",)
+    dkdv = _dkdv_ws(d_out, q, k, v, qq, kk, vv, opts, target, in_grads, row, dkdv[0])
   scratch = tuple(name for name in scratch if name not in stored_in) + ("delta",) + ("row_factors",) * row
-  return Plan(buffers, inputs, scratch, outputs, launches + (delta, *row_factors, dq, dkdv), stored_in=stored_in)
+  return Plan(buffers, inputs, scratch, outputs, launches + (delta, *row_factors, dq, *dkdv), stored_in=stored_in)
 
 
 # ----------------------------------------------------------------------------- qat_matmul's quantize passes

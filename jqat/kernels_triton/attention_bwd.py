@@ -559,7 +559,7 @@ def _dkdv_program(
 @triton.jit
 def attention_bwd_dkdv_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, rf_ptr, scale, tq, tk, n_heads, group,
-    q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr,
+    q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr, leak_ptr,
     stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
     stride_db, stride_dt, stride_dn,
     dk_ptr, dv_ptr,
@@ -568,7 +568,7 @@ def attention_bwd_dkdv_kernel(
     HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
     QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr, SOFT_BF16: tl.constexpr,
     DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr, P_ROW_RANGE: tl.constexpr,
-    QKV_TENSOR: tl.constexpr):
+    QKV_TENSOR: tl.constexpr, REDO: tl.constexpr = False):
   """dK, dV for keys [i * BLOCK_N, +BLOCK_N) of KV head j % K, batch j // K, ``(i, j) = program_tile(...)``.
 
   Arrays and masks as in ``attention_bwd_dq_kernel``; dk, dv: [B, Tk, K, D] with the
@@ -577,14 +577,22 @@ def attention_bwd_dkdv_kernel(
   P_ROW_RANGE: 0 (p_scale="block"; ``rf_ptr`` is not read) or R = 6 * 448 ("row": rf [B, N, 2, Tq] fp32, R * l
   and 1 / (R * l) per query row from ``attention_bwd_row_factors_kernel``).
   QKV_TENSOR: as in ``attention_bwd_dq_kernel`` (the enc pointers are read only then).
+  REDO: after the warp-specialized causal walk (``attention_bwd_ws``, whose fast walk computes this kernel's fast
+  walk's values): only the exact walk, and only where ``leak_ptr`` ([B * K, cdiv(Tk, BLOCK_N)] int32, this launch's
+  grid) flags that a NaN reached the key tile's dK or dV there (that launch then stored nothing of it: fq(K) and fq(V)
+  are still in dK's and dV's storage). Not read otherwise.
   """
   strides = (stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
              stride_db, stride_dt, stride_dn)
-  leaked = _dkdv_program(
-      q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, rf_ptr, scale, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr,
-      q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr, dk_ptr, dv_ptr, strides, HEAD_DIM,
-      D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN, HAS_SEG,
-      QUANTIZE_P, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, QKV_TENSOR, EXACT=False)
+  if REDO:  # the fast walk was the warp-specialized kernel's: its flag says whether a NaN reached it
+    pid_t, pid_bk = common.program_tile(IS_CAUSAL, False)
+    leaked = tl.load(leak_ptr + pid_bk * tl.num_programs(0) + pid_t) != 0
+  else:
+    leaked = _dkdv_program(
+        q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, rf_ptr, scale, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr,
+        q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr, dk_ptr, dv_ptr, strides, HEAD_DIM,
+        D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN, HAS_SEG,
+        QUANTIZE_P, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, QKV_TENSOR, EXACT=False)
   HIDES: tl.constexpr = IS_CAUSAL or WINDOW_LEFT >= 0 or WINDOW_RIGHT >= 0 or HAS_SEG or HAS_Q_LEN or HAS_KV_LEN
   if HIDES:
     if leaked:  # a NaN reached dK or dV: the exact walk (_dkdv_program)

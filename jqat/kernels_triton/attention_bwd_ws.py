@@ -64,15 +64,31 @@ def _probabilities(s, lse, qk_scale):
 
 
 @gluon.jit
+def _causal_mask(p, t, walk, off, key0, BLOCK_M: gl.constexpr):
+  """P^T of walk tile ``t`` (keys ``key0 ..`` along its rows) with the pairs the causal mask hides (key > query row +
+  off) at +0, as the Triton kernel's masked tiles have them (``attention_bwd._dkdv_tile``); a tile that hides none
+  (every row at or past the consumer's last key) is returned as it is, as the Triton kernel walks it unmasked."""
+  _, m0 = _tile(t, walk, BLOCK_M)
+  if m0 + off < key0 + WG_ROWS - 1:
+    keys = key0 + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, p.type.layout))
+    rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, p.type.layout))
+    p = gl.where(keys[:, None] <= rows[None, :] + off, p, 0.0)
+  return p
+
+
+@gluon.jit
 def _query_tile(t, dk, dv, p_op, k_s, v_s, q_bufs, do_bufs, q_ready, do_ready, q_empty, do_empty, lse, delta, rl_c,
-                inv_c, s_init, qk_scale, D_LAYOUT: gl.constexpr, STAGES: gl.constexpr, HW_E4M3: gl.constexpr,
-                HW_E2M1: gl.constexpr, ROW: gl.constexpr, DEFER_DV: gl.constexpr, FIRST: gl.constexpr):
+                inv_c, s_init, qk_scale, causal, D_LAYOUT: gl.constexpr, STAGES: gl.constexpr, HW_E4M3: gl.constexpr,
+                HW_E2M1: gl.constexpr, ROW: gl.constexpr, DEFER_DV: gl.constexpr, FIRST: gl.constexpr,
+                IS_CAUSAL: gl.constexpr):
   """Query tile ``t`` of a consumer's walk: its contribution to the consumer's dK and dV (FP32, D_LAYOUT).
   ``lse``, ``delta`` and, ROW (p_scale "row"), ``rl_c``, ``inv_c`` (the tile's R * l and 1 / (R * l), rows past Tq:
   1 and 0): the tile's rows, loaded a tile ahead in FACTORS_LAYOUT (one register each; held a tile ahead in S^T's
   column layout they spilled; loaded in the tile, their latency stalled it) and spread to S^T's columns where they
   are used: the factors after dK's product is issued, when lse and delta are dead (spread with them, a 64-row tile
   at D = 128 spilled in its loop).
+
+  IS_CAUSAL: ``causal = (walk, off, key0)`` (:func:`_causal_mask`), P^T's hidden pairs set to +0.
 
   DEFER_DV: the previous tile's dV product (``p_op``, its fq(P)^T as a bf16 operand) is issued here beside this
   tile's S^T and dP^T (as the forward issues P V one tile late), so it runs while this tile's exponentials are
@@ -94,6 +110,8 @@ def _query_tile(t, dk, dv, p_op, k_s, v_s, q_bufs, do_bufs, q_ready, do_ready, q
     dv_tok = warpgroup_mma(p_op, do_bufs.index(sp), dv, is_async=True)
   s = warpgroup_mma_wait(1 + PENDING, deps=[s_tok])  # S^T done (dP^T may still run)
   p = _probabilities(s, lse, qk_scale)
+  if IS_CAUSAL:
+    p = _causal_mask(p, t, causal[0], causal[1], causal[2], s_init.shape[1])
   dp = warpgroup_mma_wait(PENDING, deps=[dp_tok])
   ds = p * (dp - delta[None, :])
   # S^T's accumulator layout is the register layout of the next products' A operand (16-bit, k_width 2): free.
@@ -124,13 +142,21 @@ def _query_tile(t, dk, dv, p_op, k_s, v_s, q_bufs, do_bufs, q_ready, do_ready, q
 
 
 @gluon.jit
-def _rows(t, tiles, n_q, b, n_heads, kvh, group, tq, cols, BLOCK_M: gl.constexpr, WIDTH: gl.constexpr = 1):
-  """Offsets of query tile ``min(t, tiles - 1)``'s rows (query head ``kvh * group + t // n_q``, along ``cols``) in
-  ``[B, N, WIDTH * Tq]`` (lse and delta: WIDTH 1; the row factors R * l and 1 / (R * l): 2), and which are rows
-  (before Tq)."""
-  t = gl.minimum(t, tiles - 1)
-  g = t // n_q
-  m0 = (t - g * n_q) * BLOCK_M  # added to the row's offset before the columns: fewer 64-bit adds
+def _tile(t, walk, BLOCK_M: gl.constexpr):
+  """``(g, m0)`` of walk tile ``t``: query head ``kvh * group + g``, first row ``m0``. ``walk = (first, n_w, last)``:
+  each query head's tiles from tile ``first`` (0 without a causal mask), ``n_w`` of them (at least 1, for the
+  division), ``last`` the walk's last tile (0 for a walk of none)."""
+  first, n_w = walk[0], walk[1]
+  g = t // n_w
+  return g, (first + t - g * n_w) * BLOCK_M
+
+
+@gluon.jit
+def _rows(t, walk, b, n_heads, kvh, group, tq, cols, BLOCK_M: gl.constexpr, WIDTH: gl.constexpr = 1):
+  """Offsets of walk tile ``min(t, last)``'s rows (:func:`_tile`, along ``cols``) in ``[B, N, WIDTH * Tq]`` (lse and
+  delta: WIDTH 1; the row factors R * l and 1 / (R * l): 2), and which are rows (before Tq)."""
+  g, m0 = _tile(gl.minimum(t, walk[2]), walk, BLOCK_M)  # m0 is added to the row's offset before the columns: fewer
+  # 64-bit adds
   return (b * n_heads + kvh * group + g).to(gl.int64) * (WIDTH * tq) + m0 + cols, m0 + cols < tq
 
 
@@ -144,33 +170,33 @@ def _load(ptr, ok, other, EVEN: gl.constexpr):
 
 
 @gluon.jit
-def _factors(rf_ptr, t, tiles, n_q, b, n_heads, kvh, group, tq, BLOCK_M: gl.constexpr, EVEN: gl.constexpr):
-  """R * l and 1 / (R * l) of query tile ``min(t, tiles - 1)``'s rows (rows past Tq: 1 and 0) in FACTORS_LAYOUT,
+def _factors(rf_ptr, t, walk, b, n_heads, kvh, group, tq, BLOCK_M: gl.constexpr, EVEN: gl.constexpr):
+  """R * l and 1 / (R * l) of walk tile ``min(t, last)``'s rows (rows past Tq: 1 and 0) in FACTORS_LAYOUT,
   so that they can be held a tile ahead (:func:`_query_tile`)."""
   cols = gl.arange(0, BLOCK_M, layout=FACTORS_LAYOUT)
-  at, ok = _rows(t, tiles, n_q, b, n_heads, kvh, group, tq, cols, BLOCK_M, 2)
+  at, ok = _rows(t, walk, b, n_heads, kvh, group, tq, cols, BLOCK_M, 2)
   return _load(rf_ptr + at, ok, 1.0, EVEN), _load(rf_ptr + at + tq, ok, 0.0, EVEN)
 
 
 @gluon.jit
-def _lse_delta(lse_ptr, delta_ptr, t, tiles, n_q, b, n_heads, kvh, group, tq, BLOCK_M: gl.constexpr,
-               EVEN: gl.constexpr):
-  """lse and delta of query tile ``min(t, tiles - 1)`` (rows past Tq: -inf and 0, so that P = 0 there, as the Triton
+def _lse_delta(lse_ptr, delta_ptr, t, walk, b, n_heads, kvh, group, tq, BLOCK_M: gl.constexpr, EVEN: gl.constexpr):
+  """lse and delta of walk tile ``min(t, last)`` (rows past Tq: -inf and 0, so that P = 0 there, as the Triton
   kernel's masked tiles have them) in FACTORS_LAYOUT, as :func:`_factors`."""
   cols = gl.arange(0, BLOCK_M, layout=FACTORS_LAYOUT)
-  at, ok = _rows(t, tiles, n_q, b, n_heads, kvh, group, tq, cols, BLOCK_M)
+  at, ok = _rows(t, walk, b, n_heads, kvh, group, tq, cols, BLOCK_M)
   return _load(lse_ptr + at, ok, float("-inf"), EVEN), _load(delta_ptr + at, ok, 0.0, EVEN)
 
 
 @gluon.jit
 def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
               HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr, ROW: gl.constexpr, EVEN: gl.constexpr,
-              DEFER_DV: gl.constexpr):
-  """Consumer warpgroup WG: keys ``[start_n + 64 WG, +64)`` of KV head ``kvh``, batch ``b``; walks every query tile
-  of the KV head's ``group`` query heads and stores its dK and dV rows."""
+              DEFER_DV: gl.constexpr, IS_CAUSAL: gl.constexpr):
+  """Consumer warpgroup WG: keys ``[start_n + 64 WG, +64)`` of KV head ``kvh``, batch ``b``; walks the program's query
+  tiles (``walk``, :func:`_tile`) of the KV head's ``group`` query heads and stores its dK and dV rows."""
   q_bufs, do_bufs, k_bufs, v_bufs, kv_ready, q_ready, do_ready, q_empty, do_empty = smem
-  (lse_ptr, delta_ptr, rf_ptr, dk_ptr, dv_ptr, scale, n_q, tq, tk, tiles, b, kvh, group, n_heads, start_n, stride_kb,
-   stride_kt, stride_kh, stride_vb, stride_vt, stride_vh) = scalars
+  (lse_ptr, delta_ptr, rf_ptr, dk_ptr, dv_ptr, leak_ptr, scale, walk, off, tq, tk, tiles, b, kvh, group, n_heads,
+   start_n, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh) = scalars
+  causal = (walk, off, start_n + WG * WG_ROWS)
   S_LAYOUT: gl.constexpr = acc_layout(BLOCK_M)  # S^T: [64 keys, BLOCK_M query rows]
   D_LAYOUT: gl.constexpr = acc_layout(HEAD_DIM)  # dK, dV: [64 keys, D]
   qk_scale = scale * LOG2E  # as the Triton kernel forms it: one FP32 product
@@ -182,36 +208,37 @@ def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, BLOCK_M: 
   mbarrier.wait(kv_ready, 0)
   # lse and delta loaded one tile ahead in FACTORS_LAYOUT (plain loads, cached: each row's are read by every program
   # of its KV head), so no product waits on them.
-  lse, delta = _lse_delta(lse_ptr, delta_ptr, 0, tiles, n_q, b, n_heads, kvh, group, tq, BLOCK_M, EVEN)
+  lse, delta = _lse_delta(lse_ptr, delta_ptr, 0, walk, b, n_heads, kvh, group, tq, BLOCK_M, EVEN)
   OPERAND: gl.constexpr = gl.DotOperandLayout(0, D_LAYOUT, 2)
   p_op = gl.zeros([WG_ROWS, BLOCK_M], gl.bfloat16, layout=OPERAND)  # the previous tile's fq(P)^T (DEFER_DV)
   # Row mode's factors, a tile ahead (FACTORS_LAYOUT; unused in block mode, where they are never loaded).
   if ROW:
-    rl_next, inv_next = _factors(rf_ptr, 0, tiles, n_q, b, n_heads, kvh, group, tq, BLOCK_M, EVEN)
+    rl_next, inv_next = _factors(rf_ptr, 0, walk, b, n_heads, kvh, group, tq, BLOCK_M, EVEN)
   else:
     rl_next = gl.zeros([BLOCK_M], gl.float32, layout=FACTORS_LAYOUT)
     inv_next = rl_next
   if DEFER_DV:  # tile 0 (no dV product before it), then the walk from tile 1
-    lse_next, delta_next = _lse_delta(lse_ptr, delta_ptr, 1, tiles, n_q, b, n_heads, kvh, group, tq, BLOCK_M, EVEN)
+    lse_next, delta_next = _lse_delta(lse_ptr, delta_ptr, 1, walk, b, n_heads, kvh, group, tq, BLOCK_M, EVEN)
     rl, inv = rl_next, inv_next
     if ROW:
-      rl_next, inv_next = _factors(rf_ptr, 1, tiles, n_q, b, n_heads, kvh, group, tq, BLOCK_M, EVEN)
+      rl_next, inv_next = _factors(rf_ptr, 1, walk, b, n_heads, kvh, group, tq, BLOCK_M, EVEN)
     dk, dv, p_op = _query_tile(0, dk, dv, p_op, k_s, v_s, q_bufs, do_bufs, q_ready, do_ready, q_empty, do_empty, lse,
-                               delta, rl, inv, s_init, qk_scale, D_LAYOUT, STAGES, HW_E4M3, HW_E2M1, ROW, True, True)
+                               delta, rl, inv, s_init, qk_scale, causal, D_LAYOUT, STAGES, HW_E4M3, HW_E2M1, ROW, True,
+                               True, IS_CAUSAL)
     start = 1
   else:
     lse_next, delta_next = lse, delta
     start = 0
   for t in range(start, tiles):
     lse, delta = lse_next, delta_next
-    lse_next, delta_next = _lse_delta(lse_ptr, delta_ptr, t + 1, tiles, n_q, b, n_heads, kvh, group, tq, BLOCK_M,
+    lse_next, delta_next = _lse_delta(lse_ptr, delta_ptr, t + 1, walk, b, n_heads, kvh, group, tq, BLOCK_M,
                                       EVEN)
     rl, inv = rl_next, inv_next
     if ROW:
-      rl_next, inv_next = _factors(rf_ptr, t + 1, tiles, n_q, b, n_heads, kvh, group, tq, BLOCK_M, EVEN)
+      rl_next, inv_next = _factors(rf_ptr, t + 1, walk, b, n_heads, kvh, group, tq, BLOCK_M, EVEN)
     dk, dv, p_op = _query_tile(t, dk, dv, p_op, k_s, v_s, q_bufs, do_bufs, q_ready, do_ready, q_empty, do_empty, lse,
-                               delta, rl, inv, s_init, qk_scale, D_LAYOUT, STAGES, HW_E4M3, HW_E2M1, ROW, DEFER_DV,
-                               False)
+                               delta, rl, inv, s_init, qk_scale, causal, D_LAYOUT, STAGES, HW_E4M3, HW_E2M1, ROW,
+                               DEFER_DV, False, IS_CAUSAL)
   if DEFER_DV:  # the last tile's dV product
     sp = (tiles - 1) % STAGES
     dv_tok = warpgroup_mma(p_op, do_bufs.index(sp), dv, is_async=True)
@@ -224,22 +251,33 @@ def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, BLOCK_M: 
   ch = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, D_LAYOUT))
   k_rows = b.to(gl.int64) * stride_kb + kvh.to(gl.int64) * stride_kh + keys.to(gl.int64) * stride_kt
   v_rows = b.to(gl.int64) * stride_vb + kvh.to(gl.int64) * stride_vh + keys.to(gl.int64) * stride_vt
-  if EVEN:
+  keep = keys < tk
+  if IS_CAUSAL:
+    # A NaN that reached these keys' dK or dV may have come through a hidden pair, as in the Triton kernel's fast walk:
+    # then nothing is stored (fq(K) and fq(V) stay in place) and the flag sends the key tile to that kernel's exact
+    # walk (its REDO launch, the plan's next). Every consumer writes its flag, so the flags need no zeroing.
+    nan = ((dk != dk) | (dv != dv)) & keep[:, None]
+    leaked = gl.max(gl.max(nan.to(gl.int32), axis=1), axis=0)
+    tile = start_n // WG_ROWS + WG
+    n_tiles = (tk + WG_ROWS - 1) // WG_ROWS
+    if tile < n_tiles:
+      gl.store(leak_ptr + (b * (n_heads // group) + kvh) * n_tiles + tile, leaked)
+    keep = keep & (leaked == 0)
+  if EVEN and not IS_CAUSAL:
     gl.store(dk_ptr + k_rows[:, None] + ch[None, :], (dk * scale).to(dk_ptr.dtype.element_ty))
     gl.store(dv_ptr + v_rows[:, None] + ch[None, :], dv.to(dv_ptr.dtype.element_ty))
-  else:  # the last program's keys past Tk (zeros from the copies) are not stored
-    keep = (keys < tk)[:, None]
-    gl.store(dk_ptr + k_rows[:, None] + ch[None, :], (dk * scale).to(dk_ptr.dtype.element_ty), mask=keep)
-    gl.store(dv_ptr + v_rows[:, None] + ch[None, :], dv.to(dv_ptr.dtype.element_ty), mask=keep)
+  else:  # the last program's keys past Tk (zeros from the copies) are not stored, nor a causal walk's leaked tile
+    gl.store(dk_ptr + k_rows[:, None] + ch[None, :], (dk * scale).to(dk_ptr.dtype.element_ty), mask=keep[:, None])
+    gl.store(dv_ptr + v_rows[:, None] + ch[None, :], dv.to(dv_ptr.dtype.element_ty), mask=keep[:, None])
 
 
 @gluon.jit
 def _producer(smem, args, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
-  """The producer warp: the program's K and V tiles, then Q and dO of query tiles ``0 .. tiles - 1`` (query head
-  ``kvh * group + t // n_q``, rows ``(t % n_q) * BLOCK_M``) into the ring. Descriptors over each batch's rows, heads
+  """The producer warp: the program's K and V tiles, then Q and dO of walk tiles ``0 .. tiles - 1`` (:func:`_tile`)
+  into the ring. Descriptors over each batch's rows, heads
   side by side along the columns (``stride_h == D``); made here, by the warp that uses them."""
   q_bufs, do_bufs, k_bufs, v_bufs, kv_ready, q_ready, do_ready, q_empty, do_empty = smem
-  (q_ptr, do_ptr, k_ptr, v_ptr, n_q, tq, tk, tiles, b, kvh, group, n_heads, kv_heads, start_n, stride_qb, stride_qt,
+  (q_ptr, do_ptr, k_ptr, v_ptr, walk, tq, tk, tiles, b, kvh, group, n_heads, kv_heads, start_n, stride_qb, stride_qt,
    stride_db, stride_dt, stride_kb, stride_kt, stride_vb, stride_vt) = args
   Q_SMEM: gl.constexpr = tile_smem_layout(BLOCK_M, HEAD_DIM)
   KV_SMEM: gl.constexpr = tile_smem_layout(WG_ROWS, HEAD_DIM)
@@ -260,8 +298,8 @@ def _producer(smem, args, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES:
   for t in range(tiles):
     st = t % STAGES
     free = ((t // STAGES) & 1) ^ 1  # the (n-1)-th release of the stage; passes at once for its first fill
-    g = t // n_q
-    at = [(t - g * n_q) * BLOCK_M, (kvh * group + g) * HEAD_DIM]
+    g, m0 = _tile(t, walk, BLOCK_M)
+    at = [m0, (kvh * group + g) * HEAD_DIM]
     mbarrier.wait(q_empty.index(st), free)
     mbarrier.expect(q_ready.index(st), TILE_BYTES)
     tma.async_copy_global_to_shared(q_desc, at, q_ready.index(st), q_bufs.index(st))
@@ -272,12 +310,12 @@ def _producer(smem, args, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES:
 
 @gluon.jit
 def attention_bwd_dkdv_ws_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, rf_ptr, scale, tq, tk, n_heads, group,
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, rf_ptr, scale, tq, tk, n_heads, group, off,
     stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
-    stride_db, stride_dt, stride_dh, dk_ptr, dv_ptr,
+    stride_db, stride_dt, stride_dh, dk_ptr, dv_ptr, leak_ptr,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr, P_ROW_RANGE: gl.constexpr = 0.0, EVEN: gl.constexpr = True,
-    DEFER_DV: gl.constexpr = False):
+    DEFER_DV: gl.constexpr = False, IS_CAUSAL: gl.constexpr = False):
   """dK and dV of 128 keys of one KV head per program: grid ``(cdiv(tk, 128), B * K)``. Outputs last, as the launch
   plans order arguments.
 
@@ -288,14 +326,21 @@ def attention_bwd_dkdv_ws_kernel(
   Triton kernel). Every last axis contiguous, heads side by side (``stride_h == D``), the other strides multiples of
   16 elements. ``tq > 0``, ``tk % 16 == 0``: the copies fill rows past Tq and keys past Tk with zeros, where P is 0
   (lse of -inf) and dK, dV are not stored; EVEN: ``tq % BLOCK_M == 0`` and ``tk % 128 == 0`` (no masks on the rows'
-  loads or the stores). Launch with ``num_warps=4`` (the default partition: consumer 0) and ``maxnreg`` of
-  ``attention_fwd_ws.registers(2)``; the kernel adds a 4-warp consumer partition and the producer's warp. Needs the
-  launch's global scratch (four tensor descriptors a program).
+  loads or the stores; not with IS_CAUSAL). Launch with ``num_warps=4`` (the default partition: consumer 0) and
+  ``maxnreg`` of ``attention_fwd_ws.registers(2)``; the kernel adds a 4-warp consumer partition and the producer's
+  warp. Needs the launch's global scratch (four tensor descriptors a program).
+  IS_CAUSAL: key j is visible to query row i only where ``j <= i + off`` (``off``: 0 top-left, ``tk - tq``
+  bottom-right; read only then); a program walks the query tiles from the first that holds a row seeing its first key,
+  and masks the tiles that hide a pair (:func:`_causal_mask`): the Triton kernel's fast causal walk. Where a NaN
+  reaches a consumer's dK or dV (it may have come through a hidden pair, as in that walk) the consumer stores nothing
+  and sets its key tile's flag in ``leak`` ([B * K, cdiv(Tk, 64)] int32, every flag written), for the Triton kernel's
+  exact walk (``attention_bwd_dkdv_kernel``'s REDO launch). Without IS_CAUSAL ``leak`` is not touched.
   """
   gl.static_assert(HEAD_DIM == 64 or HEAD_DIM == 128, "D of 64 or 128")
   gl.static_assert(BLOCK_M == 32 or BLOCK_M == 64, "query tiles of 32 or 64 rows")
   gl.static_assert(STAGES >= 1, "at least one stage")
   gl.static_assert(gl.num_warps() == 4, "the default partition is one consumer warpgroup")
+  gl.static_assert(not (IS_CAUSAL and DEFER_DV), "DEFER_DV's first tile is unconditional: not with a causal walk")
   # stride_qh and stride_dh equal HEAD_DIM: the descriptors step over heads along the columns.
   stride_qb, stride_qt = stride_qb // 16 * 16, stride_qt // 16 * 16
   stride_kb, stride_kt, stride_kh = stride_kb // 16 * 16, stride_kt // 16 * 16, stride_kh // 16 * 16
@@ -303,12 +348,23 @@ def attention_bwd_dkdv_ws_kernel(
   stride_db, stride_dt = stride_db // 16 * 16, stride_dt // 16 * 16
   pid_n = gl.program_id(0)
   pid_bk = gl.program_id(1)
+  if IS_CAUSAL:  # the longest walks first, as the Triton kernel hands them out (attention_common.program_tile): every
+    # KV head's first key tile, then every head's second, ...; each program computes the same tile as in launch order
+    lin = pid_bk * gl.num_programs(0) + pid_n
+    pid_n = lin // gl.num_programs(1)
+    pid_bk = lin % gl.num_programs(1)
   kv_heads = n_heads // group
   b = pid_bk // kv_heads
   kvh = pid_bk % kv_heads
   start_n = pid_n * BLOCK_N
   n_q = (tq + BLOCK_M - 1) // BLOCK_M
-  tiles = n_q * group
+  if IS_CAUSAL:  # query tiles before the first row that sees the program's first key hold no visible pair
+    first = gl.maximum(start_n - off, 0) // BLOCK_M
+    tiles = gl.maximum(n_q - first, 0) * group
+    walk = (first, gl.maximum(n_q - first, 1), gl.maximum(tiles - 1, 0))
+  else:
+    tiles = n_q * group
+    walk = (0, n_q, tiles - 1)
 
   Q_SMEM: gl.constexpr = tile_smem_layout(BLOCK_M, HEAD_DIM)
   KV_SMEM: gl.constexpr = tile_smem_layout(WG_ROWS, HEAD_DIM)
@@ -330,27 +386,29 @@ def attention_bwd_dkdv_ws_kernel(
 
   smem = (q_bufs, do_bufs, k_bufs, v_bufs, kv_ready, q_ready, do_ready, q_empty, do_empty)
   ROW: gl.constexpr = P_ROW_RANGE > 0
-  scalars = (lse_ptr, delta_ptr, rf_ptr, dk_ptr, dv_ptr, scale, n_q, tq, tk, tiles, b, kvh, group, n_heads, start_n,
-             stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh)
-  args = (q_ptr, do_ptr, k_ptr, v_ptr, n_q, tq, tk, tiles, b, kvh, group, n_heads, kv_heads, start_n, stride_qb,
+  scalars = (lse_ptr, delta_ptr, rf_ptr, dk_ptr, dv_ptr, leak_ptr, scale, walk, off, tq, tk, tiles, b, kvh, group,
+             n_heads, start_n, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh)
+  args = (q_ptr, do_ptr, k_ptr, v_ptr, walk, tq, tk, tiles, b, kvh, group, n_heads, kv_heads, start_n, stride_qb,
           stride_qt, stride_db, stride_dt, stride_kb, stride_kt, stride_vb, stride_vt)
   gl.warp_specialize([(_consumer, (0, smem, scalars, HEAD_DIM, BLOCK_M, STAGES, HW_E4M3, HW_E2M1, ROW, EVEN,
-                                   DEFER_DV)),
+                                   DEFER_DV, IS_CAUSAL)),
                       (_consumer, (1, smem, scalars, HEAD_DIM, BLOCK_M, STAGES, HW_E4M3, HW_E2M1, ROW, EVEN,
-                                   DEFER_DV)),
+                                   DEFER_DV, IS_CAUSAL)),
                       (_producer, (smem, args, HEAD_DIM, BLOCK_M, STAGES))], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 def launch_params(head_dim: int, block_m: int | None = None, stages: int = 2, compute_capability=(9, 0),
                   defer_dv: bool = False, p_row_range: float = 0.0, tq: int | None = None,
-                  tk: int | None = None) -> dict:
+                  tk: int | None = None, is_causal: bool = False) -> dict:
   """Constexprs and launch options of :func:`attention_bwd_dkdv_ws_kernel` (``block_m``: PLAN_BLOCK_M when
   None; ``p_row_range``: the plan's P_ROW_RANGE with p_scale "row", else 0; ``tq``, ``tk``: the lengths, None for
-  ones that the tiles divide)."""
+  ones that the tiles divide; ``is_causal``: the causal walk, ``IS_CAUSAL``)."""
   block_m = block_m or PLAN_BLOCK_M
   maxnreg, consumer_regs = registers(CONSUMERS)
   flags = quant_flags(compute_capability)
   return {"HEAD_DIM": head_dim, "BLOCK_M": block_m, "STAGES": stages, "CONSUMER_REGS": consumer_regs,
           "HW_E4M3": flags["HW_E4M3"], "HW_E2M1": flags["HW_E2M1"], "DEFER_DV": bool(defer_dv),
-          "P_ROW_RANGE": float(p_row_range), "EVEN": (tq or 0) % block_m == 0 and (tk or 0) % BLOCK_N.value == 0,
-          "num_warps": 4, "maxnreg": maxnreg}
+          "P_ROW_RANGE": float(p_row_range),
+          # A causal walk of no tile (keys no row sees) still prefetches the rows after the last: its loads are masked.
+          "EVEN": (tq or 0) % block_m == 0 and (tk or 0) % BLOCK_N.value == 0 and not is_causal,
+          "IS_CAUSAL": bool(is_causal), "num_warps": 4, "maxnreg": maxnreg}
