@@ -45,7 +45,7 @@ import fastvideo  # noqa: E402
 from _figure import pyplot  # noqa: E402
 from _timing import cuda_event_ms  # noqa: E402
 
-# (B, N, K, S, D, causal): issue #13's shapes
+# (B, N, K, S, D, causal): issue #13's eight shapes, then a head dim that is no power of two (padded tiles)
 FULL = [
   (1, 16, 16, 4096, 128, False),
   (1, 16, 16, 4096, 128, True),
@@ -55,6 +55,7 @@ FULL = [
   (1, 40, 40, 9360, 128, False),  # a video shape (Wan-like token count)
   (1, 32, 8, 8192, 128, True),  # GQA
   (8, 16, 16, 1024, 128, True),
+  (1, 16, 16, 8192, 96, False),
 ]
 QUICK = [FULL[0], FULL[3], FULL[4], FULL[6]]
 REFERENCE_MAX_S = 4096  # the XLA reference materializes [B, N, S, S] in its backward
@@ -435,7 +436,7 @@ def main():
     "--shapes",
     choices=["quick", "full"],
     default="full",
-    help="full: issue #13's 8 shapes; quick: 4 of them (incl. S = 16384 and GQA)",
+    help="full: issue #13's 8 shapes and one at D = 96; quick: 4 of them (incl. S = 16384 and GQA)",
   )
   ap.add_argument(
     "--rows",
