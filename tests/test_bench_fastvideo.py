@@ -155,7 +155,7 @@ def test_attention_help_runs():
 def test_attention_shapes_and_fastvideo_failures_are_reasons(tmp_path):
   bench = _load_bench("attention")
   assert bench.FULL[:2] == [(1, 16, 16, 4096, 128, False), (1, 16, 16, 4096, 128, True)]
-  assert len(bench.FULL) == 8 and set(bench.QUICK) <= set(bench.FULL)
+  assert len(bench.FULL) == 9 and bench.FULL[8][4] == 96 and set(bench.QUICK) <= set(bench.FULL)  # 8 + D = 96
   assert any(s[3] == 16384 for s in bench.QUICK)
   assert bench._parse_indices("all", 3) == {0, 1, 2} and bench._parse_indices("none", 3) == set()
   assert bench._parse_indices("0,2", 3) == {0, 2}
