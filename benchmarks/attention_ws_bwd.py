@@ -17,7 +17,7 @@ Time: CUDA events around 20 back-to-back launches, median of 5: each variant, an
 
 ``--p-scale row``: the same with p_scale="row" (the forward's row max; the kernels read the row factors that the
 backward plan's own launch forms). ``--causal``: the same with a (top-left) causal mask: the Triton kernel's causal
-walk against the new kernel's (``IS_CAUSAL``), which the library does not launch yet.
+walk against the new kernel's (``IS_CAUSAL``) alone: without a NaN the plan's REDO launch after it finds no flag.
 """
 
 from __future__ import annotations
