@@ -1,4 +1,4 @@
-"""Shared test helpers: the GPU skip rule, NaN poisoning and the one tolerance helper."""
+"""Shared test helpers: the GPU skip rule, NaN poisoning, the one tolerance helper and the benchmark-script loader."""
 
 import os
 import subprocess
@@ -25,6 +25,20 @@ if os.environ["TRITON_INTERPRET"] == "1":  # kernels launched straight from test
   from jqat.ffi import interpreter
 
   interpreter.install()
+
+
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+
+
+def load_bench(name: str):
+  """benchmarks/<name>.py as a module (``bench_<name>``), without putting benchmarks/ on sys.path for the rest of the
+  suite."""
+  import importlib.util
+
+  spec = importlib.util.spec_from_file_location(f"bench_{name}", os.path.join(BENCH, f"{name}.py"))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
 
 
 _CHILD = "JQAT_TEST_CHILD"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import io
 import os
 import subprocess
@@ -11,20 +10,13 @@ import sys
 import tarfile
 
 import pytest
+from conftest import load_bench
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "benchmarks")
 
 
-def _load_bench(name):
-  """A benchmarks/ script as a module, without putting benchmarks/ on sys.path for the rest of the suite."""
-  spec = importlib.util.spec_from_file_location(f"bench_{name}", os.path.join(BENCH, f"{name}.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
-
-
-fastvideo = _load_bench("fastvideo")
+fastvideo = load_bench("fastvideo")
 
 TOP = "fastvideo_kernel-9.9.9"
 PKG = f"{TOP}/python/fastvideo_kernel/triton_kernels"
@@ -153,7 +145,7 @@ def test_attention_help_runs():
 
 
 def test_attention_shapes_and_fastvideo_failures_are_reasons(tmp_path):
-  bench = _load_bench("attention")
+  bench = load_bench("attention")
   assert bench.FULL[:2] == [(1, 16, 16, 4096, 128, False), (1, 16, 16, 4096, 128, True)]
   assert len(bench.FULL) == 9 and bench.FULL[8][4] == 96 and set(bench.QUICK) <= set(bench.FULL)  # 8 + D = 96
   assert any(s[3] == 16384 for s in bench.QUICK)
@@ -174,7 +166,7 @@ def test_attention_shapes_and_fastvideo_failures_are_reasons(tmp_path):
 
 def test_attention_plot_with_missing_columns(tmp_path):
   pytest.importorskip("matplotlib")
-  bench = _load_bench("attention")
+  bench = load_bench("attention")
   rows = [
     dict(B=1, N=16, K=16, S=4096, D=128, causal=False, jqat_fwdbwd_ms=2.3, cudnn_fwdbwd_ms=0.9, sdpa_fwdbwd_ms=1.0),
     dict(B=1, N=32, K=8, S=8192, D=128, causal=True, jqat_fwdbwd_ms=10.1, fastvideo_error="no GQA"),

@@ -11,6 +11,7 @@ import inspect
 import jax.numpy as jnp
 import pytest
 import torch
+from conftest import load_bench
 
 from jqat.ffi import jax_launch, torch_launch
 from jqat.ffi import plan as plans
@@ -376,8 +377,6 @@ def _warp_specialized_build(plan, launch, tmp_path, loops=False):
   """Builds a warp-specialized Gluon launch of ``plan`` for sm_90 and returns cuobjdump's resource usage of it (with
   ``loops``: and its SASS loops with their instruction mix, ``benchmarks/sass_stats.py``'s), after checking its
   warps: 12 in all (a consumer warpgroup by default, one more and the producer's)."""
-  import importlib.util
-  import os
   import subprocess
 
   import triton
@@ -396,11 +395,7 @@ def _warp_specialized_build(plan, launch, tmp_path, loops=False):
   usage = subprocess.run([cuobjdump, "-res-usage", str(path)], capture_output=True, text=True, check=True).stdout
   if not loops:
     return usage
-  script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "sass_stats.py")
-  spec = importlib.util.spec_from_file_location("bench_sass_stats", script)
-  stats = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(stats)
-  return usage, stats.sass_stats(kernel)["loops"]
+  return usage, load_bench("sass_stats").sass_stats(kernel)["loops"]
 
 
 def _walk_local_ops(loops: list, hgmma: int) -> dict:

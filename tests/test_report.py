@@ -3,19 +3,17 @@ markdown table holding its figures, and an unknown JSON is refused."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 
 import pytest
+from conftest import load_bench
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "report.py")
-_spec = importlib.util.spec_from_file_location("bench_report", SCRIPT)
-report = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(report)
+report = load_bench("report")
 
 _PHASES = {"first_run": 2.6392}
 _START = dict(first_result_s=4.358, process_wall_s=4.894, kernels_compiled_before_first_result=0, xla_cache_hits=5,
