@@ -187,13 +187,14 @@ def test_nan_at_masked_pairs_reaches_only_its_dependents(implementation, case, w
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("where", ["q", "k", "v", "do"])
-def test_nan_through_the_warp_specialized_causal_walk_gpu(where):
-  """With the bindings' default launch configurations a causal backward at D = 128 (Tk a multiple of 16, heads side by
-  side) runs dK/dV on sm_90 as the warp-specialized kernel's causal walk; a key tile that a NaN reached there goes to
-  the Triton kernel's exact walk (its REDO launch). The NaN positions stay exact: 96 query rows, 256 keys, top-left
-  (keys past row 95 see none: the second program walks no tile; the NaN key is one of them), GQA."""
-  shape = (1, 96, 256, 4, 2, 128)
+@pytest.mark.parametrize("where, d", [("q", 128), ("k", 128), ("v", 128), ("do", 128), ("k", 64), ("do", 64)])
+def test_nan_through_the_warp_specialized_causal_walk_gpu(where, d):
+  """With the bindings' default launch configurations a causal backward (Tk a multiple of 16, heads side by side)
+  runs dK/dV on sm_90 as the warp-specialized kernel's causal walk; a key tile that a NaN reached there goes to the
+  Triton kernel's exact walk (its REDO launch, on key tiles of 64 at D = 64 too). The NaN positions stay exact:
+  96 query rows, 256 keys, top-left (keys past row 95 see none: the second program walks no tile; the NaN key is one
+  of them), GQA."""
+  shape = (1, 96, 256, 4, 2, d)
   args = dict(zip(("q", "k", "v", "do"), _inputs(shape, seed=3)))
   args[where] = poison(args[where], {"q": (0, 80, 1, 5), "k": (0, 150, 0, 7), "v": (0, 60, 1, 9),
                                      "do": (0, 40, 2, 3)}[where])

@@ -127,7 +127,8 @@ def test_lengths_divisible_by_16_are_shown_to_the_kernels(tq, tk, align):
   fwd = plans.attention_forward(q, k, k, opts, GPU)
   bwd = {la.name: la for la in plans.attention_backward(q, q, k, k, q, lse, opts, GPU).launches}
   assert fwd.launches[-1].constexprs["SEQ_ALIGN"] == align == bwd["jqat_attention_bwd_dq"].constexprs["SEQ_ALIGN"]
-  assert "SEQ_ALIGN" not in bwd["jqat_attention_bwd_dkdv"].constexprs
+  dkdv = [la for name, la in bwd.items() if name.startswith("jqat_attention_bwd_dkdv")]  # the Triton or ws (+ REDO)
+  assert dkdv and all("SEQ_ALIGN" not in la.constexprs for la in dkdv)
 
 
 def test_fake_quantize_needs_dense_rows():
@@ -522,6 +523,14 @@ def test_ws_dkdv_plan_builds_for_sm90(monkeypatch, tmp_path):
     assert refs(redo)[1:3] == ["dk", "dv"] and refs(redo)[-1] == "dkdv_leaks" and redo.outputs == ("dk", "dv")
     assert [(refs(redo)[i], o) for i, o in redo.aliases] == [("dk", 0), ("dv", 1)]
   assert _walk_local_ops(_warp_specialized_build(causal, launch, tmp_path, loops=True)[1], 24)["STL"] == 0
+  # At D = 64 the Triton kernel's key tiles are of 128: the REDO launch alone walks tiles of 64, the flags' tiles.
+  x64, kv64 = dense((1, 96, 4, 64), "bfloat16"), dense((1, 256, 2, 64), "bfloat16")
+  causal64 = plans.attention_backward(x64, x64, kv64, kv64, x64, lse, AttentionOptions(0.125, is_causal=True), GPU)
+  launch, redo = causal64.launches[-2:]
+  assert launch.name == "jqat_attention_bwd_dkdv_ws" and causal64.buffers["dkdv_leaks"].shape == (2, 4)
+  assert redo.constexprs["REDO"] and redo.constexprs["BLOCK_N"] == 64 and redo.grid == (4, 2)
+  assert plans.backward_config(64).kv_block_n == 128
+  assert _walk_local_ops(_warp_specialized_build(causal64, launch, tmp_path, loops=True)[1], 16)["STL"] == 0
   # Cases it does not take keep the Triton kernel: causal without quantize_qkv (fq(K) not in dK's storage), 200 keys
   # (not a multiple of 16), D = 96, a window, BHSD storage (heads not side by side).
   bhsd = lambda shape: plans.Tensor(shape, "bfloat16",

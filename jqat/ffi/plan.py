@@ -552,7 +552,15 @@ def _dkdv_ws(d_out, q, k, v, qq, kk, vv, opts, target, in_grads, row: bool, redo
   ws = Launch("jqat_attention_bwd_dkdv_ws", kbws.attention_bwd_dkdv_ws_kernel,
               (triton.cdiv(tk, kbws.BLOCK_N.value), b * kh), args, ("dk", "dv", "dkdv_leaks"), params, num_warps, 1,
               aliases, maxnreg=maxnreg)
-  return (ws, redo_launch(redo, kk, vv)) if opts.is_causal else (ws,)
+  if not opts.is_causal:
+    return (ws,)
+  # The NaN flags are per key tile of one consumer warpgroup (64 keys): the REDO launch reads them as its own key
+  # tiles', so it walks tiles of 64 keys (at D = 64 the Triton kernel's default tiles are of 128: only the REDO launch
+  # takes 64; its exact walk gives each key's dK and dV whatever the key tile).
+  if redo.constexprs["BLOCK_N"] != kbws.WG_ROWS.value:
+    redo = dataclasses.replace(redo, grid=(triton.cdiv(tk, kbws.WG_ROWS.value), *redo.grid[1:]),
+                               constexprs=dict(redo.constexprs, BLOCK_N=kbws.WG_ROWS.value))
+  return ws, redo_launch(redo, kk, vv)
 
 
 _LEAK_ARG = 20  # the Triton dK/dV kernel's leak_ptr: after q, k, v, dO, lse, delta, rf, 5 scalars, 5 masks, 3 enc
@@ -679,10 +687,7 @@ def attention_backward(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out_for_d
                  dict(BLOCK_M=c.kv_block_m, BLOCK_N=c.kv_block_n, QUANTIZE_P=cfg.quantize_p_backward, **flags,
                       **target.quant_flags(), P_ROW_RANGE=row_range, REDO=False),
                  c.kv_num_warps, c.kv_num_stages, aliases),)
-  # A causal walk's NaN flags are per key tile of one consumer warpgroup (64 keys): the Triton kernel's REDO launch
-  # reads them as its own key tiles' (64 keys at D = 128; at D = 64 its tiles are of 128, and it keeps the walk).
-  redo_fits = not opts.is_causal or c.kv_block_n == kbws.WG_ROWS.value
-  if (backward_kernel() == "ws" and kv_default and redo_fits
+  if (backward_kernel() == "ws" and kv_default
           and _ws_dkdv_takes(d_out, q, k, v, opts, target, bool(mask_names) or tensor)):
     # The NaN flags (without a causal mask a placeholder the kernel never touches).
     leaks = (b * kh, triton.cdiv(tk, kbws.WG_ROWS.value)) if opts.is_causal else (1,)
