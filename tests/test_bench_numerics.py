@@ -139,22 +139,23 @@ def test_memory_accounting_matches_the_shapes():
   assert names("inputs") == ["q", "k", "v"] and total("inputs") == 3 * e
   assert names("outputs") == ["loss", "dq", "dk", "dv"] and total("outputs") == 4 + 3 * e
   assert names("residuals") == ["o_hp", "lse"] and total("residuals") == e + r
-  # Today's plans: fake-quantize scratch in the forward (fq(Q) too, causal), delta in the backward; the backward's
-  # fq(K), fq(V) live in dk's and dv's storage and fq(Q) in O''s. A plan that drops or adds a buffer changes these
-  # lists, and the remedies printed with them.
+  # Today's plans: fake-quantize scratch in the forward (fq(Q) too, causal), delta and the causal walk's NaN flags
+  # (one int32 per KV head and 64-key tile) in the backward; the backward's fq(K), fq(V) live in dk's and dv's storage
+  # and fq(Q) in O''s. A plan that drops or adds a buffer changes these lists, and the remedies printed with them.
+  flags = b * n * -(-s // 64) * 4
   assert sorted(names("forward_transients")) == ["k_hat", "o", "q_hat", "v_hat"]
   assert total("forward_transients") == 4 * e
-  assert sorted(names("backward_transients")) == ["delta", "do"]
-  assert total("backward_transients") == e + r
+  assert sorted(names("backward_transients")) == ["delta", "dkdv_leaks", "do"]
+  assert total("backward_transients") == e + r + flags
   assert [(t["name"], t["stored_in"]) for t in acct["backward_in_outputs"]] == [
       ("k_hat", "dk"), ("v_hat", "dv"), ("q_hat", "o_for_delta")]
-  base = 7 * e + r + 4
-  assert acct["base"] == base and acct["forward_peak"] == 8 * e + r and acct["backward_peak"] == 8 * e + 2 * r + 4
-  assert acct["predicted_ratio"] == (8 * e + 2 * r + 4) / base
-  assert acct["predicted_ratio_with_cotangent"] == (8 * e + 2 * r + 4) / (base + e)
+  base, peak = 7 * e + r + 4, 8 * e + 2 * r + 4 + flags
+  assert acct["base"] == base and acct["forward_peak"] == 8 * e + r and acct["backward_peak"] == peak
+  assert acct["predicted_ratio"] == peak / base
+  assert acct["predicted_ratio_with_cotangent"] == peak / (base + e)
   # Without dO the forward's peak (fq(Q), fq(K), fq(V) and O beside the inputs and residuals) is the larger one.
   assert "fq copies" not in acct["without"]
-  assert acct["without"]["do"]["ratio"] == max(8 * e + r, 7 * e + 2 * r + 4) / base
+  assert acct["without"]["do"]["ratio"] == max(8 * e + r, 7 * e + 2 * r + 4 + flags) / base
   row = attention_bench.memory_accounting(b, n, s, d, p_scale="row")
   assert [t["name"] for t in row["residuals"]] == ["o_hp", "lse", "row_max"] and row["base"] == base + r
 
