@@ -45,26 +45,28 @@ VARIANTS = [("ws_m32_s2", 32, 2, False), ("ws_m32_s3", 32, 3, False), ("ws_m32_s
             ("ws_m32_s4_defer", 32, 4, True), ("ws_m64_s2", 64, 2, False)]
 # (B, H, K, T, D)
 CHECKS = [(1, 2, 2, 256, 128), (2, 4, 2, 512, 128), (1, 2, 2, 256, 64), (1, 4, 1, 384, 128),
-          (1, 4, 2, 400, 128), (1, 2, 1, 208, 64)]  # the last two: T a multiple of 16 only
+          (1, 4, 2, 400, 128), (1, 2, 1, 208, 64),  # these two: T a multiple of 16 only
+          (1, 4, 2, 256, 96), (1, 2, 1, 208, 96)]  # D = 96: tiles of 128 channels
 TIMES = [(1, 16, 16, 4096, 128), (1, 16, 16, 16384, 128), (4, 32, 8, 4096, 128), (1, 16, 16, 8192, 64),
-         (1, 40, 40, 9360, 128), (1, 16, 16, 8208, 64)]  # the last two: lengths the tiles do not divide
+         (1, 40, 40, 9360, 128), (1, 16, 16, 8208, 64),  # these two: lengths the tiles do not divide
+         (1, 16, 16, 8192, 96)]  # attention.py's D = 96 row
 TYPES = ("*bf16",) * 4 + ("*fp32",) * 3 + ("fp32",) + ("i32",) * 17 + ("*bf16", "*bf16", "*i32")
 CAUSAL = False  # --causal: every run with a top-left causal mask
 
 
 def compile_only(arch: int = 90, p_row_range: float = 0.0) -> None:
-  """Builds every variant at D = 128 and 64 for ``sm_<arch>`` and prints registers, spills, shared memory and the
+  """Builds every variant at D = 128, 96 and 64 for ``sm_<arch>`` and prints registers, spills, shared memory and the
   consumers' loop (the loop issuing one query tile's D / 8 + BLOCK_M / 8 wgmma)."""
   from attention_ws import build_offline
   from sass_stats import ptxas_warnings
 
-  for d in (128, 64):
+  for d in (128, 96, 64):
     for name, block_m, stages, defer in VARIANTS:
       t0 = time.time()
       kernel, st, sass, setmaxnreg = build_offline(
           ws.attention_bwd_dkdv_ws_kernel, TYPES,
           ws.launch_params(d, block_m, stages, (arch // 10, arch % 10), defer, p_row_range, is_causal=CAUSAL), arch)
-      loops = [lp["instructions"] for lp in st["loops"] if lp["mix"].get("HGMMA") == d // 8 + block_m // 8]
+      loops = [lp["instructions"] for lp in st["loops"] if lp["mix"].get("HGMMA") == -(-d // 64) * 8 + block_m // 8]
       print(f"{name:16s} D={d:3d} regs {st['registers']} (setmaxnreg {setmaxnreg}) stack {st['stack_bytes']} B, "
             f"LDL/STL {sass.count('LDL') + sass.count('STL')}, smem {st['shared_bytes']} B, scratch "
             f"{kernel.metadata.global_scratch_size} B, loop {min(loops, default=None)} instr, ptxas notes "

@@ -536,13 +536,14 @@ def test_ws_forward_through_the_library_gpu(monkeypatch, causal):
                                                    (128, "row", 640, False), (64, "row", 640, False),
                                                    (128, "row", 592, False), (64, "row", 592, False),
                                                    (128, "block", 640, True), (128, "row", 592, True),
-                                                   (64, "block", 640, True)])
+                                                   (64, "block", 640, True), (96, "block", 640, False),
+                                                   (96, "row", 592, False), (96, "block", 640, True)])
 def test_ws_dkdv_through_the_library_gpu(monkeypatch, d, p_scale, t, causal):
   """The default dK/dV kernel: dK and dV through ``jax.grad`` of ``jqat.attention`` and through the torch binding
   (BTNH storage) come from the warp-specialized kernel (the backward plan of these shapes launches it: GQA, T a
   multiple of 128, or 592 = 37 * 16, which neither its query nor its key tiles divide; p_scale "block" and "row";
-  causal: its causal walk, then the Triton kernel's REDO launch) and are within the Triton backward's
-  bounds of the XLA reference."""
+  causal: its causal walk, then the Triton kernel's REDO launch; D = 96 on tiles of 128 channels) and are within the
+  Triton backward's bounds of the XLA reference."""
   import jqat.torch as jt
   from jqat.ffi import jax_launch
 

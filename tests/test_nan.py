@@ -187,7 +187,8 @@ def test_nan_at_masked_pairs_reaches_only_its_dependents(implementation, case, w
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("where, d", [("q", 128), ("k", 128), ("v", 128), ("do", 128), ("k", 64), ("do", 64)])
+@pytest.mark.parametrize("where, d", [("q", 128), ("k", 128), ("v", 128), ("do", 128), ("k", 64), ("do", 64),
+                                      ("k", 96), ("do", 96)])
 def test_nan_through_the_warp_specialized_causal_walk_gpu(where, d):
   """With the bindings' default launch configurations a causal backward (Tk a multiple of 16, heads side by side)
   runs dK/dV on sm_90 as the warp-specialized kernel's causal walk; a key tile that a NaN reached there goes to the

@@ -1,8 +1,10 @@
 """A warp-specialized NVFP4 QAT dK/dV kernel for Hopper (sm_90), in Gluon.
 
 The function is ``attention_bwd.attention_bwd_dkdv_kernel``'s (docs/NUMERICS.md, section 5) for its simplest cases:
-Q, K, V already fake-quantized, p_scale "block" or "row", fq(P) on, no masks, no segment ids, D = 128 or 64, Tk a
-multiple of 16 (fq(P)'s blocks along keys never mix a key past Tk with one before it).
+Q, K, V already fake-quantized, p_scale "block" or "row", fq(P) on, no masks, no segment ids, D = 64, 96 or 128, Tk
+a multiple of 16 (fq(P)'s blocks along keys never mix a key past Tk with one before it). At D = 96 the tiles are of
+D_PAD = 128 channels, as the Triton kernel's: the copies read channels 96-127 as zeros (a descriptor with the heads
+as a dimension of their own, so the box's columns past D fall outside the tensor), and they are not stored.
 
 Why: the Triton dK/dV kernel (64 keys x 32 query rows on one warpgroup, two programs per SM) is latency-bound: 44% of
 issue slots, the tensor pipe at 34%, and the Q / dO tiles' addresses and copies take 27% of its stall samples
@@ -48,7 +50,7 @@ CONSUMERS = gl.constexpr(2)  # consumer warpgroups, each owning WG_ROWS (64) key
 BLOCK_N = gl.constexpr(64 * CONSUMERS.value)  # keys per program
 # Row mode's factors of a query tile as a consumer warpgroup holds them a tile ahead: one value a thread.
 FACTORS_LAYOUT = gl.constexpr(gl.BlockedLayout([1], [32], [4], [0]))
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 96, 128)
 
 
 # Query rows a tile in the library's launches, at D = 64 and 128: faster than 32 in both modes since lse, delta and
@@ -188,9 +190,9 @@ def _lse_delta(lse_ptr, delta_ptr, t, walk, b, n_heads, kvh, group, tq, BLOCK_M:
 
 
 @gluon.jit
-def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-              HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr, ROW: gl.constexpr, EVEN: gl.constexpr,
-              DEFER_DV: gl.constexpr, IS_CAUSAL: gl.constexpr):
+def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, D_PAD: gl.constexpr, BLOCK_M: gl.constexpr,
+              STAGES: gl.constexpr, HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr, ROW: gl.constexpr,
+              EVEN: gl.constexpr, DEFER_DV: gl.constexpr, IS_CAUSAL: gl.constexpr):
   """Consumer warpgroup WG: keys ``[start_n + 64 WG, +64)`` of KV head ``kvh``, batch ``b``; walks the program's query
   tiles (``walk``, :func:`_tile`) of the KV head's ``group`` query heads and stores its dK and dV rows."""
   q_bufs, do_bufs, k_bufs, v_bufs, kv_ready, q_ready, do_ready, q_empty, do_empty = smem
@@ -198,12 +200,12 @@ def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, BLOCK_M: 
    start_n, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh) = scalars
   causal = (walk, off, start_n + WG * WG_ROWS)
   S_LAYOUT: gl.constexpr = acc_layout(BLOCK_M)  # S^T: [64 keys, BLOCK_M query rows]
-  D_LAYOUT: gl.constexpr = acc_layout(HEAD_DIM)  # dK, dV: [64 keys, D]
+  D_LAYOUT: gl.constexpr = acc_layout(D_PAD)  # dK, dV: [64 keys, D_PAD]
   qk_scale = scale * LOG2E  # as the Triton kernel forms it: one FP32 product
   k_s = k_bufs.index(WG)
   v_s = v_bufs.index(WG)
-  dk = gl.zeros([WG_ROWS, HEAD_DIM], gl.float32, layout=D_LAYOUT)
-  dv = gl.zeros([WG_ROWS, HEAD_DIM], gl.float32, layout=D_LAYOUT)
+  dk = gl.zeros([WG_ROWS, D_PAD], gl.float32, layout=D_LAYOUT)
+  dv = gl.zeros([WG_ROWS, D_PAD], gl.float32, layout=D_LAYOUT)
   s_init = gl.zeros([WG_ROWS, BLOCK_M], gl.float32, layout=S_LAYOUT)  # not read: use_acc=False
   mbarrier.wait(kv_ready, 0)
   # lse and delta loaded one tile ahead in FACTORS_LAYOUT (plain loads, cached: each row's are read by every program
@@ -248,7 +250,7 @@ def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, BLOCK_M: 
   # dK * scale and dV, rounded to bf16 (``attention_bwd.cast_out``), over fq(K) and fq(V)'s storage where the plan
   # puts them there: this program read its K and V rows before its walk.
   keys = start_n + WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, D_LAYOUT))
-  ch = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, D_LAYOUT))
+  ch = gl.arange(0, D_PAD, layout=gl.SliceLayout(0, D_LAYOUT))
   k_rows = b.to(gl.int64) * stride_kb + kvh.to(gl.int64) * stride_kh + keys.to(gl.int64) * stride_kt
   v_rows = b.to(gl.int64) * stride_vb + kvh.to(gl.int64) * stride_vh + keys.to(gl.int64) * stride_vt
   keep = keys < tk
@@ -256,56 +258,84 @@ def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, BLOCK_M: 
     # A NaN that reached these keys' dK or dV may have come through a hidden pair, as in the Triton kernel's fast walk:
     # then nothing is stored (fq(K) and fq(V) stay in place) and the flag sends the key tile to that kernel's exact
     # walk (its REDO launch, the plan's next). Every consumer writes its flag, so the flags need no zeroing.
-    nan = ((dk != dk) | (dv != dv)) & keep[:, None]
+    nan = ((dk != dk) | (dv != dv)) & keep[:, None] & (ch < HEAD_DIM)[None, :]
     leaked = gl.max(gl.max(nan.to(gl.int32), axis=1), axis=0)
     tile = start_n // WG_ROWS + WG
     n_tiles = (tk + WG_ROWS - 1) // WG_ROWS
     if tile < n_tiles:
       gl.store(leak_ptr + (b * (n_heads // group) + kvh) * n_tiles + tile, leaked)
     keep = keep & (leaked == 0)
-  if EVEN and not IS_CAUSAL:
+  if EVEN and not IS_CAUSAL and D_PAD == HEAD_DIM:
     gl.store(dk_ptr + k_rows[:, None] + ch[None, :], (dk * scale).to(dk_ptr.dtype.element_ty))
     gl.store(dv_ptr + v_rows[:, None] + ch[None, :], dv.to(dv_ptr.dtype.element_ty))
-  else:  # the last program's keys past Tk (zeros from the copies) are not stored, nor a causal walk's leaked tile
-    gl.store(dk_ptr + k_rows[:, None] + ch[None, :], (dk * scale).to(dk_ptr.dtype.element_ty), mask=keep[:, None])
-    gl.store(dv_ptr + v_rows[:, None] + ch[None, :], dv.to(dv_ptr.dtype.element_ty), mask=keep[:, None])
+  else:  # the last program's keys past Tk (zeros from the copies) are not stored, nor a causal walk's leaked tile,
+    # nor the padding's channels
+    store = keep[:, None] & (ch < HEAD_DIM)[None, :]
+    gl.store(dk_ptr + k_rows[:, None] + ch[None, :], (dk * scale).to(dk_ptr.dtype.element_ty), mask=store)
+    gl.store(dv_ptr + v_rows[:, None] + ch[None, :], dv.to(dv_ptr.dtype.element_ty), mask=store)
+
+
+@gluon.constexpr_function
+def _box_smem_layout(rows, cols):
+  """The NVMMA layout of :func:`tile_smem_layout` ([rows, cols]) for a [rows, 1, cols] box (one head of a
+  [T, heads, D] descriptor): the same bytes where they are, the unit dimension adding none."""
+  tile = tile_smem_layout(rows, cols)
+  return gl.NVMMASharedLayout(tile.swizzle_byte_width, tile.element_bitwidth, rank=3)
 
 
 @gluon.jit
-def _producer(smem, args, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+def _descriptor(base, rows, heads, stride_t, BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr, D_PAD: gl.constexpr):
+  """A TMA descriptor over one batch's ``[rows, heads, HEAD_DIM]`` (heads side by side) with boxes of BLOCK rows of
+  one head and D_PAD channels: at D_PAD = HEAD_DIM over [rows, heads * HEAD_DIM]; below it the heads are a dimension
+  of their own, so that the box's channels past HEAD_DIM fall outside the tensor and are read as zeros."""
+  if D_PAD == HEAD_DIM:
+    return tma.make_tensor_descriptor(base, shape=[rows, heads * HEAD_DIM], strides=[stride_t, 1],
+                                      block_shape=[BLOCK, HEAD_DIM], layout=tile_smem_layout(BLOCK, HEAD_DIM))
+  else:
+    return tma.make_tensor_descriptor(base, shape=[rows, heads, HEAD_DIM], strides=[stride_t, HEAD_DIM, 1],
+                                      block_shape=[BLOCK, 1, D_PAD], layout=_box_smem_layout(BLOCK, D_PAD))
+
+
+@gluon.jit
+def _copy(desc, row, head, bar, buf, BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr, D_PAD: gl.constexpr):
+  """The TMA copy of rows ``row ..`` of ``head`` (:func:`_descriptor`) into ``buf`` ([BLOCK, D_PAD]), completing
+  on ``bar``."""
+  if D_PAD == HEAD_DIM:
+    tma.async_copy_global_to_shared(desc, [row, head * HEAD_DIM], bar, buf)
+  else:
+    box = buf._reinterpret(gl.bfloat16, [BLOCK, 1, D_PAD], _box_smem_layout(BLOCK, D_PAD))
+    tma.async_copy_global_to_shared(desc, [row, head, 0], bar, box)
+
+
+@gluon.jit
+def _producer(smem, args, HEAD_DIM: gl.constexpr, D_PAD: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
   """The producer warp: the program's K and V tiles, then Q and dO of walk tiles ``0 .. tiles - 1`` (:func:`_tile`)
-  into the ring. Descriptors over each batch's rows, heads
-  side by side along the columns (``stride_h == D``); made here, by the warp that uses them."""
+  into the ring. Descriptors over each batch's rows, heads side by side (``stride_h == D``; :func:`_descriptor`);
+  made here, by the warp that uses them."""
   q_bufs, do_bufs, k_bufs, v_bufs, kv_ready, q_ready, do_ready, q_empty, do_empty = smem
   (q_ptr, do_ptr, k_ptr, v_ptr, walk, tq, tk, tiles, b, kvh, group, n_heads, kv_heads, start_n, stride_qb, stride_qt,
    stride_db, stride_dt, stride_kb, stride_kt, stride_vb, stride_vt) = args
-  Q_SMEM: gl.constexpr = tile_smem_layout(BLOCK_M, HEAD_DIM)
-  KV_SMEM: gl.constexpr = tile_smem_layout(WG_ROWS, HEAD_DIM)
-  q_desc = tma.make_tensor_descriptor(q_ptr + b.to(gl.int64) * stride_qb, shape=[tq, n_heads * HEAD_DIM],
-                                      strides=[stride_qt, 1], block_shape=[BLOCK_M, HEAD_DIM], layout=Q_SMEM)
-  do_desc = tma.make_tensor_descriptor(do_ptr + b.to(gl.int64) * stride_db, shape=[tq, n_heads * HEAD_DIM],
-                                       strides=[stride_dt, 1], block_shape=[BLOCK_M, HEAD_DIM], layout=Q_SMEM)
-  k_desc = tma.make_tensor_descriptor(k_ptr + b.to(gl.int64) * stride_kb, shape=[tk, kv_heads * HEAD_DIM],
-                                      strides=[stride_kt, 1], block_shape=[WG_ROWS, HEAD_DIM], layout=KV_SMEM)
-  v_desc = tma.make_tensor_descriptor(v_ptr + b.to(gl.int64) * stride_vb, shape=[tk, kv_heads * HEAD_DIM],
-                                      strides=[stride_vt, 1], block_shape=[WG_ROWS, HEAD_DIM], layout=KV_SMEM)
-  KV_BYTES: gl.constexpr = 2 * CONSUMERS * WG_ROWS * HEAD_DIM * 2
+  q_desc = _descriptor(q_ptr + b.to(gl.int64) * stride_qb, tq, n_heads, stride_qt, BLOCK_M, HEAD_DIM, D_PAD)
+  do_desc = _descriptor(do_ptr + b.to(gl.int64) * stride_db, tq, n_heads, stride_dt, BLOCK_M, HEAD_DIM, D_PAD)
+  k_desc = _descriptor(k_ptr + b.to(gl.int64) * stride_kb, tk, kv_heads, stride_kt, WG_ROWS, HEAD_DIM, D_PAD)
+  v_desc = _descriptor(v_ptr + b.to(gl.int64) * stride_vb, tk, kv_heads, stride_vt, WG_ROWS, HEAD_DIM, D_PAD)
+  KV_BYTES: gl.constexpr = 2 * CONSUMERS * WG_ROWS * D_PAD * 2  # a box's bytes, the zeros past D included
   mbarrier.expect(kv_ready, KV_BYTES)
   for c in gl.static_range(CONSUMERS):
-    tma.async_copy_global_to_shared(k_desc, [start_n + c * WG_ROWS, kvh * HEAD_DIM], kv_ready, k_bufs.index(c))
-    tma.async_copy_global_to_shared(v_desc, [start_n + c * WG_ROWS, kvh * HEAD_DIM], kv_ready, v_bufs.index(c))
-  TILE_BYTES: gl.constexpr = BLOCK_M * HEAD_DIM * 2
+    _copy(k_desc, start_n + c * WG_ROWS, kvh, kv_ready, k_bufs.index(c), WG_ROWS, HEAD_DIM, D_PAD)
+    _copy(v_desc, start_n + c * WG_ROWS, kvh, kv_ready, v_bufs.index(c), WG_ROWS, HEAD_DIM, D_PAD)
+  TILE_BYTES: gl.constexpr = BLOCK_M * D_PAD * 2
   for t in range(tiles):
     st = t % STAGES
     free = ((t // STAGES) & 1) ^ 1  # the (n-1)-th release of the stage; passes at once for its first fill
     g, m0 = _tile(t, walk, BLOCK_M)
-    at = [m0, (kvh * group + g) * HEAD_DIM]
+    head = kvh * group + g
     mbarrier.wait(q_empty.index(st), free)
     mbarrier.expect(q_ready.index(st), TILE_BYTES)
-    tma.async_copy_global_to_shared(q_desc, at, q_ready.index(st), q_bufs.index(st))
+    _copy(q_desc, m0, head, q_ready.index(st), q_bufs.index(st), BLOCK_M, HEAD_DIM, D_PAD)
     mbarrier.wait(do_empty.index(st), free)
     mbarrier.expect(do_ready.index(st), TILE_BYTES)
-    tma.async_copy_global_to_shared(do_desc, at, do_ready.index(st), do_bufs.index(st))
+    _copy(do_desc, m0, head, do_ready.index(st), do_bufs.index(st), BLOCK_M, HEAD_DIM, D_PAD)
 
 
 @gluon.jit
@@ -313,7 +343,8 @@ def attention_bwd_dkdv_ws_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, rf_ptr, scale, tq, tk, n_heads, group, off,
     stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     stride_db, stride_dt, stride_dh, dk_ptr, dv_ptr, leak_ptr,
-    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    HEAD_DIM: gl.constexpr, D_PAD: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr,
     HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr, P_ROW_RANGE: gl.constexpr = 0.0, EVEN: gl.constexpr = True,
     DEFER_DV: gl.constexpr = False, IS_CAUSAL: gl.constexpr = False):
   """dK and dV of 128 keys of one KV head per program: grid ``(cdiv(tk, 128), B * K)``. Outputs last, as the launch
@@ -326,9 +357,10 @@ def attention_bwd_dkdv_ws_kernel(
   Triton kernel). Every last axis contiguous, heads side by side (``stride_h == D``), the other strides multiples of
   16 elements. ``tq > 0``, ``tk % 16 == 0``: the copies fill rows past Tq and keys past Tk with zeros, where P is 0
   (lse of -inf) and dK, dV are not stored; EVEN: ``tq % BLOCK_M == 0`` and ``tk % 128 == 0`` (no masks on the rows'
-  loads or the stores; not with IS_CAUSAL). Launch with ``num_warps=4`` (the default partition: consumer 0) and
-  ``maxnreg`` of ``attention_fwd_ws.registers(2)``; the kernel adds a 4-warp consumer partition and the producer's
-  warp. Needs the launch's global scratch (four tensor descriptors a program).
+  loads or the stores; not with IS_CAUSAL). D_PAD: the tiles' channels, 128 at D = 96, else D. Launch with
+  ``num_warps=4`` (the default partition: consumer 0) and ``maxnreg`` of ``attention_fwd_ws.registers(2)``; the
+  kernel adds a 4-warp consumer partition and the producer's warp. Needs the launch's global scratch (four tensor
+  descriptors a program).
   IS_CAUSAL: key j is visible to query row i only where ``j <= i + off`` (``off``: 0 top-left, ``tk - tq``
   bottom-right; read only then); a program walks the query tiles from the first that holds a row seeing its first key,
   and masks the tiles that hide a pair (:func:`_causal_mask`): the Triton kernel's fast causal walk. Where a NaN
@@ -336,7 +368,8 @@ def attention_bwd_dkdv_ws_kernel(
   and sets its key tile's flag in ``leak`` ([B * K, cdiv(Tk, 64)] int32, every flag written), for the Triton kernel's
   exact walk (``attention_bwd_dkdv_kernel``'s REDO launch). Without IS_CAUSAL ``leak`` is not touched.
   """
-  gl.static_assert(HEAD_DIM == 64 or HEAD_DIM == 128, "D of 64 or 128")
+  gl.static_assert(HEAD_DIM == 64 or HEAD_DIM == 96 or HEAD_DIM == 128, "D of 64, 96 or 128")
+  gl.static_assert(D_PAD == HEAD_DIM or (HEAD_DIM == 96 and D_PAD == 128), "tiles of D channels, or 128 at D = 96")
   gl.static_assert(BLOCK_M == 32 or BLOCK_M == 64, "query tiles of 32 or 64 rows")
   gl.static_assert(STAGES >= 1, "at least one stage")
   gl.static_assert(gl.num_warps() == 4, "the default partition is one consumer warpgroup")
@@ -366,12 +399,12 @@ def attention_bwd_dkdv_ws_kernel(
     tiles = n_q * group
     walk = (0, n_q, tiles - 1)
 
-  Q_SMEM: gl.constexpr = tile_smem_layout(BLOCK_M, HEAD_DIM)
-  KV_SMEM: gl.constexpr = tile_smem_layout(WG_ROWS, HEAD_DIM)
-  q_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, HEAD_DIM], Q_SMEM)
-  do_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, HEAD_DIM], Q_SMEM)
-  k_bufs = gl.allocate_shared_memory(gl.bfloat16, [CONSUMERS, WG_ROWS, HEAD_DIM], KV_SMEM)
-  v_bufs = gl.allocate_shared_memory(gl.bfloat16, [CONSUMERS, WG_ROWS, HEAD_DIM], KV_SMEM)
+  Q_SMEM: gl.constexpr = tile_smem_layout(BLOCK_M, D_PAD)
+  KV_SMEM: gl.constexpr = tile_smem_layout(WG_ROWS, D_PAD)
+  q_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, D_PAD], Q_SMEM)
+  do_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, D_PAD], Q_SMEM)
+  k_bufs = gl.allocate_shared_memory(gl.bfloat16, [CONSUMERS, WG_ROWS, D_PAD], KV_SMEM)
+  v_bufs = gl.allocate_shared_memory(gl.bfloat16, [CONSUMERS, WG_ROWS, D_PAD], KV_SMEM)
   kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
   q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
   do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -390,11 +423,12 @@ def attention_bwd_dkdv_ws_kernel(
              n_heads, start_n, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh)
   args = (q_ptr, do_ptr, k_ptr, v_ptr, walk, tq, tk, tiles, b, kvh, group, n_heads, kv_heads, start_n, stride_qb,
           stride_qt, stride_db, stride_dt, stride_kb, stride_kt, stride_vb, stride_vt)
-  gl.warp_specialize([(_consumer, (0, smem, scalars, HEAD_DIM, BLOCK_M, STAGES, HW_E4M3, HW_E2M1, ROW, EVEN,
+  gl.warp_specialize([(_consumer, (0, smem, scalars, HEAD_DIM, D_PAD, BLOCK_M, STAGES, HW_E4M3, HW_E2M1, ROW, EVEN,
                                    DEFER_DV, IS_CAUSAL)),
-                      (_consumer, (1, smem, scalars, HEAD_DIM, BLOCK_M, STAGES, HW_E4M3, HW_E2M1, ROW, EVEN,
+                      (_consumer, (1, smem, scalars, HEAD_DIM, D_PAD, BLOCK_M, STAGES, HW_E4M3, HW_E2M1, ROW, EVEN,
                                    DEFER_DV, IS_CAUSAL)),
-                      (_producer, (smem, args, HEAD_DIM, BLOCK_M, STAGES))], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+                      (_producer, (smem, args, HEAD_DIM, D_PAD, BLOCK_M, STAGES))], [4, 1],
+                     [CONSUMER_REGS, PRODUCER_REGS])
 
 
 def launch_params(head_dim: int, block_m: int | None = None, stages: int = 2, compute_capability=(9, 0),
@@ -406,7 +440,8 @@ def launch_params(head_dim: int, block_m: int | None = None, stages: int = 2, co
   block_m = block_m or PLAN_BLOCK_M
   maxnreg, consumer_regs = registers(CONSUMERS)
   flags = quant_flags(compute_capability)
-  return {"HEAD_DIM": head_dim, "BLOCK_M": block_m, "STAGES": stages, "CONSUMER_REGS": consumer_regs,
+  return {"HEAD_DIM": head_dim, "D_PAD": 128 if head_dim == 96 else head_dim, "BLOCK_M": block_m, "STAGES": stages,
+          "CONSUMER_REGS": consumer_regs,
           "HW_E4M3": flags["HW_E4M3"], "HW_E2M1": flags["HW_E2M1"], "DEFER_DV": bool(defer_dv),
           "P_ROW_RANGE": float(p_row_range),
           # A causal walk of no tile (keys no row sees) still prefetches the rows after the last: its loads are masked.
