@@ -510,7 +510,7 @@ def _forward_ws(q, k, v, o, opts, target, buffers, inputs, outputs, scratch, lau
 
 
 def _ws_dkdv_takes(d_out, q, k, v, opts, target, other) -> bool:
-  """Whether the warp-specialized dK/dV kernel takes this backward's dK/dV launch: sm_90, bf16, D of 64 or 128, Tk a
+  """Whether the warp-specialized dK/dV kernel takes this backward's dK/dV launch: sm_90, bf16, D of 64, 96 or 128, Tk a
   multiple of 16 (fq(P)'s blocks along keys), no masks but a causal one, qkv_scale="block", fq(P) on in the backward
   (relative to lse or the row max: the forward's KV tile plays no part), heads side by side in q, dO, k and v
   (``stride_h == D``, the descriptors' columns) and rows of whole 16-element strides. ``other``: masks other than the
