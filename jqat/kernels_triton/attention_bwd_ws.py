@@ -302,7 +302,7 @@ def _copy(desc, row, head, bar, buf, BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr
   on ``bar``."""
   if D_PAD == HEAD_DIM:
     tma.async_copy_global_to_shared(desc, [row, head * HEAD_DIM], bar, buf)
-  else:
+  else:  # the copy writes the descriptor's [BLOCK, 1, D_PAD] box; the products read the same bytes as [BLOCK, D_PAD]
     box = buf._reinterpret(gl.bfloat16, [BLOCK, 1, D_PAD], _box_smem_layout(BLOCK, D_PAD))
     tma.async_copy_global_to_shared(desc, [row, head, 0], bar, box)
 
