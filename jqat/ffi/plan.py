@@ -555,11 +555,10 @@ def _dkdv_ws(d_out, q, k, v, qq, kk, vv, opts, target, in_grads, row: bool, redo
   if not opts.is_causal:
     return (ws,)
   # The NaN flags are per key tile of one consumer warpgroup (64 keys): the REDO launch reads them as its own key
-  # tiles', so it walks tiles of 64 keys (at D = 64 the Triton kernel's default tiles are of 128: only the REDO launch
-  # takes 64; its exact walk gives each key's dK and dV whatever the key tile).
-  if redo.constexprs["BLOCK_N"] != kbws.WG_ROWS.value:
-    redo = dataclasses.replace(redo, grid=(triton.cdiv(tk, kbws.WG_ROWS.value), *redo.grid[1:]),
-                               constexprs=dict(redo.constexprs, BLOCK_N=kbws.WG_ROWS.value))
+  # tiles', so it walks tiles of 64 keys whatever the Triton kernel's default (128 at D = 64; its exact walk gives
+  # each key's dK and dV whatever the key tile).
+  redo = dataclasses.replace(redo, grid=(triton.cdiv(tk, kbws.WG_ROWS.value), *redo.grid[1:]),
+                             constexprs=dict(redo.constexprs, BLOCK_N=kbws.WG_ROWS.value))
   return ws, redo_launch(redo, kk, vv)
 
 
