@@ -56,17 +56,17 @@ CAUSAL = False  # --causal: every run with a top-left causal mask
 
 def compile_only(arch: int = 90, p_row_range: float = 0.0) -> None:
   """Builds every variant at D = 128, 96 and 64 for ``sm_<arch>`` and prints registers, spills, shared memory and the
-  consumers' loop (the loop issuing one query tile's D / 8 + BLOCK_M / 8 wgmma)."""
+  consumers' loop (the loop issuing one query tile's D_PAD / 8 + BLOCK_M / 8 wgmma)."""
   from attention_ws import build_offline
   from sass_stats import ptxas_warnings
 
   for d in (128, 96, 64):
     for name, block_m, stages, defer in VARIANTS:
       t0 = time.time()
-      kernel, st, sass, setmaxnreg = build_offline(
-          ws.attention_bwd_dkdv_ws_kernel, TYPES,
-          ws.launch_params(d, block_m, stages, (arch // 10, arch % 10), defer, p_row_range, is_causal=CAUSAL), arch)
-      loops = [lp["instructions"] for lp in st["loops"] if lp["mix"].get("HGMMA") == -(-d // 64) * 8 + block_m // 8]
+      params = ws.launch_params(d, block_m, stages, (arch // 10, arch % 10), defer, p_row_range, is_causal=CAUSAL)
+      kernel, st, sass, setmaxnreg = build_offline(ws.attention_bwd_dkdv_ws_kernel, TYPES, params, arch)
+      wgmma = params["D_PAD"] // 8 + block_m // 8
+      loops = [lp["instructions"] for lp in st["loops"] if lp["mix"].get("HGMMA") == wgmma]
       print(f"{name:16s} D={d:3d} regs {st['registers']} (setmaxnreg {setmaxnreg}) stack {st['stack_bytes']} B, "
             f"LDL/STL {sass.count('LDL') + sass.count('STL')}, smem {st['shared_bytes']} B, scratch "
             f"{kernel.metadata.global_scratch_size} B, loop {min(loops, default=None)} instr, ptxas notes "
