@@ -10,10 +10,9 @@ import sys
 import tarfile
 
 import pytest
-from conftest import load_bench
+from conftest import BENCH, load_bench
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BENCH = os.path.join(ROOT, "benchmarks")
 
 
 fastvideo = load_bench("fastvideo")
