@@ -43,6 +43,8 @@ CHECKS = [
     (3, 1, 32, 8, 4096, 128, 8, 0, True, "row"),
     (2, 8, 4, 2, 1024, 128, 2, 0, True, "block"),
     (2, 16, 8, 8, 512, 64, 1, 0, False, "row"),
+    (2, 4, 8, 8, 2048, 64, 3, 64, True, "block"),
+    (3, 2, 16, 8, 1536, 128, 1, 0, True, "row"),
 ]
 # (B, N, K, T, D, Tq, page size)
 TIMES = [
@@ -75,15 +77,17 @@ def describe(shape, dtype):
 
 # Gluon launch parameters measured beside the default (decode_gluon.stages): two and three stages.
 VARIANTS = {"gluon": None, "gluon_stages2": 2, "gluon_stages3": 3}
-# --sweep's variants: the module knobs of decode_gluon (STAGES, KV_GROUP, PROBE) they set, by name:
-# gluon[_kg<G>][_stages<S>][_memonly | _computeonly] (the copies alone, the compute alone).
+# --sweep's variants: the module knobs of decode_gluon (STAGES, KV_GROUP, PROBE, PACK) they set, by name:
+# gluon[_kg<G>][_stages<S>][_nopack][_memonly | _computeonly] (S^T not packed; the copies alone, the compute alone).
 PROBES = {"gluon_memonly": 1, "gluon_computeonly": 2}
 
 
 def _knobs(kernel: str) -> dict:
-  knobs = {"STAGES": VARIANTS.get(kernel), "KV_GROUP": None, "PROBE": 0}
+  knobs = {"STAGES": VARIANTS.get(kernel), "KV_GROUP": None, "PROBE": 0, "PACK": None}
   for part in kernel.split("_")[1:]:
-    if part.startswith("kg"):
+    if part == "nopack":
+      knobs["PACK"] = False
+    elif part.startswith("kg"):
       knobs["KV_GROUP"] = int(part[2:])
     elif part.startswith("stages"):
       knobs["STAGES"] = int(part[6:])

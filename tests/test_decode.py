@@ -270,7 +270,7 @@ def test_gluon_kernel_builds_for_sm90(monkeypatch, tmp_path):
   monkeypatch.setenv("JQAT_CACHE_DIR", str(tmp_path))
   monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
   dense = plans.Tensor.dense
-  for d, tq, page, kh in ((128, 1, 0, 8), (128, 4, 64, 8), (64, 2, 0, 2), (128, 1, 0, 1)):
+  for d, tq, page, kh in ((128, 1, 0, 8), (128, 4, 64, 8), (64, 2, 0, 2), (128, 1, 0, 1), (64, 1, 64, 2)):
     lead = (33, page) if page else (2, 1024)
     codes, scales = dense(lead + (kh, d // 2), "uint8"), dense(lead + (kh, d // 16), "float8_e4m3fn")
     table = dense((2, 16), "int32") if page else None
@@ -400,6 +400,10 @@ _GLUON_CASES = [c for c in _GPU_CASES if c[5] in (64, 128) and c[2] // c[3] * c[
     (2, 4, 16, 4, 2048, 128, 1, None, {}),
     (3, 2, 16, 2, 1984, 64, 3, 64, {}),
     (2, 1, 32, 8, 1536, 128, 2, None, dict(is_causal=False)),
+    # at most 4 rows: S^T packed (decode_gluon.packs), with the causal mask among new tokens, one split, D = 64 paged
+    (2, 4, 8, 8, 2048, 64, 3, 64, {}),
+    (3, 2, 16, 8, 1536, 128, 1, None, {}),
+    (2, 3, 8, 8, 1024, 64, 2, None, {}),
 ]
 
 

@@ -879,7 +879,7 @@ def decode_attention(q: Tensor, k_codes: Tensor, k_scales: Tensor, v_codes: Tens
     kv_group = kdg.kv_group(kh)
     constexprs.update(KC_T=k_codes.strides[1], KS_T=k_scales.strides[1], VC_T=v_codes.strides[1],
                       VS_T=v_scales.strides[1], STAGES=kdg.stages(d, block_m, kv_group), KV_GROUP=kv_group,
-                      PROBE=kdg.PROBE)
+                      PROBE=kdg.PROBE, PACK=kdg.packs(rows))
     cache_strides = tuple(s for t in cache for s in (t.strides[0], t.strides[2]))
     grid, warps, stages = (programs // kv_group, splits), kv_group, 1
   else:

@@ -26,6 +26,11 @@ tile and warp:
 - The softmax and fq(P) run on S^T's accumulators; a thread's 8 keys are half an fq(P) block (one shuffle for the
   block maximum). One ``movmatrix.trans`` per 8 x 8 block turns them into the B operand of ``O^T = V^T P^T``, whose
   accumulators hold the same query rows per thread as S^T's (alpha needs no exchange).
+- With at most 4 query rows (8 columns, half of them padding), the two halves of the tile's keys share the columns
+  (:func:`_scores_packed`): the first 32 rows of K times Q^T in columns 0-3 and the last 32 times Q^T in columns 4-7
+  give S^T as ``[32, 8]``, the softmax and fq(P) run on it as ``[64 keys, 4 rows]`` with no padding, and each query
+  row's O is summed over the halves in two column groups of O^T (:func:`_pv_packed`), added at the end: the same
+  products, half the softmax work.
 - V^T is the A operand: its register pairs are two keys of one channel, so one byte permute per two code words
   interleaves the two keys' bytes before the conversion; a thread reads 8 (4) consecutive code bytes of 16 keys.
 - A code byte becomes two FP16 values by bit operations to E4M3 bytes (``E2M1 * 2**-6``, as the Triton kernel's
@@ -62,6 +67,7 @@ MAX_KV_GROUP = 4
 STAGES = None
 KV_GROUP = None
 PROBE = 0
+PACK = None
 
 
 def kv_group(kv_heads: int) -> int:
@@ -86,6 +92,12 @@ def supported(head_dim: int, rows: int, block_n: int, page_size: int, quantize_q
   """Whether :func:`decode_split_kernel` takes this launch (else the Triton kernel does)."""
   return (head_dim in HEAD_DIMS and 0 < rows <= MAX_ROWS and block_n == BLOCK_N and page_size % BLOCK_N == 0
           and bool(quantize_q) and bool(quantize_p) and bool(hw_e4m3))
+
+
+def packs(rows: int) -> bool:
+  """Whether a launch of ``rows`` query rows per KV head packs S^T (:func:`decode_split_kernel`'s PACK): at most half
+  of :func:`block_rows`, so that half of S^T's columns would be padding (:data:`PACK` overrides it)."""
+  return PACK if PACK is not None else rows <= block_rows(rows) // 2
 
 
 def block_rows(rows: int) -> int:
@@ -344,17 +356,18 @@ def _v_transposed(x, HEAD_DIM: gl.constexpr):
 
 @gluon.jit
 def _transpose8(p):
-  """``p [G, 64, R]`` FP16 in the accumulator layout of ``S^T`` as the B operand of ``O^T = V^T P^T`` (the same
+  """``p [G, M, R]`` FP16 in the accumulator layout of ``S^T`` as the B operand of ``O^T = V^T P^T`` (the same
   tensor): one ``movmatrix.trans`` per 8 x 8 block moves each thread's pair of rows of a key to its pair of keys of a
   row. The instruction's result, read in the input's layout, is p with the low three bits of the row and column
   indices swapped; the reshape and permute below undo that on the indices, so the value returned is p itself."""
   g: gl.constexpr = p.shape[0]
+  m: gl.constexpr = p.shape[1]
   r: gl.constexpr = p.shape[2]
   y = gl.inline_asm_elementwise(asm="movmatrix.sync.aligned.m8n8.trans.b16 $0, $1;", constraints="=r,r", args=[p],
                                 dtype=gl.float16, is_pure=False, pack=2)
-  y = gl.reshape(y, [g, 8, 8, r // 8, 8])  # m_hi, m_lo, n_hi, n_lo
+  y = gl.reshape(y, [g, m // 8, 8, r // 8, 8])  # m_hi, m_lo, n_hi, n_lo
   y = gl.permute(y, [0, 1, 4, 3, 2])
-  return gl.reshape(y, [g, 64, r])
+  return gl.reshape(y, [g, m, r])
 
 
 @gluon.jit
@@ -370,6 +383,42 @@ def _o_channels(acc, HEAD_DIM: gl.constexpr):
     x = gl.reshape(acc, [g, 2, 2, 2, 8, r])  # bb1, bb0, nib, w, row
     x = gl.permute(x, [0, 5, 4, 1, 2, 3])  # row, w, bb1, bb0, nib
   return gl.reshape(x, [g, r, HEAD_DIM])
+
+
+@gluon.jit
+def _halves(x):
+  """``x [G, M, C]`` as its two halves along the middle axis, ``x[:, :M / 2]`` and ``x[:, M / 2:]``."""
+  g: gl.constexpr = x.shape[0]
+  m: gl.constexpr = x.shape[1]
+  c: gl.constexpr = x.shape[2]
+  return gl.split(gl.permute(gl.reshape(x, [g, 2, m // 2, c]), [0, 2, 3, 1]))
+
+
+@gluon.jit
+def _halves_last(x):
+  """``x [G, C, M]`` as its two halves along the last axis."""
+  g: gl.constexpr = x.shape[0]
+  c: gl.constexpr = x.shape[1]
+  m: gl.constexpr = x.shape[2]
+  return gl.split(gl.permute(gl.reshape(x, [g, c, 2, m // 2]), [0, 1, 3, 2]))
+
+
+@gluon.jit
+def _unpack(x):
+  """A packed ``x [G, M, 2 Q]`` (column ``Q h + q``: row ``M h + m`` of query ``q``) as ``[G, 2 M, Q]``."""
+  g: gl.constexpr = x.shape[0]
+  m: gl.constexpr = x.shape[1]
+  q: gl.constexpr = x.shape[2] // 2
+  return gl.reshape(gl.permute(gl.reshape(x, [g, m, 2, q]), [0, 2, 1, 3]), [g, 2 * m, q])
+
+
+@gluon.jit
+def _pack(x):
+  """The inverse of :func:`_unpack`: ``[G, 2 M, Q]`` as ``[G, M, 2 Q]``."""
+  g: gl.constexpr = x.shape[0]
+  m: gl.constexpr = x.shape[1] // 2
+  q: gl.constexpr = x.shape[2]
+  return gl.reshape(gl.permute(gl.reshape(x, [g, 2, m, q]), [0, 2, 1, 3]), [g, m, 2 * q])
 
 
 @gluon.jit
@@ -431,28 +480,50 @@ def _copy_offsets(layout: gl.constexpr, G: gl.constexpr, WIDTH: gl.constexpr, he
 
 
 @gluon.jit
-def _scores(kc_s, ks_s, qt, HEAD_DIM: gl.constexpr, G: gl.constexpr, R: gl.constexpr):
-  """``S^T = K Q^T`` of each KV head's tile in shared memory ``kc_s``/``ks_s`` (FP32 ``[G, 64, R]``; row m is key
-  ``kappa(m)``): K dequantized into the A operand, Q^T the B operand."""
+def _k_operand(kc_s, ks_s, HEAD_DIM: gl.constexpr, G: gl.constexpr):
+  """K of each KV head's tile in shared memory ``kc_s``/``ks_s``, dequantized, ``[G, 64 rows, D]``: row m is key
+  ``kappa(m)``, the channels in :func:`_k_order`'s order."""
   NB: gl.constexpr = HEAD_DIM // 16
-  MMA: gl.constexpr = mma_layout(G)
   KW3: gl.constexpr = k_words_layout(HEAD_DIM, True, G)
   kw = gl.convert_layout(gl.reshape(kc_s.load(k_words_layout(HEAD_DIM, False, G)), [G, 64, NB, 2]), KW3,
                          assert_trivial=True)
   ksc = gl.convert_layout(_e4m3_to_f16(ks_s.load(k_scales_layout(HEAD_DIM, G))), gl.SliceLayout(3, KW3),
                           assert_trivial=True)
   ksc = gl.broadcast(gl.expand_dims(ksc, 3), gl.full([G, 64, NB, 2], 0, gl.float16, layout=KW3))[0]
-  kk = _key_rows(_k_order(_values(_dequant_pairs(kw, ksc)), HEAD_DIM), True)
-  kk = gl.convert_layout(kk, gl.DotOperandLayout(0, MMA, 2), assert_trivial=True)
+  return _key_rows(_k_order(_values(_dequant_pairs(kw, ksc)), HEAD_DIM), True)
+
+
+@gluon.jit
+def _scores(kc_s, ks_s, qt, HEAD_DIM: gl.constexpr, G: gl.constexpr, R: gl.constexpr):
+  """``S^T = K Q^T`` of each KV head's tile in shared memory ``kc_s``/``ks_s`` (FP32 ``[G, 64, R]``; row m is key
+  ``kappa(m)``): K dequantized into the A operand, Q^T the B operand."""
+  MMA: gl.constexpr = mma_layout(G)
+  kk = gl.convert_layout(_k_operand(kc_s, ks_s, HEAD_DIM, G), gl.DotOperandLayout(0, MMA, 2), assert_trivial=True)
   return mma_v2(kk, qt, gl.zeros([G, 64, R], gl.float32, layout=MMA))
+
+
+@gluon.jit
+def _scores_packed(kc_s, ks_s, qt_lo, qt_hi, HEAD_DIM: gl.constexpr, G: gl.constexpr, R: gl.constexpr):
+  """:func:`_scores` for at most R / 2 query rows, as ``[G, 64, R / 2]``: the first 32 rows of K times ``qt_lo``
+  (Q^T in columns ``< R / 2``, zero beyond) and the last 32 times ``qt_hi`` (Q^T in the columns from R / 2) fill the
+  columns of one ``[32, R]`` accumulator, so that the softmax has no padding column; the same products. Two
+  accumulators and a select, not one accumulator, so that a NaN key of one half never reaches the other's scores."""
+  MMA: gl.constexpr = mma_layout(G)
+  A_OP: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
+  k_lo, k_hi = _halves(_k_operand(kc_s, ks_s, HEAD_DIM, G))
+  zero = gl.zeros([G, 32, R], gl.float32, layout=MMA)
+  s_lo = mma_v2(gl.convert_layout(k_lo, A_OP, assert_trivial=True), qt_lo, zero)
+  s_hi = mma_v2(gl.convert_layout(k_hi, A_OP, assert_trivial=True), qt_hi, zero)
+  n = gl.arange(0, R, layout=gl.SliceLayout(0, gl.SliceLayout(1, MMA)))[None, None, :]
+  return _unpack(gl.where(n < R // 2, s_lo, s_hi))
 
 
 @gluon.jit
 def _probs(s, tile, kappa, limit, m, qk_scale, G: gl.constexpr, R: gl.constexpr, P_ROW_RANGE: gl.constexpr,
            HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr):
-  """The tile's softmax step and fq(P), as the Triton kernel computes them (on S^T: keys along axis 1): returns the
-  new running max, the rescale ``alpha`` of the old state, the probabilities (FP32, for l) and fq(P) as the B operand
-  of ``O^T = V^T P^T``."""
+  """The tile's softmax step and fq(P), as the Triton kernel computes them, on ``S^T [G, 64, R]`` (keys along axis
+  1, R query rows): returns the new running max, the rescale ``alpha`` of the old state, the probabilities (FP32,
+  for l) and fq(P) (FP16, exact), in S^T's layout."""
   s = s * qk_scale
   kn = tile * 64 + kappa
   s = gl.where(kn[None, :, None] < limit[:, None, :], s, float("-inf"))
@@ -467,14 +538,13 @@ def _probs(s, tile, kappa, limit, m, qk_scale, G: gl.constexpr, R: gl.constexpr,
   pq = gl.reshape(gl.permute(_key_rows(p, False), [0, 2, 1]), [G * R, 64])  # fq_probs' blocks of 16 keys
   pq = fq_probs(pq, G * R, 64, HW_E4M3, HW_E2M1).to(gl.float16)  # exact
   pq = _key_rows(gl.permute(gl.reshape(pq, [G, R, 64]), [0, 2, 1]), True)
-  return m_new, alpha, p, gl.convert_layout(_transpose8(pq), gl.DotOperandLayout(1, mma_layout(G), 2),
-                                            assert_trivial=True)
+  return m_new, alpha, p, gl.convert_layout(pq, s.type.layout, assert_trivial=True)
 
 
 @gluon.jit
-def _pv(vc_s, vs_s, pt, acc, alpha, HEAD_DIM: gl.constexpr, G: gl.constexpr):
-  """``acc * alpha + V^T P^T`` for each KV head's tile in shared memory ``vc_s``/``vs_s``: V^T dequantized into the A
-  operand."""
+def _v_operand(vc_s, vs_s, HEAD_DIM: gl.constexpr, G: gl.constexpr):
+  """V^T of each KV head's tile in shared memory ``vc_s``/``vs_s``, dequantized, ``[G, D rows, 64]``
+  (:func:`_v_transposed`)."""
   NB: gl.constexpr = HEAD_DIM // 16
   NW: gl.constexpr = HEAD_DIM // 8
   VP4: gl.constexpr = v_pairs_layout(HEAD_DIM, True, G)
@@ -484,9 +554,40 @@ def _pv(vc_s, vs_s, pt, acc, alpha, HEAD_DIM: gl.constexpr, G: gl.constexpr):
   vsc = gl.convert_layout(vsc, gl.SliceLayout(3, VP4), assert_trivial=True)
   vsc = gl.broadcast(gl.expand_dims(vsc, 3), gl.full([G, 32, NB, 2, 2], 0, gl.float16, layout=VP4))[0]
   vsc = gl.reshape(vsc, [G, 32, NW, 2])
-  vt = _v_transposed(_values(_dequant_pairs(vw, vsc)), HEAD_DIM)
-  vt = gl.convert_layout(vt, gl.DotOperandLayout(0, mma_layout(G), 2), assert_trivial=True)
+  return _v_transposed(_values(_dequant_pairs(vw, vsc)), HEAD_DIM)
+
+
+@gluon.jit
+def _pv(vc_s, vs_s, pq, acc, alpha, HEAD_DIM: gl.constexpr, G: gl.constexpr):
+  """``acc * alpha + V^T P^T`` for each KV head's tile in shared memory ``vc_s``/``vs_s`` and fq(P) ``pq`` (from
+  :func:`_probs`): V^T dequantized into the A operand."""
+  MMA: gl.constexpr = mma_layout(G)
+  vt = gl.convert_layout(_v_operand(vc_s, vs_s, HEAD_DIM, G), gl.DotOperandLayout(0, MMA, 2), assert_trivial=True)
+  pt = gl.convert_layout(_transpose8(pq), gl.DotOperandLayout(1, MMA, 2), assert_trivial=True)
   return mma_v2(vt, pt, acc * alpha[:, None, :])
+
+
+@gluon.jit
+def _pv_packed(vc_s, vs_s, pq, acc, alpha, HEAD_DIM: gl.constexpr, G: gl.constexpr, R: gl.constexpr):
+  """:func:`_pv` for :func:`_scores_packed`'s ``pq [G, 64, R / 2]`` and a packed ``acc [G, D, R]`` (column ``R / 2
+  h + q``: query q's sum over the keys of rows ``32 h ..`` of S^T): fq(P) packed back into ``[G, 32, R]`` and made
+  the B operand, then V^T's first 32 columns times that operand with its columns from R / 2 zeroed and its last 32
+  times it with the others zeroed. A NaN value reaches the other half's columns of the rows (``0 * NaN``), rows of
+  the same tile, as a masked pair's does in :func:`_pv`."""
+  MMA: gl.constexpr = mma_layout(G)
+  A_OP: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
+  B_OP: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)
+  pt = gl.convert_layout(_transpose8(gl.convert_layout(_pack(pq), MMA, assert_trivial=True)), B_OP,
+                         assert_trivial=True)
+  n = gl.arange(0, R, layout=gl.SliceLayout(0, gl.SliceLayout(1, B_OP)))[None, None, :]
+  pt_lo = gl.where(n < R // 2, pt, 0.0)
+  pt_hi = gl.where(n < R // 2, 0.0, pt)
+  v_lo, v_hi = _halves_last(_v_operand(vc_s, vs_s, HEAD_DIM, G))
+  acc = _unpack(acc)  # [G, 2 D, R / 2]: both halves of a query row's sums rescale by its alpha
+  acc = _pack(acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout), assert_trivial=True)[:, None, :])
+  acc = mma_v2(gl.convert_layout(v_lo, A_OP, assert_trivial=True), pt_lo, gl.convert_layout(acc, MMA,
+                                                                                           assert_trivial=True))
+  return mma_v2(gl.convert_layout(v_hi, A_OP, assert_trivial=True), pt_hi, acc)
 
 
 @gluon.jit
@@ -500,12 +601,15 @@ def decode_split_kernel(
     IS_CAUSAL: gl.constexpr, SPLITS: gl.constexpr, QUANTIZE_Q: gl.constexpr, QUANTIZE_P: gl.constexpr,
     P_ROW_RANGE: gl.constexpr, HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr, COMPILED: gl.constexpr,
     CODE_ALIGN: gl.constexpr, SCALE_ALIGN: gl.constexpr, KC_T: gl.constexpr, KS_T: gl.constexpr,
-    VC_T: gl.constexpr, VS_T: gl.constexpr, STAGES: gl.constexpr, KV_GROUP: gl.constexpr, PROBE: gl.constexpr):
+    VC_T: gl.constexpr, VS_T: gl.constexpr, STAGES: gl.constexpr, KV_GROUP: gl.constexpr, PROBE: gl.constexpr,
+    PACK: gl.constexpr):
   """:func:`jqat.kernels_triton.decode.decode_split_kernel` (the same outputs) for the launches :func:`supported`
   takes, one program per (sequence, group of KV_GROUP KV heads, split) on KV_GROUP warps: grid ``(B * K / KV_GROUP,
   splits)``. Its arguments but the four caches' token strides, which come as the constants KC_T .. VS_T (immediate
   offsets of each thread's rows); ``row_blocks`` is 1 (BLOCK_M of 8 or 16 holds every row); STAGES: KV tiles in
-  shared memory (the copies of the next STAGES - 1 in flight while one is computed); PROBE: :data:`PROBE`."""
+  shared memory (the copies of the next STAGES - 1 in flight while one is computed); PROBE: :data:`PROBE`; PACK
+  (at most BLOCK_M / 2 rows, :func:`packs`): S^T's columns hold the query rows twice, for the two halves of the
+  tile's keys (:func:`_scores_packed`), so that the softmax and fq(P) do no work on padding columns."""
   gl.static_assert(HEAD_DIM == 64 or HEAD_DIM == 128, "D of 64 or 128")
   gl.static_assert(BLOCK_N == 64, "KV tiles of 64 keys")
   gl.static_assert(BLOCK_M == 8 or BLOCK_M == 16, "8 or 16 query rows a program")
@@ -517,9 +621,9 @@ def decode_split_kernel(
   NB: gl.constexpr = HEAD_DIM // 16
   NW: gl.constexpr = HEAD_DIM // 8
   R: gl.constexpr = BLOCK_M
+  QR: gl.constexpr = R // 2 if PACK else R  # the query rows of the softmax's tensors
   MMA: gl.constexpr = mma_layout(G)
   B_OP: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)
-  ROW: gl.constexpr = gl.SliceLayout(1, MMA)  # [G, R]: per query row, in the accumulators' layout
   stride_qb, stride_qt, stride_qn = stride_qb // 16 * 16, stride_qt // 16 * 16, stride_qn // 16 * 16
   stride_ob, stride_ot, stride_on = stride_ob // 16 * 16, stride_ot // 16 * 16, stride_on // 16 * 16
   stride_kcp, stride_kck = stride_kcp // CODE_ALIGN * CODE_ALIGN, stride_kck // CODE_ALIGN * CODE_ALIGN
@@ -543,14 +647,21 @@ def decode_split_kernel(
   hq = gl.arange(0, G, layout=gl.SliceLayout(1, gl.SliceLayout(2, QL)))[:, None, None]
   rq = gl.arange(0, R, layout=gl.SliceLayout(0, gl.SliceLayout(2, QL)))[None, :, None]
   dq = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, gl.SliceLayout(1, QL)))[None, None, :]
-  q_ok = (hq < G) & (rq < rows) & (dq < HEAD_DIM)
-  q_rows = (b.to(gl.int64) * stride_qb + (rq // group).to(gl.int64) * stride_qt
-            + ((kvh0 + hq) * group + rq % group).to(gl.int64) * stride_qn)
+  rqq = rq % QR  # packed: the query row of both halves' columns
+  q_ok = (hq < G) & (rqq < rows) & (dq < HEAD_DIM)
+  q_rows = (b.to(gl.int64) * stride_qb + (rqq // group).to(gl.int64) * stride_qt
+            + ((kvh0 + hq) * group + rqq % group).to(gl.int64) * stride_qn)
   q = gl.load(q_ptr + q_rows + dq, mask=q_ok, other=0.0)
   q = fq_tile(gl.reshape(q.to(gl.float32), [G * R, HEAD_DIM]), gl.reshape(q_ok, [G * R, HEAD_DIM]), G * R, HEAD_DIM,
               HW_E4M3, HW_E2M1)
   q = gl.reshape(q.to(gl.float16), [G, R, HEAD_DIM])  # exact
-  qt = gl.convert_layout(gl.permute(_q_order(q, HEAD_DIM), [0, 2, 1]), B_OP)
+  if PACK:  # Q^T in the first half of the columns (the first 32 keys' scores), then in the second
+    QF: gl.constexpr = q.type.layout
+    lo = gl.arange(0, R, layout=gl.SliceLayout(0, gl.SliceLayout(2, QF)))[None, :, None] < QR
+    qt = gl.convert_layout(gl.permute(_q_order(gl.where(lo, q, 0.0), HEAD_DIM), [0, 2, 1]), B_OP)
+    qt_hi = gl.convert_layout(gl.permute(_q_order(gl.where(lo, 0.0, q), HEAD_DIM), [0, 2, 1]), B_OP)
+  else:
+    qt = gl.convert_layout(gl.permute(_q_order(q, HEAD_DIM), [0, 2, 1]), B_OP)
 
   # Shared memory: STAGES tiles of each array and KV head, laid out so that the operands' reads do not conflict.
   kc_s = gl.allocate_shared_memory(gl.int32, [STAGES, G, 64, NW], codes_smem_layout(HEAD_DIM, G))
@@ -576,15 +687,20 @@ def decode_split_kernel(
   next_page = _page(b, t_lo + STAGES - 1, t_hi, pt_ptr, pages_per_seq, num_pages, PAGE_SIZE)
 
   qk_scale = scale * LOG2E * 64.0  # log2 units; the values are read 2**6 too small (E4M3 conversion)
-  mrow = gl.arange(0, 64, layout=gl.SliceLayout(0, gl.SliceLayout(2, MMA)))
+  if PACK:  # the softmax's tensors: S^T unpacked, [G, 64, QR]
+    SL: gl.constexpr = _unpack(gl.zeros([G, 32, R], gl.float32, layout=MMA)).type.layout
+  else:
+    SL: gl.constexpr = MMA
+  ROW_S: gl.constexpr = gl.SliceLayout(1, SL)
+  mrow = gl.arange(0, 64, layout=gl.SliceLayout(0, gl.SliceLayout(2, SL)))
   kappa = (mrow & 7) * 8 + (mrow >> 4) * 2 + ((mrow >> 3) & 1)  # the key of row m of S^T
-  r_s = gl.arange(0, R, layout=gl.SliceLayout(0, ROW))[None, :]
-  limit = kv_len + gl.zeros([G, R], gl.int32, layout=ROW)  # keys below it are visible to the query row
+  r_s = gl.arange(0, QR, layout=gl.SliceLayout(0, ROW_S))[None, :]
+  limit = kv_len + gl.zeros([G, QR], gl.int32, layout=ROW_S)  # keys below it are visible to the query row
   if IS_CAUSAL:
     limit = gl.minimum(limit, kv_len - tq + r_s // group + 1)
   limit = gl.where(r_s < rows, limit, 0)
-  m = gl.full([G, R], float("-inf"), gl.float32, layout=ROW)
-  l = gl.zeros([G, R], gl.float32, layout=ROW)
+  m = gl.full([G, QR], float("-inf"), gl.float32, layout=ROW_S)
+  l = gl.zeros([G, QR], gl.float32, layout=ROW_S)
   acc = gl.zeros([G, HEAD_DIM, R], gl.float32, layout=MMA)
 
   for i in range(0, t_hi - t_lo):
@@ -600,32 +716,43 @@ def decode_split_kernel(
       next_page = _page(b, tile + STAGES, t_hi, pt_ptr, pages_per_seq, num_pages, PAGE_SIZE)
     cur = i % STAGES if PROBE != 2 else i % (STAGES - 1)
     if PROBE != 1:
-      s = _scores(kc_s.index(cur), ks_s.index(cur), qt, HEAD_DIM, G, R)
-      m_new, alpha, p, pt = _probs(s, tile, kappa, limit, m, qk_scale, G, R, P_ROW_RANGE, HW_E4M3, HW_E2M1)
+      if PACK:
+        s = _scores_packed(kc_s.index(cur), ks_s.index(cur), qt, qt_hi, HEAD_DIM, G, R)
+      else:
+        s = _scores(kc_s.index(cur), ks_s.index(cur), qt, HEAD_DIM, G, R)
+      m_new, alpha, p, pq = _probs(s, tile, kappa, limit, m, qk_scale, G, QR, P_ROW_RANGE, HW_E4M3, HW_E2M1)
       l = l * alpha + gl.sum(p, axis=1)
-      acc = _pv(vc_s.index(cur), vs_s.index(cur), pt, acc, alpha, HEAD_DIM, G)
+      if PACK:
+        acc = _pv_packed(vc_s.index(cur), vs_s.index(cur), pq, acc, alpha, HEAD_DIM, G, R)
+      else:
+        acc = _pv(vc_s.index(cur), vs_s.index(cur), pq, acc, alpha, HEAD_DIM, G)
       m = m_new
 
   async_copy.wait_group(0)  # nothing in flight at exit
   acc = acc * 64.0  # back to V's units
-  h_s = gl.arange(0, G, layout=gl.SliceLayout(1, ROW))[:, None]
+  if PACK:  # each query row's sums over the two halves of the keys
+    acc = gl.sum(gl.reshape(acc, [G, HEAD_DIM, 2, QR]), axis=2)
+  h_s = gl.arange(0, G, layout=gl.SliceLayout(1, ROW_S))[:, None]
   if SPLITS == 1:
     empty = l == 0.0
-    inv = gl.where(empty, 0.0, gl.div_rn(gl.full([G, R], 1.0, gl.float32, layout=ROW), gl.where(empty, 1.0, l)))
-    out = _o_channels(gl.where(empty[:, None, :], 0.0, acc * inv[:, None, :]), HEAD_DIM)
+    inv = gl.where(empty, 0.0, gl.div_rn(gl.full([G, QR], 1.0, gl.float32, layout=ROW_S), gl.where(empty, 1.0, l)))
+    AQ: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
+    inv = gl.convert_layout(inv, AQ)
+    out = _o_channels(gl.where(gl.convert_layout(empty, AQ)[:, None, :], 0.0, acc * inv[:, None, :]), HEAD_DIM)
     OL: gl.constexpr = out.type.layout
     h_out = gl.arange(0, G, layout=gl.SliceLayout(1, gl.SliceLayout(2, OL)))[:, None, None]
-    r_out = gl.arange(0, R, layout=gl.SliceLayout(0, gl.SliceLayout(2, OL)))[None, :, None]
+    r_out = gl.arange(0, QR, layout=gl.SliceLayout(0, gl.SliceLayout(2, OL)))[None, :, None]
     d_out = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, gl.SliceLayout(1, OL)))[None, None, :]
     o_rows = (b.to(gl.int64) * stride_ob + (r_out // group).to(gl.int64) * stride_ot
               + ((kvh0 + h_out) * group + r_out % group).to(gl.int64) * stride_on)
     gl.store(o_ptr + o_rows + d_out, out.to(o_ptr.dtype.element_ty),
              mask=(h_out < G) & (r_out < rows) & (d_out < HEAD_DIM))
-  else:  # partial j = (b * K + kvh) * SPLITS + split, as the Triton kernel and the combine launch number them
+  else:  # partial j = (b * K + kvh) * SPLITS + split, as the Triton kernel and the combine launch number them; of
+    # its BLOCK_M rows, the first QR (the others, padding, are never read)
     out = _o_channels(acc, HEAD_DIM)
     OL: gl.constexpr = out.type.layout
     h_out = gl.arange(0, G, layout=gl.SliceLayout(1, gl.SliceLayout(2, OL)))[:, None, None]
-    r_out = gl.arange(0, R, layout=gl.SliceLayout(0, gl.SliceLayout(2, OL)))[None, :, None]
+    r_out = gl.arange(0, QR, layout=gl.SliceLayout(0, gl.SliceLayout(2, OL)))[None, :, None]
     d_out = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, gl.SliceLayout(1, OL)))[None, None, :]
     part = (b.to(gl.int64) * kv_heads + kvh0 + h_out) * SPLITS + split
     gl.store(part_acc_ptr + (part * R + r_out) * HEAD_DIM + d_out, out)
