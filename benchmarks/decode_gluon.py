@@ -83,7 +83,7 @@ PROBES = {"gluon_memonly": 1, "gluon_computeonly": 2}
 
 
 def _knobs(kernel: str) -> dict:
-  knobs = {"STAGES": VARIANTS.get(kernel), "KV_GROUP": None, "PROBE": 0, "PACK": None}
+  knobs = {"STAGES": VARIANTS.get(kernel), "KV_GROUP": None, "PROBE": 0, "PACK": True}
   for part in kernel.split("_")[1:]:
     if part == "nopack":
       knobs["PACK"] = False

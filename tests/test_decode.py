@@ -279,6 +279,7 @@ def test_gluon_kernel_builds_for_sm90(monkeypatch, tmp_path):
                                   page_table=table, kernel="gluon")
     launch = plan.launches[0]
     assert launch.name == "jqat_decode_split_gluon" and launch.constexprs["BLOCK_M"] == (8 if 4 * tq <= 8 else 16)
+    assert launch.constexprs["PACK"] == (4 * tq <= 4)  # S^T packed at up to half of BLOCK_M's rows
     group = min(kh, 4)  # a program per group of KV heads, a warp each
     assert (launch.constexprs["KV_GROUP"], launch.num_warps, launch.grid) == (group, group, (2 * kh // group, 2))
     types = tuple("*" + callback_launch._POINTER_TYPES[plan.buffers[a.name].dtype] if isinstance(a, plans.Ref)

@@ -63,11 +63,12 @@ HEAD_DIMS = (64, 128)
 MAX_ROWS = 16
 MAX_KV_GROUP = 4
 # Set for measurements (benchmarks/decode_gluon.py): KV tiles in shared memory (None: stages()); KV heads a program
-# takes (None: kv_group()); PROBE 1 runs the copies alone, 2 the compute alone (0: the kernel).
+# takes (None: kv_group()); PROBE 1 runs the copies alone, 2 the compute alone (0: the kernel); PACK False: S^T never
+# packed (packs()).
 STAGES = None
 KV_GROUP = None
 PROBE = 0
-PACK = None
+PACK = True
 
 
 def kv_group(kv_heads: int) -> int:
@@ -96,8 +97,8 @@ def supported(head_dim: int, rows: int, block_n: int, page_size: int, quantize_q
 
 def packs(rows: int) -> bool:
   """Whether a launch of ``rows`` query rows per KV head packs S^T (:func:`decode_split_kernel`'s PACK): at most half
-  of :func:`block_rows`, so that half of S^T's columns would be padding (:data:`PACK` overrides it)."""
-  return PACK if PACK is not None else rows <= block_rows(rows) // 2
+  of :func:`block_rows`, so that half of S^T's columns would be padding (unless :data:`PACK` is False)."""
+  return PACK and rows <= block_rows(rows) // 2
 
 
 def block_rows(rows: int) -> int:
