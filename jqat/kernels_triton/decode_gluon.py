@@ -659,7 +659,7 @@ def decode_split_kernel(
   if PACK:  # Q^T in the first half of the columns (the first 32 keys' scores), then in the second
     QF: gl.constexpr = q.type.layout
     lo = gl.arange(0, R, layout=gl.SliceLayout(0, gl.SliceLayout(2, QF)))[None, :, None] < QR
-    qt = gl.convert_layout(gl.permute(_q_order(gl.where(lo, q, 0.0), HEAD_DIM), [0, 2, 1]), B_OP)
+    qt_lo = gl.convert_layout(gl.permute(_q_order(gl.where(lo, q, 0.0), HEAD_DIM), [0, 2, 1]), B_OP)
     qt_hi = gl.convert_layout(gl.permute(_q_order(gl.where(lo, 0.0, q), HEAD_DIM), [0, 2, 1]), B_OP)
   else:
     qt = gl.convert_layout(gl.permute(_q_order(q, HEAD_DIM), [0, 2, 1]), B_OP)
@@ -718,7 +718,7 @@ def decode_split_kernel(
     cur = i % STAGES if PROBE != 2 else i % (STAGES - 1)
     if PROBE != 1:
       if PACK:
-        s = _scores_packed(kc_s.index(cur), ks_s.index(cur), qt, qt_hi, HEAD_DIM, G, R)
+        s = _scores_packed(kc_s.index(cur), ks_s.index(cur), qt_lo, qt_hi, HEAD_DIM, G, R)
       else:
         s = _scores(kc_s.index(cur), ks_s.index(cur), qt, HEAD_DIM, G, R)
       m_new, alpha, p, pq = _probs(s, tile, kappa, limit, m, qk_scale, G, QR, P_ROW_RANGE, HW_E4M3, HW_E2M1)
