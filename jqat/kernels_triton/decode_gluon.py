@@ -735,11 +735,11 @@ def decode_split_kernel(
     acc = gl.sum(gl.reshape(acc, [G, HEAD_DIM, 2, QR]), axis=2)
   h_s = gl.arange(0, G, layout=gl.SliceLayout(1, ROW_S))[:, None]
   if SPLITS == 1:
+    AQ: gl.constexpr = gl.SliceLayout(1, acc.type.layout)  # l per row, as acc's rows (packed: summed) hold them
+    l = gl.convert_layout(l, AQ)
     empty = l == 0.0
-    inv = gl.where(empty, 0.0, gl.div_rn(gl.full([G, QR], 1.0, gl.float32, layout=ROW_S), gl.where(empty, 1.0, l)))
-    AQ: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
-    inv = gl.convert_layout(inv, AQ)
-    out = _o_channels(gl.where(gl.convert_layout(empty, AQ)[:, None, :], 0.0, acc * inv[:, None, :]), HEAD_DIM)
+    inv = gl.where(empty, 0.0, gl.div_rn(gl.full([G, QR], 1.0, gl.float32, layout=AQ), gl.where(empty, 1.0, l)))
+    out = _o_channels(gl.where(empty[:, None, :], 0.0, acc * inv[:, None, :]), HEAD_DIM)
     OL: gl.constexpr = out.type.layout
     h_out = gl.arange(0, G, layout=gl.SliceLayout(1, gl.SliceLayout(2, OL)))[:, None, None]
     r_out = gl.arange(0, QR, layout=gl.SliceLayout(0, gl.SliceLayout(2, OL)))[None, :, None]
