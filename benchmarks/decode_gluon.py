@@ -58,16 +58,20 @@ TIMES = [
 ]
 
 
-# --sweep: (B, N, K, T, D, Tq, page size) -> the (variant, splits) pairs timed, the default splits first.
-SWEEP = {  # the program's structure, then split counts around the default
-    (8, 32, 8, 32768, 128, 1, 0): [("gluon_kg1_stages3", 16), ("gluon_kg1_stages3_memonly", 16),
-                                   ("gluon_kg1_stages3_computeonly", 16), ("gluon_kg8_stages3", 16),
-                                   ("gluon_kg4_stages3", 16), ("gluon_kg4_stages2", 16), ("gluon_memonly", 16),
-                                   ("gluon_computeonly", 16), ("gluon_kg4_stages2", 20), ("gluon_kg4_stages2", 24),
-                                   ("gluon_kg2_stages2", 16)],
-    (32, 32, 8, 8192, 128, 1, 0): [("gluon_kg4_stages2", 4), ("gluon_kg4_stages2", 6)],
-    (1, 32, 8, 131072, 128, 1, 0): [("gluon_kg4_stages2", 128), ("gluon_kg2_stages2", 128), ("gluon_kg4_stages3", 128),
-                                    ("gluon_kg2_stages2", 64), ("gluon_kg2_stages3", 64), ("gluon_kg4_stages2", 96)],
+# --sweep: (B, N, K, T, D, Tq, page size) -> the (variant, splits) pairs timed, the default first: the KV heads a
+# program takes and its stages at every timed shape with more than one KV head, the default's copies alone and compute
+# alone, and split counts beside the default at T = 131072 (whose runs are 16 tiles long).
+_KG = [("gluon_kg2_stages2", None), ("gluon_kg4_stages2", None), ("gluon_kg2_stages3", None)]
+SWEEP = {
+    (8, 32, 8, 32768, 128, 1, 0): _KG + [("gluon_kg1_stages3", None), ("gluon_memonly", None),
+                                         ("gluon_computeonly", None)],
+    (8, 32, 8, 32768, 128, 1, 64): _KG,
+    (8, 32, 8, 32768, 128, 4, 0): _KG,
+    (32, 32, 8, 8192, 128, 1, 0): _KG,
+    (32, 32, 8, 8192, 128, 4, 0): _KG,
+    (1, 32, 8, 131072, 128, 1, 0): _KG + [("gluon_kg2_stages2", 64), ("gluon_kg2_stages3", 64)],
+    (1, 32, 8, 131072, 128, 4, 0): _KG,
+    (8, 32, 8, 32768, 64, 1, 0): _KG,
 }
 
 
@@ -235,7 +239,7 @@ def check(results, variants=("gluon",)):
 
 def time_case(b, n, kh, t, d, tq, page, kernels=("triton", *VARIANTS), copies_bytes=512 << 20, split_counts=None):
   """Times of each kernel at the default splits (keys ``{kernel}_ms``) and of each ``(kernel, splits)`` pair of
-  ``split_counts`` (keys ``{kernel}_s{splits}_ms``)."""
+  ``split_counts`` (keys ``{kernel}_s{splits}_ms``; splits None: the default)."""
   import torch
 
   target = plans.Target(tuple(torch.cuda.get_device_capability()))
@@ -249,7 +253,7 @@ def time_case(b, n, kh, t, d, tq, page, kernels=("triton", *VARIANTS), copies_by
   from jqat.ffi import torch_launch
 
   runs = [(kernel, splits, kernel) for kernel in kernels]
-  runs += [(kernel, s, f"{kernel}_s{s}") for kernel, s in split_counts or ()]
+  runs += [(kernel, s or splits, f"{kernel}_s{s or splits}") for kernel, s in split_counts or ()]  # None: default
   for kernel, splits, name in runs:
     plan = make_plan(b, tq, n, kh, t, d, splits, page, True, "block", kernel, target)
     sets = []

@@ -254,8 +254,8 @@ def test_decode_kernel_choice(monkeypatch):
 
 @pytest.mark.fresh_process  # a real compile: not in a process where the interpreter has run
 def test_gluon_kernel_builds_for_sm90(monkeypatch, tmp_path):
-  """The Gluon split kernel builds for sm_90 at D = 64 and 128, 8 and 16 rows, contiguous and paged, groups of 4, 2
-  and 1 KV heads a program, with no spills;
+  """The Gluon split kernel builds for sm_90 at D = 64 and 128, 8 and 16 rows, contiguous and paged, groups of 2 and
+  1 KV heads a program (and 4, the measurements' knob), with no spills;
   its layout conversions inside the KV loop are asserted free (``assert_trivial``) when it is traced, so a build
   proves that no operand moves between threads there."""
   import re
@@ -270,7 +270,11 @@ def test_gluon_kernel_builds_for_sm90(monkeypatch, tmp_path):
   monkeypatch.setenv("JQAT_CACHE_DIR", str(tmp_path))
   monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
   dense = plans.Tensor.dense
-  for d, tq, page, kh in ((128, 1, 0, 8), (128, 4, 64, 8), (64, 2, 0, 2), (128, 1, 0, 1), (64, 1, 64, 2)):
+  from jqat.kernels_triton import decode_gluon
+
+  for d, tq, page, kh, knob in ((128, 1, 0, 8, None), (128, 4, 64, 8, None), (64, 2, 0, 2, None), (128, 1, 0, 1, None),
+                                (64, 1, 64, 2, None), (128, 1, 0, 8, 4)):
+    monkeypatch.setattr(decode_gluon, "KV_GROUP", knob)
     lead = (33, page) if page else (2, 1024)
     codes, scales = dense(lead + (kh, d // 2), "uint8"), dense(lead + (kh, d // 16), "float8_e4m3fn")
     table = dense((2, 16), "int32") if page else None
@@ -280,7 +284,7 @@ def test_gluon_kernel_builds_for_sm90(monkeypatch, tmp_path):
     launch = plan.launches[0]
     assert launch.name == "jqat_decode_split_gluon" and launch.constexprs["BLOCK_M"] == (8 if 4 * tq <= 8 else 16)
     assert launch.constexprs["PACK"] == (4 * tq <= 4)  # S^T packed at up to half of BLOCK_M's rows
-    group = min(kh, 4)  # a program per group of KV heads, a warp each
+    group = min(kh, knob or 2)  # a program per group of KV heads, a warp each
     assert (launch.constexprs["KV_GROUP"], launch.num_warps, launch.grid) == (group, group, (2 * kh // group, 2))
     types = tuple("*" + callback_launch._POINTER_TYPES[plan.buffers[a.name].dtype] if isinstance(a, plans.Ref)
                   else "fp32" if isinstance(a, float) else "i32" for a in launch.args)
@@ -294,9 +298,11 @@ def test_gluon_kernel_builds_for_sm90(monkeypatch, tmp_path):
     assert re.search(r"STACK:0\b", usage), (d, tq, page, usage)
 
 
-def test_gluon_kv_group_divides_the_kv_heads():
+def test_gluon_kv_group_divides_the_kv_heads(monkeypatch):
   from jqat.kernels_triton import decode_gluon
 
+  assert [decode_gluon.kv_group(k) for k in (1, 2, 3, 4, 6, 8, 12, 32)] == [1, 2, 1, 2, 2, 2, 2, 2]
+  monkeypatch.setattr(decode_gluon, "KV_GROUP", 4)  # the measurements' knob: still a divisor of the KV heads
   assert [decode_gluon.kv_group(k) for k in (1, 2, 3, 4, 6, 8, 12, 32)] == [1, 2, 1, 4, 2, 4, 4, 4]
 
 

@@ -10,8 +10,8 @@ gives them into the tensor cores' operand layouts through shared memory (docs/PE
 tensor has an explicit layout, chosen so that each thread loads exactly the code bytes of its own MMA operand
 fragments and no value moves between threads or through shared memory inside the KV loop.
 
-One program per (sequence, group of KG KV heads, split), one warp per KV head (:func:`kv_group`: KG = 4 where the
-KV heads divide by 4). The warps of a program copy the KV tiles of their KV heads together, 64 keys at a time, into
+One program per (sequence, group of KG KV heads, split), one warp per KV head (:func:`kv_group`: KG = 2 where the
+KV heads are even). The warps of a program copy the KV tiles of their KV heads together, 64 keys at a time, into
 shared memory by cp.async, two or three stages deep (:func:`stages`): the group's part of each cache row (KG * D / 2
 code bytes, KG * D / 16 scale bytes) is read in one contiguous piece, where one warp alone would read D / 2 bytes of
 each row at the cache's token stride (docs/PERFORMANCE.md, section 10: that pattern caps the read well below what
@@ -61,7 +61,9 @@ from jqat.kernels_triton.nvfp4 import fq_probs, fq_tile
 BLOCK_N = 64  # keys per tile: the only tile the layouts below are written for
 HEAD_DIMS = (64, 128)
 MAX_ROWS = 16
-MAX_KV_GROUP = 4
+# Two KV heads a program: at 192 registers a thread (S^T packed) a four-warp program leaves two per SM and a two-warp
+# one five; two were 0.6-3.7% faster than four at every timed shape (docs/BENCHMARKS.md, decode_gluon.py --sweep).
+MAX_KV_GROUP = 2
 # Set for measurements (benchmarks/decode_gluon.py): KV tiles in shared memory (None: stages()); KV heads a program
 # takes (None: kv_group()); PROBE 1 runs the copies alone, 2 the compute alone (0: the kernel); PACK False: S^T never
 # packed (packs()).
