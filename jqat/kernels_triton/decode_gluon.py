@@ -62,7 +62,7 @@ BLOCK_N = 64  # keys per tile: the only tile the layouts below are written for
 HEAD_DIMS = (64, 128)
 MAX_ROWS = 16
 # Two KV heads a program: at 192 registers a thread (S^T packed) a four-warp program leaves two per SM and a two-warp
-# one five; two were 0.6-3.7% faster than four at every timed shape (docs/BENCHMARKS.md, decode_gluon.py --sweep).
+# one five; two were 0.6-7% faster than four at every timed shape (docs/BENCHMARKS.md, decode_gluon.py --sweep).
 MAX_KV_GROUP = 2
 # Set for measurements (benchmarks/decode_gluon.py): KV tiles in shared memory (None: stages()); KV heads a program
 # takes (None: kv_group()); PROBE 1 runs the copies alone, 2 the compute alone (0: the kernel); PACK False: S^T never
