@@ -389,6 +389,17 @@ def _o_channels(acc, HEAD_DIM: gl.constexpr):
 
 
 @gluon.jit
+def _out_index(out):
+  """The KV head of the group, query row and channel of each element of ``out [G, R, D]``, broadcastable against
+  it in its layout."""
+  OL: gl.constexpr = out.type.layout
+  h = gl.arange(0, out.shape[0], layout=gl.SliceLayout(1, gl.SliceLayout(2, OL)))[:, None, None]
+  r = gl.arange(0, out.shape[1], layout=gl.SliceLayout(0, gl.SliceLayout(2, OL)))[None, :, None]
+  d = gl.arange(0, out.shape[2], layout=gl.SliceLayout(0, gl.SliceLayout(1, OL)))[None, None, :]
+  return h, r, d
+
+
+@gluon.jit
 def _halves(x):
   """``x [G, M, C]`` as its two halves along the middle axis, ``x[:, :M / 2]`` and ``x[:, M / 2:]``."""
   g: gl.constexpr = x.shape[0]
@@ -742,10 +753,7 @@ def decode_split_kernel(
     empty = l == 0.0
     inv = gl.where(empty, 0.0, gl.div_rn(gl.full([G, QR], 1.0, gl.float32, layout=AQ), gl.where(empty, 1.0, l)))
     out = _o_channels(gl.where(empty[:, None, :], 0.0, acc * inv[:, None, :]), HEAD_DIM)
-    OL: gl.constexpr = out.type.layout
-    h_out = gl.arange(0, G, layout=gl.SliceLayout(1, gl.SliceLayout(2, OL)))[:, None, None]
-    r_out = gl.arange(0, QR, layout=gl.SliceLayout(0, gl.SliceLayout(2, OL)))[None, :, None]
-    d_out = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, gl.SliceLayout(1, OL)))[None, None, :]
+    h_out, r_out, d_out = _out_index(out)
     o_rows = (b.to(gl.int64) * stride_ob + (r_out // group).to(gl.int64) * stride_ot
               + ((kvh0 + h_out) * group + r_out % group).to(gl.int64) * stride_on)
     gl.store(o_ptr + o_rows + d_out, out.to(o_ptr.dtype.element_ty),
@@ -753,10 +761,7 @@ def decode_split_kernel(
   else:  # partial j = (b * K + kvh) * SPLITS + split, as the Triton kernel and the combine launch number them; of
     # its BLOCK_M rows, the first QR (the others, padding, are never read)
     out = _o_channels(acc, HEAD_DIM)
-    OL: gl.constexpr = out.type.layout
-    h_out = gl.arange(0, G, layout=gl.SliceLayout(1, gl.SliceLayout(2, OL)))[:, None, None]
-    r_out = gl.arange(0, QR, layout=gl.SliceLayout(0, gl.SliceLayout(2, OL)))[None, :, None]
-    d_out = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, gl.SliceLayout(1, OL)))[None, None, :]
+    h_out, r_out, d_out = _out_index(out)
     part = (b.to(gl.int64) * kv_heads + kvh0 + h_out) * SPLITS + split
     gl.store(part_acc_ptr + (part * R + r_out) * HEAD_DIM + d_out, out)
     part_s = (b.to(gl.int64) * kv_heads + kvh0 + h_s) * SPLITS + split
