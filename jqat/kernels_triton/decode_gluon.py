@@ -389,14 +389,13 @@ def _o_channels(acc, HEAD_DIM: gl.constexpr):
 
 
 @gluon.jit
-def _out_index(out):
-  """The KV head of the group, query row and channel of each element of ``out [G, R, D]``, broadcastable against
-  it in its layout."""
-  OL: gl.constexpr = out.type.layout
-  h = gl.arange(0, out.shape[0], layout=gl.SliceLayout(1, gl.SliceLayout(2, OL)))[:, None, None]
-  r = gl.arange(0, out.shape[1], layout=gl.SliceLayout(0, gl.SliceLayout(2, OL)))[None, :, None]
-  d = gl.arange(0, out.shape[2], layout=gl.SliceLayout(0, gl.SliceLayout(1, OL)))[None, None, :]
-  return h, r, d
+def _index3(N0: gl.constexpr, N1: gl.constexpr, N2: gl.constexpr, layout: gl.constexpr):
+  """The indices along each axis of an ``[N0, N1, N2]`` tensor in ``layout``: ``[N0, 1, 1]``, ``[1, N1, 1]`` and
+  ``[1, 1, N2]``, broadcastable against it."""
+  i0 = gl.arange(0, N0, layout=gl.SliceLayout(1, gl.SliceLayout(2, layout)))[:, None, None]
+  i1 = gl.arange(0, N1, layout=gl.SliceLayout(0, gl.SliceLayout(2, layout)))[None, :, None]
+  i2 = gl.arange(0, N2, layout=gl.SliceLayout(0, gl.SliceLayout(1, layout)))[None, None, :]
+  return i0, i1, i2
 
 
 @gluon.jit
@@ -487,9 +486,7 @@ def _issue_tile(kc_s, ks_s, vc_s, vs_s, kc_ptr, ks_ptr, vc_ptr, vs_ptr, kc_at, k
 def _copy_offsets(layout: gl.constexpr, G: gl.constexpr, WIDTH: gl.constexpr, head_stride, key_stride):
   """Loop-invariant offsets (int64 elements) of each thread's part of a tile's copy, ``[G, 64, WIDTH]`` in ``layout``
   (int64: a sum in int32 would be sign-extended element by element), and the key of each, ``[1, 64, 1]``."""
-  head = gl.arange(0, G, layout=gl.SliceLayout(1, gl.SliceLayout(2, layout)))[:, None, None]
-  key = gl.arange(0, 64, layout=gl.SliceLayout(0, gl.SliceLayout(2, layout)))[None, :, None]
-  col = gl.arange(0, WIDTH, layout=gl.SliceLayout(0, gl.SliceLayout(1, layout)))[None, None, :]
+  head, key, col = _index3(G, 64, WIDTH, layout)
   return head.to(gl.int64) * head_stride + key.to(gl.int64) * key_stride + col.to(gl.int64), key
 
 
@@ -658,9 +655,7 @@ def decode_split_kernel(
   # channel order (the Triton kernel's fq_tile), then permuted to the products' reduction order and transposed: the
   # B operand of S^T = K Q^T.
   QL: gl.constexpr = q_layout(G)
-  hq = gl.arange(0, G, layout=gl.SliceLayout(1, gl.SliceLayout(2, QL)))[:, None, None]
-  rq = gl.arange(0, R, layout=gl.SliceLayout(0, gl.SliceLayout(2, QL)))[None, :, None]
-  dq = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, gl.SliceLayout(1, QL)))[None, None, :]
+  hq, rq, dq = _index3(G, R, HEAD_DIM, QL)
   rqq = rq % QR  # packed: the query row of both halves' columns
   q_ok = (hq < G) & (rqq < rows) & (dq < HEAD_DIM)
   q_rows = (b.to(gl.int64) * stride_qb + (rqq // group).to(gl.int64) * stride_qt
@@ -753,7 +748,8 @@ def decode_split_kernel(
     empty = l == 0.0
     inv = gl.where(empty, 0.0, gl.div_rn(gl.full([G, QR], 1.0, gl.float32, layout=AQ), gl.where(empty, 1.0, l)))
     out = _o_channels(gl.where(empty[:, None, :], 0.0, acc * inv[:, None, :]), HEAD_DIM)
-    h_out, r_out, d_out = _out_index(out)
+    OL: gl.constexpr = out.type.layout
+    h_out, r_out, d_out = _index3(G, QR, HEAD_DIM, OL)
     o_rows = (b.to(gl.int64) * stride_ob + (r_out // group).to(gl.int64) * stride_ot
               + ((kvh0 + h_out) * group + r_out % group).to(gl.int64) * stride_on)
     gl.store(o_ptr + o_rows + d_out, out.to(o_ptr.dtype.element_ty),
@@ -761,7 +757,8 @@ def decode_split_kernel(
   else:  # partial j = (b * K + kvh) * SPLITS + split, as the Triton kernel and the combine launch number them; of
     # its BLOCK_M rows, the first QR (the others, padding, are never read)
     out = _o_channels(acc, HEAD_DIM)
-    h_out, r_out, d_out = _out_index(out)
+    OL: gl.constexpr = out.type.layout
+    h_out, r_out, d_out = _index3(G, QR, HEAD_DIM, OL)
     part = (b.to(gl.int64) * kv_heads + kvh0 + h_out) * SPLITS + split
     gl.store(part_acc_ptr + (part * R + r_out) * HEAD_DIM + d_out, out)
     part_s = (b.to(gl.int64) * kv_heads + kvh0 + h_s) * SPLITS + split
