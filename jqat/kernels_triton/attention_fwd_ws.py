@@ -22,22 +22,30 @@ Here each program takes FlashAttention-3's structure:
 - inside each consumer, one tile of software pipelining: the S product of tile j and the P V product of tile j - 1
   are issued together (asynchronous wgmma), then the consumer waits for S_j alone, computes the softmax step and
   fq(P_j) while P_{j-1} V_{j-1} runs, then waits for that product and rescales O. P goes to the tensor cores from
-  registers (the A operand of P V), so no P round trip through shared memory.
+  registers (the A operand of P V), so no P round trip through shared memory. ptxas hoists a plain
+  ``wgmma.wait_group`` to the top of the tile (the P V product then overlapped only the row maximum), so the wait
+  for P V is issued from inline PTX behind a branch (:func:`rescale`), which it cannot move above;
+- fq(P)'s block scales once per quad (:func:`fq_probs_quad`): the 4 lanes that share a block exchange their partial
+  maxima so that each lane finishes one block's maximum, scale and reciprocal, and the 4 are gathered back (3 + 8
+  shuffles a row, against 8 for the maxima alone and 4 scales and reciprocals a lane before);
+- the rescale of O (64 multiplies a thread and tile at D = 128) is skipped by a warp whose 16 rows all kept their
+  maximum (every alpha exactly 1: the product would leave the same bits), which is most tiles of a long walk.
 
 Resources (sm_90, offline build, ``benchmarks/attention_ws.py --compile-only``): two consumers take 12 warps (the
 producer's warpgroup holds 1 working warp) at a launch count of 168 registers, redistributed by ``setmaxnreg`` to 240
 per consumer thread and 24 for the producer; D = 128 with 3 stages uses 128 KB of shared memory (Q 2 x 16 KB, K and
 V 3 x 2 x 16 KB), one program per SM. One consumer: 8 warps at 128 registers (232 for the consumer), 112 KB, two
-programs per SM. No spills; the KV loop is about 790 instructions per consumer and tile at D = 128 (the Triton
-O-alone forward: 809), with no shared-memory traffic besides the operands (every layout conversion is free,
-asserted when traced). On an H100 its O is bit-equal to the Triton forward's on ``benchmarks/attention_ws.py``'s
-check cases; the one-consumer variant faults when timed at 4096 tokens (the benchmark leaves it out), so the plan
-launches two consumers.
+programs per SM. No spills; the KV loop is 772 instructions per consumer and tile at D = 128, 707 where the warp
+skips the rescale (the Triton O-alone forward: 809), with no shared-memory traffic besides the operands (every layout
+conversion is free, asserted when traced). On an H100 its O is bit-equal to the Triton forward's on
+``benchmarks/attention_ws.py``'s check cases; the one-consumer variant faults when timed at 4096 tokens (the benchmark
+leaves it out), so the plan launches two consumers.
 
 Numerics: the Triton kernel's expressions on the same FP32 values, tile by tile in key order: ``s = mul_rn(q . k,
 scale * log2 e)`` (``attention_common.mul_rn``), ``m' = max(m, rowmax s)``, ``p = exp2(s - m')``, ``alpha =
-exp2(m - m')``, ``l = l * alpha + rowsum p``, ``acc = acc * alpha + fq(p) V`` with ``fq_probs`` (the same Triton
-device function, on the accumulator layout of S: blocks of 16 keys across the 4 lanes of a quad), and at the end
+exp2(m - m')``, ``l = l * alpha + rowsum p``, ``acc = acc * alpha + fq(p) V`` with fq(P) as ``fq_probs`` computes
+it (its quotient path's expressions, :func:`fq_probs_quad`; on the accumulator layout of S a block of 16 keys lies
+across the 4 lanes of a quad), and at the end
 ``O = bf16(acc * div_rn(1, l))``, ``lse = (m + log2 l) * ln 2``. The row sums and the products' internal order may
 differ from the Triton kernel's (FP32 rounding only), so O agrees to FP32 rounding, or by an fq(P) code where a
 probability sits on a rounding boundary.
@@ -66,7 +74,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from jqat.kernels_triton.attention_common import LN2, LOG2E, mul_rn
-from jqat.kernels_triton.nvfp4 import fq_probs, quant_flags
+from jqat.kernels_triton.nvfp4 import corrected_quotient, quant_flags, round_e2m1
 
 BLOCK_N = 64  # keys per KV tile (part of the function: fq(P) is relative to the running max at each tile)
 WG_ROWS = gl.constexpr(64)  # query rows per consumer warpgroup (the M of one wgmma on 4 warps)
@@ -79,6 +87,123 @@ REGISTER_FILE = 65536  # 32-bit registers per SM
 def acc_layout(n):
   """The wgmma accumulator layout of a [64, n] product on one warpgroup (instruction m64 n k16)."""
   return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, int(n), 16])
+
+
+@gluon.constexpr_function
+def row_layout(n):
+  """:func:`acc_layout` with its registers reordered: a thread's ``n / 4`` values of one row come first, in column
+  order (so that ``pack = n / 4`` hands one row's values to one inline-asm call), then its second row (+8). The same
+  values in the same threads: converting between the two moves no data."""
+  reg = [[0, 1], [0, 8]] + [[0, 16 << i] for i in range((int(n) // 16).bit_length() - 1)] + [[8, 0]]
+  return gl.DistributedLinearLayout(reg_bases=reg, lane_bases=[[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]],
+                                    warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, int(n)])
+
+
+def _quad_scales_asm(n):
+  """PTX of one row's E4M3 block scales and their approximate reciprocals for :func:`fq_probs_quad` (``n`` keys:
+  ``n / 16`` blocks, 4 values of each block in this thread, in :func:`row_layout`'s order). Each thread reduces its 4
+  values of each block; a transposed exchange across the quad (two rounds of butterfly shuffles, 3 in all) leaves lane
+  ``t`` with block ``t``'s maximum; that lane forms the scale as ``e4m3_block_scale`` does on its compiled path and
+  its ``rcp.approx``; 8 indexed shuffles give every lane all four. Operands: the scales and reciprocals for each of
+  the row's values (outputs), then the values."""
+  nb = n // 16
+  assert nb == 4
+  lines = ["{", ".reg .f32 m0, m1, m2, m3, k0, k1, x0, x1, y0, y1, a, q, t, s, r, s0, s1, s2, s3, r0, r1, r2, r3;",
+           ".reg .b32 lane, tb;", ".reg .pred hi, lo;", ".reg .b16 e8, hl, hh;", ".reg .b32 h2;",
+           "mov.u32 lane, %laneid;",
+           "and.b32 tb, lane, 2;", "setp.ne.u32 hi, tb, 0;", "and.b32 tb, lane, 1;", "setp.ne.u32 lo, tb, 0;"]
+  k = n // 4  # operands: s (k outputs), r (k outputs), then p (k inputs)
+  for b in range(nb):
+    v = [f"${2 * k + 4 * b + i}" for i in range(4)]
+    lines += [f"max.f32 m{b}, {v[0]}, {v[1]};", f"max.f32 m{b}, m{b}, {v[2]};", f"max.f32 m{b}, m{b}, {v[3]};"]
+  lines += [
+      # lanes 0, 1 of a quad keep blocks 0 and 1 and send 2 and 3; lanes 2, 3 the other way round
+      "selp.f32 k0, m2, m0, hi;", "selp.f32 k1, m3, m1, hi;", "selp.f32 x0, m0, m2, hi;", "selp.f32 x1, m1, m3, hi;",
+      "shfl.sync.bfly.b32 y0, x0, 2, 0x1f, 0xffffffff;", "shfl.sync.bfly.b32 y1, x1, 2, 0x1f, 0xffffffff;",
+      "max.f32 k0, k0, y0;", "max.f32 k1, k1, y1;",
+      # then lane t keeps block t
+      "selp.f32 a, k1, k0, lo;", "selp.f32 x0, k0, k1, lo;", "shfl.sync.bfly.b32 y0, x0, 1, 0x1f, 0xffffffff;",
+      "max.f32 a, a, y0;",
+      # e4m3_block_scale (compiled path): e4m3(max(RN(min(amax, 2688) / 6), 2**-9)), and its rcp.approx
+      "min.f32 a, a, 0f45280000;", "mul.f32 q, a, 0f3E2AAAAB;", "fma.rn.f32 t, q, 0fC0C00000, a;",
+      "fma.rn.f32 t, t, 0f3E2AAAAB, q;", "max.f32 t, t, 0f3B000000;",
+      "cvt.rn.satfinite.e4m3x2.f32 e8, t, t;", "cvt.rn.f16x2.e4m3x2 h2, e8;", "mov.b32 {hl, hh}, h2;",
+      "cvt.f32.f16 s, hl;", "rcp.approx.ftz.f32 r, s;"]
+  for b in range(nb):
+    lines += [f"shfl.sync.idx.b32 s{b}, s, {b}, 0x1c1f, 0xffffffff;",
+              f"shfl.sync.idx.b32 r{b}, r, {b}, 0x1c1f, 0xffffffff;"]
+  for b in range(nb):
+    for i in range(4):
+      lines += [f"mov.b32 ${4 * b + i}, s{b};", f"mov.b32 ${k + 4 * b + i}, r{b};"]
+  return "\n".join(lines + ["}"])
+
+
+@gluon.jit
+def fq_probs_quad(p, HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr):
+  """``fq_probs(p)`` for ``p: [64, n]`` in S's accumulator layout, each block's E4M3 scale and its reciprocal formed
+  once per quad (:func:`_quad_scales_asm`: a thread's 4 values of each of a row's blocks, the 4 lanes of a quad holding
+  a block's 16) instead of by every lane of the quad; then ``fq_probs``'s quotient path per element. The same
+  values: the maximum is exact in any order, the scale the same expressions (``e4m3_block_scale``)."""
+  n: gl.constexpr = p.shape[1]
+  L: gl.constexpr = p.type.layout
+  p16 = gl.convert_layout(p, row_layout(n))
+  s, r = gl.inline_asm_elementwise(asm=_QUAD_ASM, constraints=_QUAD_CONSTRAINTS,
+                                   args=[p16], dtype=(gl.float32, gl.float32), is_pure=True, pack=n // 4)
+  y = corrected_quotient(p16, s, r)
+  out = round_e2m1(gl.minimum(y, 6.0)) * s
+  return gl.convert_layout(out, L)
+
+
+_QUAD_ASM = gl.constexpr(_quad_scales_asm(64))
+_QUAD_CONSTRAINTS = gl.constexpr("=r," * 32 + ",".join(["r"] * 16))
+
+
+def _rescale_asm(n):
+  """PTX that waits for the last product (``wgmma.wait_group 0``) and returns ``acc * alpha`` on a thread's ``n``
+  accumulators in :func:`acc_regs_layout` (operands: n outputs, the n accumulators, their n row factors; elements 0
+  and 2 are the thread's two rows). Where every factor of the warp is exactly 1 the product would change nothing (the
+  same bits, NaN included), and a branch skips it. The wait sits after the branch, in both arms: ptxas otherwise
+  hoists it to the top of the tile, so that the P V product no longer overlaps the softmax."""
+  lines = ["{", ".reg .pred p;", f"setp.eq.f32 p, ${2 * n}, 0f3F800000;",
+           f"setp.eq.and.f32 p, ${2 * n + 2}, 0f3F800000, p;", "vote.sync.all.pred p, p, 0xffffffff;",
+           "@p bra.uni SKIP;", "wgmma.wait_group.sync.aligned 0;"]
+  lines += [f"mul.f32 ${i}, ${n + i}, ${2 * n + i};" for i in range(n)]
+  lines += ["bra.uni DONE;", "SKIP:", "wgmma.wait_group.sync.aligned 0;"]
+  lines += [f"mov.b32 ${i}, ${n + i};" for i in range(n)]
+  lines += ["DONE:", "}"]
+  return "\n".join(lines)
+
+
+@gluon.constexpr_function
+def acc_regs_layout(n):
+  """:func:`acc_layout` written out as a linear layout (the same bases in the same order): register 0 is column 0
+  of row ``lane / 4``, register 1 the next column, register 2 the row 8 below, then the column groups of 8."""
+  reg = [[0, 1], [8, 0]] + [[0, 8 << i] for i in range((int(n) // 8).bit_length() - 1)]
+  return gl.DistributedLinearLayout(reg_bases=reg, lane_bases=[[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]],
+                                    warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, int(n)])
+
+
+_RESCALE_ASM_64 = gl.constexpr(_rescale_asm(32))  # D = 64: 32 accumulators a thread
+_RESCALE_ASM_128 = gl.constexpr(_rescale_asm(64))
+_RESCALE_CONSTRAINTS_64 = gl.constexpr("=r," * 32 + ",".join(["r"] * 64))
+_RESCALE_CONSTRAINTS_128 = gl.constexpr("=r," * 64 + ",".join(["r"] * 128))
+
+
+@gluon.jit
+def rescale(acc, alpha):
+  """``acc * alpha[:, None]``, skipped by whole warps whose rows' maxima all stayed (alpha exactly 1)."""
+  L: gl.constexpr = acc.type.layout
+  R: gl.constexpr = acc_regs_layout(acc.shape[1])
+  acc, a = gl.broadcast(acc, alpha[:, None])
+  acc = gl.convert_layout(acc, R, assert_trivial=True)
+  a = gl.convert_layout(a, R, assert_trivial=True)
+  if acc.shape[1] == 128:
+    out = gl.inline_asm_elementwise(asm=_RESCALE_ASM_128, constraints=_RESCALE_CONSTRAINTS_128, args=[acc, a],
+                                    dtype=gl.float32, is_pure=False, pack=64)
+  else:
+    out = gl.inline_asm_elementwise(asm=_RESCALE_ASM_64, constraints=_RESCALE_CONSTRAINTS_64, args=[acc, a],
+                                    dtype=gl.float32, is_pure=False, pack=32)
+  return gl.convert_layout(out, L, assert_trivial=True)
 
 
 @gluon.constexpr_function
@@ -127,7 +252,7 @@ def _softmax_step(s, m, l, qk_scale, O_LAYOUT: gl.constexpr, HW_E4M3: gl.constex
   p = gl.exp2(s - m_safe[:, None])
   alpha = gl.exp2(m - m_safe)
   l = l * alpha + gl.sum(p, axis=1)
-  p_fq = fq_probs(p, s.shape[0], s.shape[1], HW_E4M3, HW_E2M1)  # exact in bf16 (E2M1 x E4M3)
+  p_fq = fq_probs_quad(p, HW_E4M3, HW_E2M1)  # exact in bf16 (E2M1 x E4M3)
   # The accumulator layout of S is the register layout of the next wgmma's A operand (16-bit, k_width 2): free.
   p_op = gl.convert_layout(p_fq.to(gl.bfloat16), gl.DotOperandLayout(0, O_LAYOUT, 2), assert_trivial=True)
   alpha = gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT), assert_trivial=True)
@@ -168,9 +293,12 @@ def _tile(j, m, l, acc, p_op, q_s, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_
   s = warpgroup_mma_wait(1, deps=[s_tok])  # S_j done (P V may still run)
   mbarrier.arrive(k_empty.index(st))
   m, l, alpha, p_next = _softmax_step(s, m, l, qk_scale, O_LAYOUT, HW_E4M3, HW_E2M1, MASKED, row0, j)
-  acc, p_op = warpgroup_mma_wait(0, deps=[o_tok, p_op])  # P_{j-1} V_{j-1} done: its A registers are free
+  # A wait for nothing new (P V is the one product in flight): it hands out acc's registers, and orders fq(P_j)
+  # before the rescale, which waits for P_{j-1} V_{j-1} itself
+  acc, p_op, p_next = warpgroup_mma_wait(1, deps=[o_tok, p_op, p_next])
+  acc = rescale(acc, alpha)
   mbarrier.arrive(v_empty.index(sp))
-  return m, l, acc * alpha[:, None], p_next
+  return m, l, acc, p_next
 
 
 @gluon.jit
