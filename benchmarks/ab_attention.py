@@ -37,6 +37,7 @@ def main():
   ap.add_argument("--p-scale", default=None, choices=("block", "row"),
                   help="pass p_scale to jqat.attention (default: leave the keyword out)")
   ap.add_argument("--cudnn", action="store_true", help="also time cuDNN BF16 attention (jax.nn) on each shape")
+  ap.add_argument("--fwd-only", action="store_true", help="time the forward alone (no fwd+bwd)")
   args = ap.parse_args()
   chosen = SHAPES if args.shapes == "all" else [SHAPES[int(i)] for i in args.shapes.split(",")]
   rows = []
@@ -56,14 +57,17 @@ def main():
       grad = jax.jit(jax.grad(lambda q, k, v, attn=attn: jnp.sum(attn(q, k, v).astype(jnp.float32)),
                               argnums=(0, 1, 2)))
       row[prefix + "fwd_ms"] = time_ms(fwd, (q, k, v), args.iters, args.repeats)
-      row[prefix + "fwd_bwd_ms"] = time_ms(grad, (q, k, v), args.iters, args.repeats)
+      if not args.fwd_only:
+        row[prefix + "fwd_bwd_ms"] = time_ms(grad, (q, k, v), args.iters, args.repeats)
     if args.cudnn:
       row["ratio_fwd"] = row["fwd_ms"] / row["cudnn_fwd_ms"]
-      row["ratio_fwd_bwd"] = row["fwd_bwd_ms"] / row["cudnn_fwd_bwd_ms"]
+      if not args.fwd_only:
+        row["ratio_fwd_bwd"] = row["fwd_bwd_ms"] / row["cudnn_fwd_bwd_ms"]
     rows.append(row)
     print(rows[-1], flush=True)
   with open(args.out, "w") as f:
     json.dump({"jqat": os.path.dirname(jqat.__file__), "p_scale": args.p_scale, "device": str(jax.devices()[0]),
+               "fwd_kernel": os.environ.get("JQAT_ATTN_FWD_KERNEL", ""),
                "rows": rows}, f, indent=1)
 
 
