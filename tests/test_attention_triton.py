@@ -505,8 +505,9 @@ def test_triton_masks_match_xla_gpu(case):
 @pytest.mark.parametrize("causal", [False, True])
 def test_ws_forward_through_the_library_gpu(monkeypatch, causal):
   """``JQAT_ATTN_FWD_KERNEL=ws``: O alone through ``jax.jit(jqat.attention)`` and through the torch binding without
-  grad comes from the warp-specialized kernel (the plan of these shapes ends in it: GQA, Tq a multiple of 128,
-  D = 128) and is within the Triton forward's bound of the XLA reference."""
+  grad comes from the warp-specialized kernel where it takes the plan (GQA, Tq a multiple of 128, D = 128, no mask;
+  causal keeps the Triton kernel) and is within the Triton forward's bound of the XLA reference. A NaN in V reaches
+  exactly the elements of O that the XLA reference makes NaN: under the causal mask, not the rows before its key."""
   import jqat.torch as jt
   from jqat.ffi import jax_launch
 
@@ -519,7 +520,7 @@ def test_ws_forward_through_the_library_gpu(monkeypatch, causal):
   plan = plans.attention_forward(dense((b, t, n, d), "bfloat16"), dense((b, t, kh, d), "bfloat16"),
                                  dense((b, t, kh, d), "bfloat16"), AttentionOptions(d**-0.5, is_causal=causal), target,
                                  residuals=False)
-  assert plan.launches[-1].name == "jqat_attention_fwd_ws"
+  assert (plan.launches[-1].name == "jqat_attention_fwd_ws") == (not causal)
   q, k, v, _ = _api_inputs(b, t, t, n, kh, d, seed=7 + causal)
   run = lambda impl: jax.jit(lambda q, k, v: jqat.attention(q, k, v, is_causal=causal, implementation=impl))
   want = np.asarray(run("xla")(q, k, v).astype(jnp.float32))
@@ -529,6 +530,11 @@ def test_ws_forward_through_the_library_gpu(monkeypatch, causal):
   with torch.no_grad():
     out = jt.attention(*(bhsd(x).contiguous() for x in (q, k, v)), is_causal=causal, enable_gqa=True)
   assert_close(out.transpose(1, 2).float().cpu().numpy(), want, rel=BOUNDS["O"], name="O (torch)")
+  v_nan = v.at[0, 200, 1, 5].set(jnp.nan)  # key 200 of KV head 1: behind the diagonal of rows 192..199
+  want_nan = np.isnan(np.asarray(run("xla")(q, k, v_nan).astype(jnp.float32)))
+  got_nan = np.isnan(np.asarray(run("triton")(q, k, v_nan).astype(jnp.float32)))
+  assert want_nan.any() and want_nan[:, :200].any() != causal
+  np.testing.assert_array_equal(got_nan, want_nan)
 
 
 @pytest.mark.gpu

@@ -478,18 +478,20 @@ def backward_kernel() -> str:
 
 def _ws_takes(q, k, v, o, opts, target, other) -> bool:
   """Whether the warp-specialized forward takes this O-alone launch: sm_90, D = 128, Tq a multiple of its 128 rows, Tk
-  of its 64-key tiles, no masks but a top-left causal one, block modes, fq(P) on, fq(Q) from the pass, rows of whole
-  16-element strides. ``other``: masks, tensor scales, or Q not from the pass. Not D = 64, which the kernel computes
-  too: there it runs 8 consumer warps per SM against the Triton kernel's 16 (four programs of 128 registers), and two
-  of its programs per SM would leave 104 registers a consumer thread, which spill and serialize its wgmma."""
+  of its 64-key tiles, no masks, block modes, fq(P) on, fq(Q) from the pass, rows of whole 16-element strides.
+  ``other``: masks, tensor scales, or Q not from the pass. Not D = 64, which the kernel computes too: there it runs 8
+  consumer warps per SM against the Triton kernel's 16 (four programs of 128 registers), and two of its programs per
+  SM would leave 104 registers a consumer thread, which spill and serialize its wgmma. Not causal, which the kernel
+  computes too: where a row's diagonal tile holds a key it does not see, that key's p is +0 and a NaN of its V row
+  still reaches the row through the product (0 * NaN); the Triton kernel follows such a walk with its exact one
+  (docs/NUMERICS.md, section 4), the warp-specialized kernel has none."""
   tq, d = q.shape[1], q.shape[3]
   tk = k.shape[1]
   tensors = (q, k, v, o)
   dense16 = (_pow2_divisor([s for t in tensors for s in _s3(t)]) == 16
              and all(t.strides[3] == 1 for t in tensors))
-  top_left = not opts.is_causal or opts.causal_alignment == "top_left" or tq == tk
-  return (not other and d == 128 and tq % _WS_ROWS == 0 and tk % kws.BLOCK_N == 0
-          and tk > 0 and dense16 and top_left and opts.block_n == kws.BLOCK_N and opts.local_window_size is None
+  return (not other and d == 128 and tq % _WS_ROWS == 0 and tk % kws.BLOCK_N == 0 and tk > 0 and dense16
+          and not opts.is_causal and opts.block_n == kws.BLOCK_N and opts.local_window_size is None
           and opts.p_scale == "block" and opts.config.quantize_p and not target.interpret
           and tuple(target.compute_capability or ()) == (9, 0))
 
@@ -499,11 +501,10 @@ def _forward_ws(q, k, v, o, opts, target, buffers, inputs, outputs, scratch, lau
   launches so far); lse goes to scratch. Only where :func:`_ws_takes`."""
   b, tq, n, d = q.shape
   tk, kh = k.shape[1], k.shape[2]
-  params = kws.launch_params(d, compute_capability=tuple(target.compute_capability), is_causal=opts.is_causal)
+  params = kws.launch_params(d, compute_capability=tuple(target.compute_capability))
   num_warps, maxnreg = params.pop("num_warps"), params.pop("maxnreg")
   buffers["lse_ws"] = Tensor.dense((b, n, tq), "float32")
-  grid = (b * n, tq // _WS_ROWS) if opts.is_causal else (tq // _WS_ROWS, b * n)
-  fwd = Launch("jqat_attention_fwd_ws", kws.attention_fwd_ws_kernel, grid,
+  fwd = Launch("jqat_attention_fwd_ws", kws.attention_fwd_ws_kernel, (tq // _WS_ROWS, b * n),
                (Ref(qq), Ref(kk), Ref(vv), float(opts.scale), tq, tk, n, n // kh, *_s3(q), *_s3(k), *_s3(v),
                 *_s3(o)), ("o", "lse_ws"), params, num_warps, 1, maxnreg=maxnreg)
   return Plan(buffers, inputs, scratch + ("lse_ws",), outputs, launches + (fwd,))
