@@ -1,6 +1,6 @@
 """A warp-specialized NVFP4 QAT attention forward for Hopper (sm_90), in Gluon. The O-alone plan takes it on request
-(``JQAT_ATTN_FWD_KERNEL=ws``, ``ffi.plan._ws_takes``); the Triton forward stays the default because this kernel is
-only slightly faster alone and level through ``jax.jit`` (docs/PERFORMANCE.md, section 3).
+(``JQAT_ATTN_FWD_KERNEL=ws``, ``ffi.plan._ws_takes``: D = 128, no mask); the Triton forward stays the default until
+this kernel has passed the GPU test suite as the default (docs/PERFORMANCE.md, section 3).
 
 The function is the O-alone forward of ``attention_fwd.attention_fwd_kernel`` (docs/NUMERICS.md, sections 4.3-4.4)
 for its simplest cases: Q, K, V already fake-quantized (the quantize pass's output, ``QUANTIZE_Q`` off), p_scale
