@@ -484,7 +484,7 @@ def _ws_takes(q, k, v, o, opts, target, other) -> bool:
   SM would leave 104 registers a consumer thread, which spill and serialize its wgmma. Not causal, which the kernel
   computes too: where a row's diagonal tile holds a key it does not see, that key's p is +0 and a NaN of its V row
   still reaches the row through the product (0 * NaN); the Triton kernel follows such a walk with its exact one
-  (docs/NUMERICS.md, section 4), the warp-specialized kernel has none."""
+  (docs/NUMERICS.md, section 5, "NaN"), the warp-specialized kernel has none."""
   tq, d = q.shape[1], q.shape[3]
   tk = k.shape[1]
   tensors = (q, k, v, o)
