@@ -90,13 +90,31 @@ def acc_layout(n):
 
 
 @gluon.constexpr_function
+def _acc_linear(n, reg):
+  """:func:`acc_layout` of ``[64, n]`` as a linear layout with the register bases ``reg`` (in that order): the lanes
+  and warps as wgmma places them (a quad's 4 lanes step 2 columns, 8 quads 8 rows; the 4 warps 16 rows each)."""
+  return gl.DistributedLinearLayout(reg_bases=reg, lane_bases=[[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]],
+                                    warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, int(n)])
+
+
+@gluon.constexpr_function
+def acc_regs_layout(n):
+  """:func:`acc_layout` written out as a linear layout (the same bases in the same order): register 0 is column 0
+  of row ``lane / 4``, register 1 the next column, register 2 the row 8 below, then the column groups of 8."""
+  return _acc_linear(n, [[0, 1], [8, 0]] + [[0, 8 << i] for i in range((int(n) // 8).bit_length() - 1)])
+
+
+@gluon.constexpr_function
 def row_layout(n):
   """:func:`acc_layout` with its registers reordered: a thread's ``n / 4`` values of one row come first, in column
   order (so that ``pack = n / 4`` hands one row's values to one inline-asm call), then its second row (+8). The same
   values in the same threads: converting between the two moves no data."""
-  reg = [[0, 1], [0, 8]] + [[0, 16 << i] for i in range((int(n) // 16).bit_length() - 1)] + [[8, 0]]
-  return gl.DistributedLinearLayout(reg_bases=reg, lane_bases=[[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]],
-                                    warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, int(n)])
+  return _acc_linear(n, [[0, 1], [0, 8]] + [[0, 16 << i] for i in range((int(n) // 16).bit_length() - 1)] + [[8, 0]])
+
+
+def _constraints(outputs: int, inputs: int) -> str:
+  """Inline-asm constraints of ``outputs`` and then ``inputs`` 32-bit registers."""
+  return ",".join(["=r"] * outputs + ["r"] * inputs)
 
 
 def _quad_scales_asm(n):
@@ -145,6 +163,7 @@ def fq_probs_quad(p, HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr):
   a block's 16) instead of by every lane of the quad; then ``fq_probs``'s quotient path per element. The same
   values: the maximum is exact in any order, the scale the same expressions (``e4m3_block_scale``)."""
   n: gl.constexpr = p.shape[1]
+  gl.static_assert(n == 64, "_QUAD_ASM is built for tiles of 64 keys")
   L: gl.constexpr = p.type.layout
   p16 = gl.convert_layout(p, row_layout(n))
   s, r = gl.inline_asm_elementwise(asm=_QUAD_ASM, constraints=_QUAD_CONSTRAINTS,
@@ -155,7 +174,7 @@ def fq_probs_quad(p, HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr):
 
 
 _QUAD_ASM = gl.constexpr(_quad_scales_asm(64))
-_QUAD_CONSTRAINTS = gl.constexpr("=r," * 32 + ",".join(["r"] * 16))
+_QUAD_CONSTRAINTS = gl.constexpr(_constraints(32, 16))
 
 
 def _rescale_asm(n):
@@ -174,24 +193,16 @@ def _rescale_asm(n):
   return "\n".join(lines)
 
 
-@gluon.constexpr_function
-def acc_regs_layout(n):
-  """:func:`acc_layout` written out as a linear layout (the same bases in the same order): register 0 is column 0
-  of row ``lane / 4``, register 1 the next column, register 2 the row 8 below, then the column groups of 8."""
-  reg = [[0, 1], [8, 0]] + [[0, 8 << i] for i in range((int(n) // 8).bit_length() - 1)]
-  return gl.DistributedLinearLayout(reg_bases=reg, lane_bases=[[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]],
-                                    warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, int(n)])
-
-
 _RESCALE_ASM_64 = gl.constexpr(_rescale_asm(32))  # D = 64: 32 accumulators a thread
 _RESCALE_ASM_128 = gl.constexpr(_rescale_asm(64))
-_RESCALE_CONSTRAINTS_64 = gl.constexpr("=r," * 32 + ",".join(["r"] * 64))
-_RESCALE_CONSTRAINTS_128 = gl.constexpr("=r," * 64 + ",".join(["r"] * 128))
+_RESCALE_CONSTRAINTS_64 = gl.constexpr(_constraints(32, 64))
+_RESCALE_CONSTRAINTS_128 = gl.constexpr(_constraints(64, 128))
 
 
 @gluon.jit
 def rescale(acc, alpha):
-  """``acc * alpha[:, None]``, skipped by whole warps whose rows' maxima all stayed (alpha exactly 1)."""
+  """Waits for the P V product in flight (:func:`_rescale_asm`), then ``acc * alpha[:, None]``, skipped by whole warps
+  whose rows' maxima all stayed (alpha exactly 1)."""
   L: gl.constexpr = acc.type.layout
   R: gl.constexpr = acc_regs_layout(acc.shape[1])
   acc, a = gl.broadcast(acc, alpha[:, None])
