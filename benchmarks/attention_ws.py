@@ -352,9 +352,9 @@ def main():
                   help="comma-separated names of VARIANTS to check and time (default: all checked, all but ws_c1 "
                        "timed: it faults when timed at 4096 tokens and leaves the CUDA context unusable)")
   args = ap.parse_args()
-  chosen = lambda keep: [v for v in VARIANTS if keep(v[0])]
-  checked = chosen(lambda name: args.variants is None or name in args.variants.split(","))
-  timed = chosen(lambda name: name != "ws_c1" if args.variants is None else name in args.variants.split(","))
+  names = None if args.variants is None else args.variants.split(",")
+  checked = [v for v in VARIANTS if names is None or v[0] in names]
+  timed = [v for v in VARIANTS if (v[0] != "ws_c1" if names is None else v[0] in names)]
   if args.compile_only:
     compile_only()
     return
