@@ -502,26 +502,27 @@ def test_triton_masks_match_xla_gpu(case):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("causal", [False, True])
-def test_ws_forward_through_the_library_gpu(monkeypatch, causal):
+@pytest.mark.parametrize("causal, t, tk", [(False, 384, 384), (True, 384, 384), (False, 200, 150)])
+def test_ws_forward_through_the_library_gpu(monkeypatch, causal, t, tk):
   """``JQAT_ATTN_FWD_KERNEL=ws``: O alone through ``jax.jit(jqat.attention)`` and through the torch binding without
-  grad comes from the warp-specialized kernel where it takes the plan (GQA, Tq a multiple of 128, D = 128, no mask;
-  causal keeps the Triton kernel) and is within the Triton forward's bound of the XLA reference. A NaN in V reaches
-  exactly the elements of O that the XLA reference makes NaN: under the causal mask, not the rows before its key."""
+  grad comes from the warp-specialized kernel where it takes the plan (GQA, D = 128, no mask, lengths whole tiles
+  or not; causal keeps the Triton kernel) and is within the Triton forward's bound of the XLA reference. A NaN in V
+  reaches exactly the elements of O that the XLA reference makes NaN: under the causal mask, not the rows before its
+  key."""
   import jqat.torch as jt
   from jqat.ffi import jax_launch
 
   monkeypatch.setenv(plans.FWD_KERNEL_ENV, "ws")
-  b, t, n, kh, d = 1, 384, 6, 3, 128  # shapes no other test traces: a fresh trace reads the variable
+  b, n, kh, d = 1, 6, 3, 128  # shapes no other test traces: a fresh trace reads the variable
   target = jax_launch.target()
   if tuple(target.compute_capability or ()) != (9, 0):
     pytest.skip("the warp-specialized forward is sm_90 code")
   dense = plans.Tensor.dense
-  plan = plans.attention_forward(dense((b, t, n, d), "bfloat16"), dense((b, t, kh, d), "bfloat16"),
-                                 dense((b, t, kh, d), "bfloat16"), AttentionOptions(d**-0.5, is_causal=causal), target,
-                                 residuals=False)
+  plan = plans.attention_forward(dense((b, t, n, d), "bfloat16"), dense((b, tk, kh, d), "bfloat16"),
+                                 dense((b, tk, kh, d), "bfloat16"), AttentionOptions(d**-0.5, is_causal=causal),
+                                 target, residuals=False)
   assert (plan.launches[-1].name == "jqat_attention_fwd_ws") == (not causal)
-  q, k, v, _ = _api_inputs(b, t, t, n, kh, d, seed=7 + causal)
+  q, k, v, _ = _api_inputs(b, t, tk, n, kh, d, seed=7 + causal)
   run = lambda impl: jax.jit(lambda q, k, v: jqat.attention(q, k, v, is_causal=causal, implementation=impl))
   want = np.asarray(run("xla")(q, k, v).astype(jnp.float32))
   got = np.asarray(run("triton")(q, k, v).astype(jnp.float32))
@@ -530,10 +531,11 @@ def test_ws_forward_through_the_library_gpu(monkeypatch, causal):
   with torch.no_grad():
     out = jt.attention(*(bhsd(x).contiguous() for x in (q, k, v)), is_causal=causal, enable_gqa=True)
   assert_close(out.transpose(1, 2).float().cpu().numpy(), want, rel=BOUNDS["O"], name="O (torch)")
-  v_nan = v.at[0, 200, 1, 5].set(jnp.nan)  # key 200 of KV head 1: behind the diagonal of rows 192..199
+  key = min(200, tk - 1)  # causal: key 200 of KV head 1, behind the diagonal of rows 192..199
+  v_nan = v.at[0, key, 1, 5].set(jnp.nan)
   want_nan = np.isnan(np.asarray(run("xla")(q, k, v_nan).astype(jnp.float32)))
   got_nan = np.isnan(np.asarray(run("triton")(q, k, v_nan).astype(jnp.float32)))
-  assert want_nan.any() and want_nan[:, :200].any() != causal
+  assert want_nan.any() and want_nan[:, :key].any() != causal
   np.testing.assert_array_equal(got_nan, want_nan)
 
 

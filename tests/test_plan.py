@@ -431,10 +431,13 @@ def test_ws_forward_plan_builds_for_sm90(monkeypatch, tmp_path):
   assert re.search(r"STACK:0\b", usage), usage
   training = plans.attention_forward(q, kv, kv, AttentionOptions(0.088), GPU)
   assert training.launches[-1].kernel is kfwd.attention_fwd_kernel
-  # A case the warp-specialized kernel does not take keeps the Triton kernel: 200 rows (not a multiple of 128),
-  # D = 96 and 64, a window, row mode, causal (no exact walk for a NaN of V behind the diagonal).
-  for qs, ks, opts in (((1, 200, 4, 128), (1, 256, 2, 128), AttentionOptions(0.088)),
-                       ((1, 256, 4, 128), (1, 256, 2, 128), AttentionOptions(0.088, is_causal=True)),
+  # Lengths that are not multiples of its tiles: the last row block and key tile partial.
+  ragged = plans.attention_forward(dense((1, 200, 4, 128), "bfloat16"), dense((1, 150, 2, 128), "bfloat16"),
+                                   dense((1, 150, 2, 128), "bfloat16"), AttentionOptions(0.088), GPU, residuals=False)
+  assert ragged.launches[-1].name == "jqat_attention_fwd_ws" and ragged.launches[-1].grid == (2, 4)
+  # A case the warp-specialized kernel does not take keeps the Triton kernel: D = 96 and 64, a window, row mode,
+  # causal (no exact walk for a NaN of V behind the diagonal).
+  for qs, ks, opts in (((1, 256, 4, 128), (1, 256, 2, 128), AttentionOptions(0.088, is_causal=True)),
                        ((1, 256, 4, 96), (1, 256, 2, 96), AttentionOptions(0.1)),
                        ((1, 256, 4, 64), (1, 256, 2, 64), AttentionOptions(0.125)),
                        ((1, 256, 4, 128), (1, 256, 2, 128), AttentionOptions(0.088, local_window_size=(64, 0))),

@@ -477,8 +477,8 @@ def backward_kernel() -> str:
 
 
 def _ws_takes(q, k, v, o, opts, target, other) -> bool:
-  """Whether the warp-specialized forward takes this O-alone launch: sm_90, D = 128, Tq a multiple of its 128 rows, Tk
-  of its 64-key tiles, no masks, block modes, fq(P) on, fq(Q) from the pass, rows of whole 16-element strides.
+  """Whether the warp-specialized forward takes this O-alone launch: sm_90, D = 128, no masks, block modes, fq(P) on,
+  fq(Q) from the pass, rows of whole 16-element strides (any lengths: the last row block and key tile may be partial).
   ``other``: masks, tensor scales, or Q not from the pass. Not D = 64, which the kernel computes too: there it runs 8
   consumer warps per SM against the Triton kernel's 16 (four programs of 128 registers), and two of its programs per
   SM would leave 104 registers a consumer thread, which spill and serialize its wgmma. Not causal, which the kernel
@@ -490,10 +490,9 @@ def _ws_takes(q, k, v, o, opts, target, other) -> bool:
   tensors = (q, k, v, o)
   dense16 = (_pow2_divisor([s for t in tensors for s in _s3(t)]) == 16
              and all(t.strides[3] == 1 for t in tensors))
-  return (not other and d == 128 and tq % _WS_ROWS == 0 and tk % kws.BLOCK_N == 0 and tk > 0 and dense16
-          and not opts.is_causal and opts.block_n == kws.BLOCK_N and opts.local_window_size is None
-          and opts.p_scale == "block" and opts.config.quantize_p and not target.interpret
-          and tuple(target.compute_capability or ()) == (9, 0))
+  return (not other and d == 128 and tq > 0 and tk > 0 and dense16 and not opts.is_causal
+          and opts.block_n == kws.BLOCK_N and opts.local_window_size is None and opts.p_scale == "block"
+          and opts.config.quantize_p and not target.interpret and tuple(target.compute_capability or ()) == (9, 0))
 
 
 def _forward_ws(q, k, v, o, opts, target, buffers, inputs, outputs, scratch, launches, qq, kk, vv) -> Plan:
@@ -504,7 +503,7 @@ def _forward_ws(q, k, v, o, opts, target, buffers, inputs, outputs, scratch, lau
   params = kws.launch_params(d, compute_capability=tuple(target.compute_capability))
   num_warps, maxnreg = params.pop("num_warps"), params.pop("maxnreg")
   buffers["lse_ws"] = Tensor.dense((b, n, tq), "float32")
-  fwd = Launch("jqat_attention_fwd_ws", kws.attention_fwd_ws_kernel, (tq // _WS_ROWS, b * n),
+  fwd = Launch("jqat_attention_fwd_ws", kws.attention_fwd_ws_kernel, (triton.cdiv(tq, _WS_ROWS), b * n),
                (Ref(qq), Ref(kk), Ref(vv), float(opts.scale), tq, tk, n, n // kh, *_s3(q), *_s3(k), *_s3(v),
                 *_s3(o)), ("o", "lse_ws"), params, num_warps, 1, maxnreg=maxnreg)
   return Plan(buffers, inputs, scratch + ("lse_ws",), outputs, launches + (fwd,))

@@ -247,17 +247,21 @@ def registers(consumers: int) -> tuple[int, int]:
 
 @gluon.jit
 def _softmax_step(s, m, l, qk_scale, O_LAYOUT: gl.constexpr, HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr,
-                  MASKED: gl.constexpr = False, row0=0, j=0):
+                  MASKED: gl.constexpr = False, CAUSAL: gl.constexpr = False, row0=0, j=0, tk=0):
   """One KV tile's online-softmax step on the raw scores ``s = q . k`` (FP32 [64, BLOCK_N], S's accumulator layout):
   returns the new running max, the new row sum, the rescale ``alpha`` of the old state (in O's row layout) and fq(P)
   in bf16 as the A operand of ``P V``. The Triton kernel's expressions (``attention_fwd._kv_tile``, unmasked, block
-  mode), in its order."""
+  mode), in its order. MASKED (tile ``j``): keys from ``tk`` on (the copy's zeros past the sequence) and, with CAUSAL
+  (top-left), keys past a row are hidden: score -inf, p exactly +0."""
   s = mul_rn(s, qk_scale, False)  # log2 units, rounded once: the max's p is exp2(0) = 1 exactly
-  if MASKED:  # causal (top-left): query row r sees keys k <= r; hidden scores -inf, their p exactly +0
+  if MASKED:
     S_LAYOUT: gl.constexpr = s.type.layout
-    rows = row0 + gl.arange(0, s.shape[0], layout=gl.SliceLayout(1, S_LAYOUT))
     keys = j * s.shape[1] + gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, S_LAYOUT))
-    s = gl.where(keys[None, :] <= rows[:, None], s, float("-inf"))
+    visible = keys[None, :] < tk
+    if CAUSAL:
+      rows = row0 + gl.arange(0, s.shape[0], layout=gl.SliceLayout(1, S_LAYOUT))
+      visible = visible & (keys[None, :] <= rows[:, None])
+    s = gl.where(visible, s, float("-inf"))
   m_new = gl.maximum(m, gl.max(s, axis=1))
   m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
   p = gl.exp2(s - m_safe[:, None])
@@ -288,10 +292,10 @@ def _pass_turn(turns, WG: gl.constexpr, PINGPONG: gl.constexpr):
 
 @gluon.jit
 def _tile(j, m, l, acc, p_op, q_s, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turns, s_init, qk_scale, row0,
-          WG: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, MASKED: gl.constexpr,
-          O_LAYOUT: gl.constexpr, HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr):
+          tk, WG: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, MASKED: gl.constexpr,
+          CAUSAL: gl.constexpr, O_LAYOUT: gl.constexpr, HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr):
   """KV tile ``j > 0`` of a consumer: S_j = Q K_j^T and acc += fq(P_{j-1}) V_{j-1} in flight together (wgmma groups
-  complete in issue order), the softmax step of S_j (causal mask with MASKED) while P_{j-1} V_{j-1} runs, then the
+  complete in issue order), the softmax step of S_j (masked with MASKED) while P_{j-1} V_{j-1} runs, then the
   rescale of acc. Returns ``(m, l, acc, fq(P_j))``."""
   st = j % STAGES
   sp = (j - 1) % STAGES
@@ -303,7 +307,7 @@ def _tile(j, m, l, acc, p_op, q_s, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_
   _pass_turn(turns, WG, PINGPONG)
   s = warpgroup_mma_wait(1, deps=[s_tok])  # S_j done (P V may still run)
   mbarrier.arrive(k_empty.index(st))
-  m, l, alpha, p_next = _softmax_step(s, m, l, qk_scale, O_LAYOUT, HW_E4M3, HW_E2M1, MASKED, row0, j)
+  m, l, alpha, p_next = _softmax_step(s, m, l, qk_scale, O_LAYOUT, HW_E4M3, HW_E2M1, MASKED, CAUSAL, row0, j, tk)
   # A wait for nothing new (P V is the one product in flight): it hands out acc's registers, and orders fq(P_j)
   # before the rescale, which waits for P_{j-1} V_{j-1} itself
   acc, p_op, p_next = warpgroup_mma_wait(1, deps=[o_tok, p_op, p_next])
@@ -324,8 +328,8 @@ def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, BLOCK_N: 
   them as they come. Per KV tile each consumer issues once (S_j with P_{j-1} V_{j-1}; tile 0's S alone, the last
   P V alone): ``n_tiles + 1`` turns each."""
   q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turns = smem
-  (q_ptr, o_ptr, lse_ptr, qk_scale, n_tiles, start_m, tq, b, h, n_heads, stride_qb, stride_qt, stride_qh, stride_ob,
-   stride_ot, stride_oh) = scalars
+  (q_ptr, o_ptr, lse_ptr, qk_scale, n_tiles, start_m, tq, tk, b, h, n_heads, stride_qb, stride_qt, stride_qh,
+   stride_ob, stride_ot, stride_oh) = scalars
   S_LAYOUT: gl.constexpr = acc_layout(BLOCK_N)
   O_LAYOUT: gl.constexpr = acc_layout(HEAD_DIM)
   ROW_S: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
@@ -338,7 +342,7 @@ def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, BLOCK_N: 
   rq = row0 + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, QL))
   cq = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, QL))
   q_rows = b.to(gl.int64) * stride_qb + h.to(gl.int64) * stride_qh + rq.to(gl.int64) * stride_qt
-  q = gl.load(q_ptr + q_rows[:, None] + cq[None, :])
+  q = gl.load(q_ptr + q_rows[:, None] + cq[None, :], mask=(rq < tq)[:, None], other=0.0)  # rows past tq: 0
   q_s = q_smem.index(WG)
   q_s.store(q)
   fence_async_shared()
@@ -355,20 +359,19 @@ def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, BLOCK_N: 
   _pass_turn(turns, WG, PINGPONG)
   s = warpgroup_mma_wait(0, deps=[s_tok])
   mbarrier.arrive(k_empty.index(0))
-  m, l, alpha, p_op = _softmax_step(s, m, l, qk_scale, O_LAYOUT, HW_E4M3, HW_E2M1, IS_CAUSAL, row0, 0)
-
-  if IS_CAUSAL:  # tiles below the diagonal unmasked, from the first that holds a key past row0 masked
-    diag = gl.minimum(gl.maximum(row0 // BLOCK_N, 1), n_tiles)
-    for j in range(1, diag):
-      m, l, acc, p_op = _tile(j, m, l, acc, p_op, q_s, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turns,
-                              s_init, qk_scale, row0, WG, STAGES, PINGPONG, False, O_LAYOUT, HW_E4M3, HW_E2M1)
-    for j in range(diag, n_tiles):
-      m, l, acc, p_op = _tile(j, m, l, acc, p_op, q_s, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turns,
-                              s_init, qk_scale, row0, WG, STAGES, PINGPONG, True, O_LAYOUT, HW_E4M3, HW_E2M1)
-  else:
-    for j in range(1, n_tiles):
-      m, l, acc, p_op = _tile(j, m, l, acc, p_op, q_s, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turns,
-                              s_init, qk_scale, row0, WG, STAGES, PINGPONG, False, O_LAYOUT, HW_E4M3, HW_E2M1)
+  # Tile 0 masked (the keys past tk when it is the last, the causal mask), then the whole tiles before the first that
+  # the mask reaches unmasked, the rest masked: with IS_CAUSAL from the first that holds a key past row0, and the
+  # last when tk is not a multiple of BLOCK_N.
+  m, l, alpha, p_op = _softmax_step(s, m, l, qk_scale, O_LAYOUT, HW_E4M3, HW_E2M1, True, IS_CAUSAL, row0, 0, tk)
+  split = tk // BLOCK_N
+  if IS_CAUSAL:
+    split = gl.minimum(split, row0 // BLOCK_N)
+  for j in range(1, split):
+    m, l, acc, p_op = _tile(j, m, l, acc, p_op, q_s, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turns, s_init,
+                            qk_scale, row0, tk, WG, STAGES, PINGPONG, False, IS_CAUSAL, O_LAYOUT, HW_E4M3, HW_E2M1)
+  for j in range(gl.maximum(split, 1), n_tiles):
+    m, l, acc, p_op = _tile(j, m, l, acc, p_op, q_s, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turns, s_init,
+                            qk_scale, row0, tk, WG, STAGES, PINGPONG, True, IS_CAUSAL, O_LAYOUT, HW_E4M3, HW_E2M1)
 
   sp = (n_tiles - 1) % STAGES
   mbarrier.wait(v_ready.index(sp), ((n_tiles - 1) // STAGES) & 1)
@@ -387,10 +390,11 @@ def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, BLOCK_N: 
   ro = row0 + gl.arange(0, WG_ROWS, layout=ROW_O)
   co = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, O_LAYOUT))
   o_rows = b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh + ro.to(gl.int64) * stride_ot
-  gl.store(o_ptr + o_rows[:, None] + co[None, :], (acc * inv[:, None]).to(o_ptr.dtype.element_ty))
+  gl.store(o_ptr + o_rows[:, None] + co[None, :], (acc * inv[:, None]).to(o_ptr.dtype.element_ty),
+           mask=(ro < tq)[:, None])
   lse = gl.where(empty, float("-inf"), (m + gl.log2(gl.where(empty, 1.0, l))) * LN2)
   rs = row0 + gl.arange(0, WG_ROWS, layout=ROW_S)
-  gl.store(lse_ptr + (b * n_heads + h).to(gl.int64) * tq + rs, lse)
+  gl.store(lse_ptr + (b * n_heads + h).to(gl.int64) * tq + rs, lse, mask=rs < tq)
 
 
 @gluon.jit
@@ -428,13 +432,14 @@ def attention_fwd_ws_kernel(
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
     PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr,
     IS_CAUSAL: gl.constexpr = False):
-  """O (and lse) of ``64 * CONSUMERS`` query rows of one head per program: grid ``(tq / (64 CONSUMERS), B * N)``, or
-  ``(B * N, tq / (64 CONSUMERS))`` with IS_CAUSAL (heads fastest, longest walks first). Outputs last, as the launch
-  plans order arguments.
+  """O (and lse) of ``64 * CONSUMERS`` query rows of one head per program: grid ``(cdiv(tq, 64 CONSUMERS), B * N)``,
+  or ``(B * N, cdiv(tq, 64 CONSUMERS))`` with IS_CAUSAL (heads fastest, longest walks first). Outputs last, as the
+  launch plans order arguments.
 
   q, o: [B, Tq, N, D] bf16; k, v: [B, Tk, K, D] bf16, N = K * group (query head h reads KV head h // group); every
   last axis contiguous, the other strides multiples of 16 elements; q, k, v already fake-quantized (fq along D).
-  lse: [B, N, Tq] fp32. ``tq % (64 CONSUMERS) == 0``, ``tk % BLOCK_N == 0``, ``tk > 0``. Launch with ``num_warps=4``
+  lse: [B, N, Tq] fp32. ``tk > 0``; rows past tq read Q as 0 and store nothing, keys past tk (the copy's zeros) are
+  masked in the last tile. Launch with ``num_warps=4``
   (the default partition: consumer 0) and ``maxnreg`` of :func:`registers`; the kernel adds a 4-warp partition per
   further consumer and the producer's warp. Needs the launch's global scratch (two tensor descriptors a program).
   """
@@ -449,7 +454,6 @@ def attention_fwd_ws_kernel(
   stride_kb, stride_kt, stride_kh = stride_kb // 16 * 16, stride_kt // 16 * 16, stride_kh // 16 * 16
   stride_vb, stride_vt, stride_vh = stride_vb // 16 * 16, stride_vt // 16 * 16, stride_vh // 16 * 16
   stride_ob, stride_ot, stride_oh = stride_ob // 16 * 16, stride_ot // 16 * 16, stride_oh // 16 * 16
-  tk = tk // BLOCK_N * BLOCK_N
   if IS_CAUSAL:  # grid (B * N, row blocks): heads fastest, the longest walks (last row blocks) launched first
     pid_bh = gl.program_id(0)
     pid_m = gl.num_programs(1) - 1 - gl.program_id(1)
@@ -460,7 +464,7 @@ def attention_fwd_ws_kernel(
   h = pid_bh % n_heads
   kvh = h // group
   start_m = pid_m * (WG_ROWS * CONSUMERS)
-  n_tiles = tk // BLOCK_N
+  n_tiles = gl.cdiv(tk, BLOCK_N)  # the last one partial where tk is not a multiple of BLOCK_N (masked)
   if IS_CAUSAL:  # top-left: the program's last row sees keys up to start_m + 64 CONSUMERS - 1
     n_tiles = gl.minimum(n_tiles, (start_m + WG_ROWS * CONSUMERS) // BLOCK_N)
   qk_scale = scale * LOG2E  # as the Triton kernel forms it: one FP32 product
@@ -483,8 +487,8 @@ def attention_fwd_ws_kernel(
     mbarrier.init(v_empty.index(i), count=CONSUMERS)
 
   smem = (q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turns)
-  scalars = (q_ptr, o_ptr, lse_ptr, qk_scale, n_tiles, start_m, tq, b, h, n_heads, stride_qb, stride_qt, stride_qh,
-             stride_ob, stride_ot, stride_oh)
+  scalars = (q_ptr, o_ptr, lse_ptr, qk_scale, n_tiles, start_m, tq, tk, b, h, n_heads, stride_qb, stride_qt,
+             stride_qh, stride_ob, stride_ot, stride_oh)
   # (Constexprs go into the argument tuples where they are written: a tuple assigned to a variable turns them into
   # tensors.)
   kv = (k_ptr, v_ptr, n_tiles, tk, b, kvh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh)
