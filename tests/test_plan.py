@@ -419,10 +419,12 @@ def test_ws_forward_plan_builds_for_sm90(monkeypatch, tmp_path):
 
   monkeypatch.setenv("JQAT_CACHE_DIR", str(tmp_path))
   monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
-  monkeypatch.setenv(plans.FWD_KERNEL_ENV, "ws")
+  monkeypatch.delenv(plans.FWD_KERNEL_ENV, raising=False)
   dense = plans.Tensor.dense
   q, kv = dense((1, 256, 4, 128), "bfloat16"), dense((1, 256, 2, 128), "bfloat16")
   plan = plans.attention_forward(q, kv, kv, AttentionOptions(0.088), GPU, residuals=False)
+  monkeypatch.setenv(plans.FWD_KERNEL_ENV, "ws")
+  assert plans.attention_forward(q, kv, kv, AttentionOptions(0.088), GPU, residuals=False) == plan
   assert [la.name for la in plan.launches] == ["jqat_nvfp4_fake_quantize_qkv", "jqat_attention_fwd_ws"]
   launch = plan.launches[-1]
   assert launch.grid == (2, 4) and launch.outputs == ("o", "lse_ws")
@@ -445,6 +447,9 @@ def test_ws_forward_plan_builds_for_sm90(monkeypatch, tmp_path):
     kept = plans.attention_forward(dense(qs, "bfloat16"), dense(ks, "bfloat16"), dense(ks, "bfloat16"), opts, GPU,
                                    residuals=False)
     assert kept.launches[-1].kernel is kfwd.attention_fwd_kernel, (qs, opts)
+  monkeypatch.setenv(plans.FWD_KERNEL_ENV, "triton")
+  triton_plan = plans.attention_forward(q, kv, kv, AttentionOptions(0.088), GPU, residuals=False)
+  assert triton_plan.launches[-1].kernel is kfwd.attention_fwd_kernel
   monkeypatch.setenv(plans.FWD_KERNEL_ENV, "fast")
   with pytest.raises(ValueError, match="JQAT_ATTN_FWD_KERNEL must be one of"):
     plans.attention_forward(q, kv, kv, AttentionOptions(0.088), GPU, residuals=False)

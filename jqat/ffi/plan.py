@@ -461,10 +461,11 @@ def _kernel_choice(env: str, default: str = "triton") -> str:
 
 
 def forward_kernel() -> str:
-  """The O-alone forward's kernel: "triton" (``attention_fwd_kernel``, the default) or, with
-  ``JQAT_ATTN_FWD_KERNEL=ws``, the warp-specialized Gluon kernel (``kernels_triton.attention_fwd_ws``) wherever it
-  takes the launch (:func:`_ws_takes`) and the Triton kernel elsewhere. Only on request while its gain is small."""
-  return _kernel_choice(FWD_KERNEL_ENV)
+  """The O-alone forward's kernel: "ws" (the default) launches the warp-specialized Gluon kernel
+  (``kernels_triton.attention_fwd_ws``) wherever it takes the launch (:func:`_ws_takes`) and the Triton kernel
+  (``attention_fwd_kernel``) elsewhere; "triton" (``JQAT_ATTN_FWD_KERNEL=triton``) the Triton kernel always. Both
+  compute the same bits on every check case (docs/BENCHMARKS.md)."""
+  return _kernel_choice(FWD_KERNEL_ENV, "ws")
 
 
 def backward_kernel() -> str:
