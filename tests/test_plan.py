@@ -410,10 +410,11 @@ def _walk_local_ops(loops: list, hgmma: int) -> dict:
 
 @pytest.mark.fresh_process  # a real compile: not in a process where the interpreter has run
 def test_ws_forward_plan_builds_for_sm90(monkeypatch, tmp_path):
-  """``JQAT_ATTN_FWD_KERNEL=ws``: the O-alone forward ends in the warp-specialized Gluon kernel on fq(Q), fq(K),
-  fq(V) from the pass (lse to scratch); it builds for sm_90 with its worker warps (12 in all) and no spills. The
-  training forward, and a case the warp-specialized kernel does not take, keep the Triton kernel; an unknown value
-  is a ValueError naming the variable."""
+  """By default (the same plan as ``JQAT_ATTN_FWD_KERNEL=ws``) the O-alone forward ends in the warp-specialized Gluon
+  kernel on fq(Q), fq(K), fq(V) from the pass (lse to scratch), also at lengths its tiles do not divide; it builds
+  for sm_90 with its worker warps (12 in all) and no spills. The training forward, a case the warp-specialized kernel
+  does not take, and ``JQAT_ATTN_FWD_KERNEL=triton`` keep the Triton kernel; an unknown value is a ValueError naming
+  the variable."""
   import re
 
 
