@@ -58,11 +58,13 @@ HEAD_DIMS = (64, 96, 128)
 PLAN_BLOCK_M = 64
 
 
+@gluon.constexpr_function
 def _wait_asm(n, pending):
   """PTX that waits until at most ``pending`` wgmma groups are in flight and passes ``n`` values through (operands:
   n outputs, the n values, n more whose first is tested), from both arms of a branch on whether that first value is
   NaN in any lane of the warp: ptxas does not hoist the wait above the branch, and the asm's inputs place the branch
   after what computes them."""
+  n, pending = int(n), int(pending)
   wait = f"wgmma.wait_group.sync.aligned {pending};"
   lines = ["{", ".reg .pred p;", f"setp.nan.f32 p, ${2 * n}, ${2 * n};", "vote.sync.any.pred p, p, 0xffffffff;",
            "@p bra.uni NAN;", wait, "bra.uni DONE;", "NAN:", wait, "DONE:"]
@@ -70,33 +72,19 @@ def _wait_asm(n, pending):
   return "\n".join(lines + ["}"])
 
 
-# By values a thread (a [64, BLOCK_M] accumulator on 128 threads: 32 at BLOCK_M = 64, 16 at 32) and PENDING.
-_WAIT_ASM_16_0, _WAIT_ASM_16_1 = gl.constexpr(_wait_asm(16, 0)), gl.constexpr(_wait_asm(16, 1))
-_WAIT_ASM_32_0, _WAIT_ASM_32_1 = gl.constexpr(_wait_asm(32, 0)), gl.constexpr(_wait_asm(32, 1))
-_WAIT_CONSTRAINTS_16 = gl.constexpr("=r," * 16 + ",".join(["r"] * 32))
-_WAIT_CONSTRAINTS_32 = gl.constexpr("=r," * 32 + ",".join(["r"] * 64))
+@gluon.constexpr_function
+def _wait_constraints(n):
+  return ",".join(["=r"] * int(n) + ["r"] * (2 * int(n)))
 
 
 @gluon.jit
 def _wait_after(x, y, PENDING: gl.constexpr):
   """``x`` once at most PENDING products are in flight, the wait issued after ``y`` is computed (:func:`_wait_asm`);
   ``x``, ``y``: [64, BLOCK_M] FP32 in one accumulator layout (BLOCK_M / 2 values a thread)."""
-  if x.shape[1] == 64:
-    if PENDING:
-      out = gl.inline_asm_elementwise(asm=_WAIT_ASM_32_1, constraints=_WAIT_CONSTRAINTS_32, args=[x, y],
-                                      dtype=gl.float32, is_pure=False, pack=32)
-    else:
-      out = gl.inline_asm_elementwise(asm=_WAIT_ASM_32_0, constraints=_WAIT_CONSTRAINTS_32, args=[x, y],
-                                      dtype=gl.float32, is_pure=False, pack=32)
-  else:
-    gl.static_assert(x.shape[1] == 32, "64 or 32 query rows a tile")
-    if PENDING:
-      out = gl.inline_asm_elementwise(asm=_WAIT_ASM_16_1, constraints=_WAIT_CONSTRAINTS_16, args=[x, y],
-                                      dtype=gl.float32, is_pure=False, pack=16)
-    else:
-      out = gl.inline_asm_elementwise(asm=_WAIT_ASM_16_0, constraints=_WAIT_CONSTRAINTS_16, args=[x, y],
-                                      dtype=gl.float32, is_pure=False, pack=16)
-  return out
+  gl.static_assert(x.shape[1] == 64 or x.shape[1] == 32, "64 or 32 query rows a tile")
+  N: gl.constexpr = x.shape[1] // 2
+  return gl.inline_asm_elementwise(asm=_wait_asm(N, PENDING), constraints=_wait_constraints(N), args=[x, y],
+                                   dtype=gl.float32, is_pure=False, pack=N)
 
 
 @gluon.jit
