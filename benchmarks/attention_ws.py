@@ -89,7 +89,7 @@ def compile_only(arch: int = 90) -> list[dict]:
   from sass_stats import ptxas_warnings
 
   rows = []
-  types = ("*bf16", ) * 3 + ("fp32",) + ("i32", ) * 16 + ("*bf16", "*fp32")  # outputs last
+  types = ("*bf16", ) * 3 + ("fp32",) + ("i32", ) * 16 + ("*bf16", "*fp32", "*i32")  # outputs last
   for d, causal in ((128, False), (64, False), (128, True)):
     for name, consumers, pingpong, stages in VARIANTS:
       params = ws.launch_params(d, stages, consumers, pingpong, (arch // 10, arch % 10), causal)
@@ -137,9 +137,11 @@ def attention_fwd_ws(q, k, v, scale: float | None = None, *, stages: int = 3, co
   scale = d**-0.5 if scale is None else float(scale)
   o = torch.empty_like(q)
   lse = torch.empty((b, n, t), dtype=torch.float32, device=q.device)
+  # The NaN flags of a causal walk (the inputs here hold no NaN: every flag 0, every O row stored)
+  leaks = torch.empty((b * n, -(-t // int(ws.WG_ROWS.value))), dtype=torch.int32, device=q.device)
   params = ws.launch_params(d, stages, consumers, pingpong, torch.cuda.get_device_capability(q.device), is_causal)
   args = (q, k, v, scale, t, tk, n, n // kh, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3], o,
-          lse)
+          lse, leaks)
   blocks = -(-t // rows)
   grid = (b * n, blocks) if is_causal else (blocks, b * n)  # causal: longest walks first (the kernel)
   torch_launch.launch(ws.attention_fwd_ws_kernel, grid, args, params)

@@ -236,6 +236,40 @@ def test_redo_walks_exactly_the_flagged_key_tiles():
     np.testing.assert_array_equal(got[[1, 2]], kept[[1, 2]], err_msg=f"{name}: the other tiles")
 
 
+def test_forward_redo_walks_exactly_the_flagged_row_tiles():
+  """The O-alone Triton forward's REDO launch (the plan's after the warp-specialized kernel's causal walk): where a
+  row tile's flag is set it walks that tile exactly and writes its O in place (without NaN the exact walk's values are
+  the fast walk's, bit for bit); the other tiles keep what O's storage holds. Causal, 40 query rows in three tiles of
+  16, 64 keys, GQA; a NaN of V behind the diagonal of the first tile reaches only the rows that see its key."""
+  device = kernel_device()
+  b, tq, tk, n, kh, d = 1, 40, 64, 2, 1, 32
+  to_t = lambda x: torch.from_numpy(np.array(x)).to(torch.bfloat16).to(device)
+  q, k, v, _ = (to_t(x) for x in _inputs(b, tq, tk, n, kh, d, "bfloat16"))
+  v[0, 10, 0, 3] = float("nan")  # key 10: seen by rows 10 and on (tile 0 holds rows 0-15)
+  opts = AttentionOptions(d**-0.5, True, 16, ALL_ON)
+  plan = plans.attention_forward(*map(torch_launch.describe, (q, k, v)), opts, torch_launch.target(q),
+                                 config=ForwardConfig(16, 4, 1), residuals=False)
+  fwd = plan.launches[-1]
+  assert fwd.kernel is kfwd.attention_fwd_kernel and fwd.grid == (3, 2) and plan.outputs == ("o",)
+  tensors = dict(q=q, k=k, v=v, **poisoned(plan, plan.scratch + plan.outputs, device))
+  torch_launch.execute(plan, tensors)  # the fast walk, its exact walk where the NaN leaked: the reference
+  want = tensors["o"].clone()
+  nan_rows = np.isnan(_np(want)[0, :, 0]).any(axis=-1)  # query head 0 reads KV head 0
+  np.testing.assert_array_equal(nan_rows, np.arange(tq) >= 10)
+  leaks = torch.tensor([[1, 0, 1], [0, 1, 0]], dtype=torch.int32, device=device)  # [B * N, row tiles]
+  redo = dataclasses.replace(plan, launches=plan.launches[:-1] + (plans.forward_redo_launch(fwd),),
+                             buffers={**plan.buffers, "fwd_leaks": torch_launch.describe(leaks)})
+  tensors = dict(q=q, k=k, v=v, fwd_leaks=leaks, **poisoned(plan, plan.scratch + plan.outputs, device))
+  kept = tensors["o"].clone()
+  torch_launch.execute(redo, tensors)
+  got, ref, old = (_np(x).view(np.uint32) for x in (tensors["o"], want, kept))
+  for head, tiles in ((0, (0, 2)), (1, (1,))):
+    for tile in range(3):
+      rows = slice(16 * tile, 16 * tile + 16)
+      expect = ref if tile in tiles else old
+      np.testing.assert_array_equal(got[0, rows, head], expect[0, rows, head], err_msg=f"head {head}, tile {tile}")
+
+
 def test_no_visible_key_gives_zero_and_minus_inf():
   """Tk = 0: every row is empty, so O = O' = 0 and lse = -inf, never NaN."""
   device = kernel_device()
@@ -502,18 +536,18 @@ def test_triton_masks_match_xla_gpu(case):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("causal, t, tk", [(False, 384, 384), (True, 384, 384), (False, 200, 150)])
+@pytest.mark.parametrize("causal, t, tk", [(False, 384, 384), (True, 384, 384), (False, 200, 150), (True, 200, 200)])
 def test_ws_forward_through_the_library_gpu(monkeypatch, causal, t, tk):
-  """``JQAT_ATTN_FWD_KERNEL=ws``: O alone through ``jax.jit(jqat.attention)`` and through the torch binding without
-  grad comes from the warp-specialized kernel where it takes the plan (GQA, D = 128, no mask, lengths whole tiles
-  or not; causal keeps the Triton kernel) and is within the Triton forward's bound of the XLA reference. A NaN in V
+  """By default O alone through ``jax.jit(jqat.attention)`` and through the torch binding without grad comes from the
+  warp-specialized kernel where it takes the plan (GQA, D = 128, lengths whole tiles or not; causal: its causal walk,
+  then the Triton kernel's REDO launch) and is within the Triton forward's bound of the XLA reference. A NaN in V
   reaches exactly the elements of O that the XLA reference makes NaN: under the causal mask, not the rows before its
-  key."""
+  key (the diagonal tile's hidden pairs: the REDO launch's exact walk)."""
   import jqat.torch as jt
   from jqat.ffi import jax_launch
 
-  monkeypatch.setenv(plans.FWD_KERNEL_ENV, "ws")
-  b, n, kh, d = 1, 6, 3, 128  # shapes no other test traces: a fresh trace reads the variable
+  monkeypatch.delenv(plans.FWD_KERNEL_ENV, raising=False)
+  b, n, kh, d = 1, 6, 3, 128
   target = jax_launch.target()
   if tuple(target.compute_capability or ()) != (9, 0):
     pytest.skip("the warp-specialized forward is sm_90 code")
@@ -521,7 +555,9 @@ def test_ws_forward_through_the_library_gpu(monkeypatch, causal, t, tk):
   plan = plans.attention_forward(dense((b, t, n, d), "bfloat16"), dense((b, tk, kh, d), "bfloat16"),
                                  dense((b, tk, kh, d), "bfloat16"), AttentionOptions(d**-0.5, is_causal=causal),
                                  target, residuals=False)
-  assert (plan.launches[-1].name == "jqat_attention_fwd_ws") == (not causal)
+  names = [la.name for la in plan.launches]
+  assert names[-2:] == ["jqat_attention_fwd_ws", "jqat_attention_fwd_redo"] if causal else (
+      names[-1] == "jqat_attention_fwd_ws"), names
   q, k, v, _ = _api_inputs(b, t, tk, n, kh, d, seed=7 + causal)
   run = lambda impl: jax.jit(lambda q, k, v: jqat.attention(q, k, v, is_causal=causal, implementation=impl))
   want = np.asarray(run("xla")(q, k, v).astype(jnp.float32))

@@ -40,8 +40,8 @@ def test_plan_uses_the_strides_it_is_given():
   args = fwd.launches[-1].args
   assert args[:3] == (plans.Ref("q_hat"), plans.Ref("k_hat"), plans.Ref("v_hat"))
   assert not fwd.launches[-1].constexprs["QUANTIZE_Q"] and fwd.launches[-1].constexprs["SEQ_ALIGN"] == 1
-  # after 5 mask args and 3 encode-scale placeholders
-  assert args[16:28] == q.stride()[:3] + k.stride()[:3] + v.stride()[:3] + q.stride()[:3]
+  # after 5 mask args, 3 encode-scale placeholders and the NaN flags' (read in REDO mode only)
+  assert args[17:29] == q.stride()[:3] + k.stride()[:3] + v.stride()[:3] + q.stride()[:3]
   assert fwd.buffers["q_hat"].strides == q.stride() and fwd.buffers["k_hat"].strides == k.stride()
   assert fwd.scratch == ("q_hat", "k_hat", "v_hat")
   # Without causal or window masks, at D <= 32, the forward kernel rounds its own Q tile.
@@ -374,6 +374,17 @@ def test_forward_without_residuals(p_scale, qkv_scale):
     plans.attention_forward(q, k, v, opts, GPU, keep_quantized=True, residuals=False)
 
 
+def _plain_build(plan, launch):
+  """Builds a launch of ``plan`` for sm_90 (its arguments' types as the launchers give them)."""
+  from jqat.ffi import callback_launch
+
+  types = tuple("*" + callback_launch._POINTER_TYPES[plan.buffers[a.name].dtype] if isinstance(a, plans.Ref)
+                else "fp32" if isinstance(a, float) else "i32" for a in launch.args)
+  types += tuple("*" + callback_launch._POINTER_TYPES[plan.buffers[o].dtype] for o in launch.outputs)
+  return callback_launch.build(launch.kernel, types, (), tuple(launch.constexprs.items()), launch.num_warps,
+                               launch.num_stages, (9, 0), maxnreg=launch.maxnreg)
+
+
 def _warp_specialized_build(plan, launch, tmp_path, loops=False):
   """Builds a warp-specialized Gluon launch of ``plan`` for sm_90 and returns cuobjdump's resource usage of it (with
   ``loops``: and its SASS loops with their instruction mix, ``benchmarks/sass_stats.py``'s), after checking its
@@ -382,13 +393,8 @@ def _warp_specialized_build(plan, launch, tmp_path, loops=False):
 
   import triton
 
-  from jqat.ffi import callback_launch
 
-  types = tuple("*" + callback_launch._POINTER_TYPES[plan.buffers[a.name].dtype] if isinstance(a, plans.Ref)
-                else "fp32" if isinstance(a, float) else "i32" for a in launch.args)
-  types += tuple("*" + callback_launch._POINTER_TYPES[plan.buffers[o].dtype] for o in launch.outputs)
-  kernel = callback_launch.build(launch.kernel, types, (), tuple(launch.constexprs.items()), launch.num_warps,
-                                 launch.num_stages, (9, 0), maxnreg=launch.maxnreg)
+  kernel = _plain_build(plan, launch)
   assert kernel.metadata.num_warps == 12
   path = tmp_path / "k.cubin"
   path.write_bytes(kernel.asm["cubin"])
@@ -428,10 +434,29 @@ def test_ws_forward_plan_builds_for_sm90(monkeypatch, tmp_path):
   assert plans.attention_forward(q, kv, kv, AttentionOptions(0.088), GPU, residuals=False) == plan
   assert [la.name for la in plan.launches] == ["jqat_nvfp4_fake_quantize_qkv", "jqat_attention_fwd_ws"]
   launch = plan.launches[-1]
-  assert launch.grid == (2, 4) and launch.outputs == ("o", "lse_ws")
-  assert plan.outputs == ("o",) and "lse_ws" in plan.scratch
+  assert launch.grid == (2, 4) and launch.outputs == ("o", "lse_ws", "fwd_leaks")
+  assert plan.outputs == ("o",) and {"lse_ws", "fwd_leaks"} <= set(plan.scratch)
+  assert plan.buffers["fwd_leaks"].shape == (1,)  # a placeholder: only a causal walk writes its flags
   usage = _warp_specialized_build(plan, launch, tmp_path)
   assert re.search(r"STACK:0\b", usage), usage
+  # Causal: the causal build (heads fastest in the grid), then the Triton launch in REDO mode over O in place,
+  # reading the flags of 64-row tiles.
+  monkeypatch.setenv(plans.FWD_KERNEL_ENV, "triton")
+  causal_opts = AttentionOptions(0.088, is_causal=True)
+  triton_causal = plans.attention_forward(q, kv, kv, causal_opts, GPU, residuals=False).launches[-1]
+  monkeypatch.delenv(plans.FWD_KERNEL_ENV)
+  causal = plans.attention_forward(q, kv, kv, causal_opts, GPU, residuals=False)
+  ws, redo = causal.launches[-2:]
+  assert ws.name == "jqat_attention_fwd_ws" and ws.constexprs["IS_CAUSAL"] and ws.grid == (4, 2)
+  assert causal.buffers["fwd_leaks"].shape == (4, 4) and "fwd_leaks" in causal.scratch
+  assert redo.kernel is kfwd.attention_fwd_kernel and redo.constexprs == dict(triton_causal.constexprs, REDO=True)
+  assert redo.grid == triton_causal.grid == (4, 4) and redo.outputs == ("o",)
+  refs = lambda la: [a.name if isinstance(a, plans.Ref) else a for a in la.args]
+  changed = [(i, x, y) for i, (x, y) in enumerate(zip(refs(triton_causal), refs(redo), strict=True)) if x != y]
+  assert [(x, y) for _, x, y in changed] == [("q", "o"), ("q_hat", "fwd_leaks")], changed
+  assert redo.aliases == ((changed[0][0], 0),)
+  assert re.search(r"STACK:0\b", _warp_specialized_build(causal, ws, tmp_path)), "causal"
+  _plain_build(causal, redo)
   training = plans.attention_forward(q, kv, kv, AttentionOptions(0.088), GPU)
   assert training.launches[-1].kernel is kfwd.attention_fwd_kernel
   # Lengths that are not multiples of its tiles: the last row block and key tile partial.
@@ -439,8 +464,9 @@ def test_ws_forward_plan_builds_for_sm90(monkeypatch, tmp_path):
                                    dense((1, 150, 2, 128), "bfloat16"), AttentionOptions(0.088), GPU, residuals=False)
   assert ragged.launches[-1].name == "jqat_attention_fwd_ws" and ragged.launches[-1].grid == (2, 4)
   # A case the warp-specialized kernel does not take keeps the Triton kernel: D = 96 and 64, a window, row mode,
-  # causal (no exact walk for a NaN of V behind the diagonal).
-  for qs, ks, opts in (((1, 256, 4, 128), (1, 256, 2, 128), AttentionOptions(0.088, is_causal=True)),
+  # a causal mask aligned bottom-right with Tq != Tk (the kernel's is top-left).
+  for qs, ks, opts in (((1, 128, 4, 128), (1, 256, 2, 128),
+                        AttentionOptions(0.088, is_causal=True, causal_alignment="bottom_right")),
                        ((1, 256, 4, 96), (1, 256, 2, 96), AttentionOptions(0.1)),
                        ((1, 256, 4, 64), (1, 256, 2, 64), AttentionOptions(0.125)),
                        ((1, 256, 4, 128), (1, 256, 2, 128), AttentionOptions(0.088, local_window_size=(64, 0))),

@@ -421,9 +421,6 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
     (kk, vv), scratch, launches = _quantized_inputs(("k", "v"), (k, v), cfg.quantize_qkv, target, buffers)
   scratch += tuple(launch.outputs[0] for launch in mask_launches)
   launches += mask_launches
-  if not residuals and forward_kernel() == "ws" and _ws_takes(q, k, v, o, opts, target,
-                                                                 bool(mask_names) or tensor or not q_pass):
-    return _forward_ws(q, k, v, o, opts, target, buffers, inputs, outputs, scratch, launches, qq, kk, vv)
   c = config or forward_config(d, residuals)
   # One kernel for every variant: the flags pick it, the encode scales are placeholders (q) without
   # qkv_scale="tensor", and an output this plan does not have is None (row max in "block"; without residuals all
@@ -436,13 +433,16 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
   enc_args = (Ref("q_enc"), Ref("k_enc"), Ref("v_enc")) if tensor else (Ref("q"),) * 3
   fwd = Launch(
       "jqat_attention_fwd", kfwd.attention_fwd_kernel, (triton.cdiv(tq, c.block_m), b * n),
-      (Ref(qq), Ref(kk), Ref(vv), float(opts.scale), tq, tk, n, n // kh, *mask_args, *enc_args, *_s3(q), *_s3(k),
-       *_s3(v), *_s3(o)),
+      (Ref(qq), Ref(kk), Ref(vv), float(opts.scale), tq, tk, n, n // kh, *mask_args, *enc_args, Ref(qq), *_s3(q),
+       *_s3(k), *_s3(v), *_s3(o)),  # leak_ptr (read in REDO mode only): a placeholder
       outputs,
       dict(**_head_dims(d), BLOCK_M=c.block_m, BLOCK_N=opts.block_n, **_static_masks(opts), **mask_flags,
            QUANTIZE_P=cfg.quantize_p, **target.dot_flags(q.dtype), **target.quant_flags(), **flags,
-           SEQ_ALIGN=seq_align(tq, tk)),
+           SEQ_ALIGN=seq_align(tq, tk), REDO=False),
       c.num_warps, c.num_stages, maxnreg=c.maxnreg)
+  if (not residuals and forward_kernel() == "ws"
+          and _ws_takes(q, k, v, o, opts, target, bool(mask_names) or tensor or not q_pass)):
+    return _forward_ws(q, k, v, o, opts, target, buffers, inputs, outputs, scratch, launches, qq, kk, vv, fwd)
   scratch = tuple(name for name in scratch if name not in kept)
   return Plan(buffers, inputs, scratch, outputs + kept, launches + (fwd,))
 
@@ -478,36 +478,63 @@ def backward_kernel() -> str:
 
 
 def _ws_takes(q, k, v, o, opts, target, other) -> bool:
-  """Whether the warp-specialized forward takes this O-alone launch: sm_90, D = 128, no masks, block modes, fq(P) on,
-  fq(Q) from the pass, rows of whole 16-element strides (any lengths: the last row block and key tile may be partial).
-  ``other``: masks, tensor scales, or Q not from the pass. Not D = 64, which the kernel computes too: there it runs 8
-  consumer warps per SM against the Triton kernel's 16 (four programs of 128 registers), and two of its programs per
-  SM would leave 104 registers a consumer thread, which spill and serialize its wgmma. Not causal, which the kernel
-  computes too: where a row's diagonal tile holds a key it does not see, that key's p is +0 and a NaN of its V row
-  still reaches the row through the product (0 * NaN); the Triton kernel follows such a walk with its exact one
-  (docs/NUMERICS.md, section 5, "NaN"), the warp-specialized kernel has none."""
+  """Whether the warp-specialized forward takes this O-alone launch: sm_90, D = 128, no masks but a causal one aligned
+  top-left (or Tq = Tk), block modes, fq(P) on, fq(Q) from the pass, rows of whole 16-element strides (any lengths:
+  the last row block and key tile may be partial). ``other``: masks, tensor scales, or Q not from the pass. Not
+  D = 64, which the kernel computes too: there it runs 8 consumer warps per SM against the Triton kernel's 16 (four
+  programs of 128 registers), and two of its programs per SM would leave 104 registers a consumer thread, which spill
+  and serialize its wgmma. A causal walk is followed by the Triton kernel's REDO launch (:func:`_forward_ws`)."""
   tq, d = q.shape[1], q.shape[3]
   tk = k.shape[1]
   tensors = (q, k, v, o)
   dense16 = (_pow2_divisor([s for t in tensors for s in _s3(t)]) == 16
              and all(t.strides[3] == 1 for t in tensors))
-  return (not other and d == 128 and tq > 0 and tk > 0 and dense16 and not opts.is_causal
+  top_left = not opts.is_causal or opts.causal_alignment == "top_left" or tq == tk
+  return (not other and d == 128 and tq > 0 and tk > 0 and dense16 and top_left
           and opts.block_n == kws.BLOCK_N and opts.local_window_size is None and opts.p_scale == "block"
           and opts.config.quantize_p and not target.interpret and tuple(target.compute_capability or ()) == (9, 0))
 
 
-def _forward_ws(q, k, v, o, opts, target, buffers, inputs, outputs, scratch, launches, qq, kk, vv) -> Plan:
+def _forward_ws(q, k, v, o, opts, target, buffers, inputs, outputs, scratch, launches, qq, kk, vv,
+                fwd: Launch) -> Plan:
   """The O-alone forward plan's last launch by ``attention_fwd_ws_kernel`` on fq(Q), fq(K), fq(V) from the pass (the
-  launches so far); lse goes to scratch. Only where :func:`_ws_takes`."""
+  launches so far) in place of the Triton launch ``fwd``; lse goes to scratch. Only where :func:`_ws_takes`.
+
+  A causal walk may carry a NaN of V to a row that does not see its key (0 * NaN at a hidden pair of the diagonal
+  tile): the kernel then stores nothing of that consumer's 64 rows and sets their flag (``fwd_leaks``, every flag
+  written), and ``fwd`` follows in REDO mode, walking exactly (docs/NUMERICS.md, section 5, "NaN") those row tiles
+  and only those; without a NaN each of its programs reads one flag and returns."""
   b, tq, n, d = q.shape
   tk, kh = k.shape[1], k.shape[2]
-  params = kws.launch_params(d, compute_capability=tuple(target.compute_capability))
+  params = kws.launch_params(d, compute_capability=tuple(target.compute_capability), is_causal=opts.is_causal)
   num_warps, maxnreg = params.pop("num_warps"), params.pop("maxnreg")
+  rows = int(kws.WG_ROWS.value)
   buffers["lse_ws"] = Tensor.dense((b, n, tq), "float32")
-  fwd = Launch("jqat_attention_fwd_ws", kws.attention_fwd_ws_kernel, (triton.cdiv(tq, _WS_ROWS), b * n),
-               (Ref(qq), Ref(kk), Ref(vv), float(opts.scale), tq, tk, n, n // kh, *_s3(q), *_s3(k), *_s3(v),
-                *_s3(o)), ("o", "lse_ws"), params, num_warps, 1, maxnreg=maxnreg)
-  return Plan(buffers, inputs, scratch + ("lse_ws",), outputs, launches + (fwd,))
+  # The NaN flags, per 64-row tile (without a causal mask a placeholder the kernel never touches).
+  buffers["fwd_leaks"] = Tensor.dense((b * n, triton.cdiv(tq, rows)) if opts.is_causal else (1,), "int32")
+  grid = (b * n, triton.cdiv(tq, _WS_ROWS)) if opts.is_causal else (triton.cdiv(tq, _WS_ROWS), b * n)
+  ws = Launch("jqat_attention_fwd_ws", kws.attention_fwd_ws_kernel, grid,
+              (Ref(qq), Ref(kk), Ref(vv), float(opts.scale), tq, tk, n, n // kh, *_s3(q), *_s3(k), *_s3(v),
+               *_s3(o)), ("o", "lse_ws", "fwd_leaks"), params, num_warps, 1, maxnreg=maxnreg)
+  if not opts.is_causal:
+    return Plan(buffers, inputs, scratch + ("lse_ws", "fwd_leaks"), outputs, launches + (ws,))
+  # The flags are per row tile of one consumer warpgroup (64 rows): the REDO launch reads them as its own row tiles',
+  # whatever the Triton kernel's configuration (its exact walk gives each row's O whatever the row tile).
+  fwd = dataclasses.replace(fwd, grid=(triton.cdiv(tq, rows), *fwd.grid[1:]),
+                            constexprs=dict(fwd.constexprs, BLOCK_M=rows))
+  return Plan(buffers, inputs, scratch + ("lse_ws", "fwd_leaks"), outputs, launches + (ws, forward_redo_launch(fwd)))
+
+
+def forward_redo_launch(fwd: Launch) -> Launch:
+  """The O-alone Triton forward launch ``fwd`` in REDO mode: the flags ``fwd_leaks`` (one per row tile of its grid) in
+  leak_ptr's slot, and O written in place, only in the flagged tiles: O's buffer is the input that output 0
+  aliases, in the slot of q_enc (read only with qkv_scale="tensor")."""
+  assert fwd.kernel is kfwd.attention_fwd_kernel and fwd.outputs == ("o",) and not fwd.constexprs["QKV_TENSOR"]
+  args = list(fwd.args)
+  leak, q_enc = len(args) - 13, len(args) - 16  # leak_ptr, then the 12 strides; before it the three enc pointers
+  args[leak], args[q_enc] = Ref("fwd_leaks"), Ref("o")
+  return dataclasses.replace(fwd, name="jqat_attention_fwd_redo", args=tuple(args),
+                             constexprs=dict(fwd.constexprs, REDO=True), aliases=((q_enc, 0),))
 
 
 def _ws_dkdv_takes(d_out, q, k, v, opts, target, other) -> bool:

@@ -354,7 +354,7 @@ def _store_outputs(acc, acc_hp, m, l, v_dec, offs_m, offs_d, row_ok, d_ok, q_lim
 @triton.jit
 def attention_fwd_kernel(
     q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group,
-    q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr,
+    q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr, leak_ptr,
     stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
     stride_ob, stride_ot, stride_on,
     o_ptr, o_hp_ptr, lse_ptr, m_ptr,
@@ -363,7 +363,8 @@ def attention_fwd_kernel(
     HAS_Q_LEN: tl.constexpr, HAS_KV_LEN: tl.constexpr, HAS_SEG: tl.constexpr,
     QUANTIZE_Q: tl.constexpr, QUANTIZE_P: tl.constexpr, QK_F32: tl.constexpr, DOT_BF16: tl.constexpr,
     SOFT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, HW_E4M3: tl.constexpr, HW_E2M1: tl.constexpr,
-    P_ROW_RANGE: tl.constexpr, QKV_TENSOR: tl.constexpr, SEQ_ALIGN: tl.constexpr, RESIDUALS: tl.constexpr):
+    P_ROW_RANGE: tl.constexpr, QKV_TENSOR: tl.constexpr, SEQ_ALIGN: tl.constexpr, RESIDUALS: tl.constexpr,
+    REDO: tl.constexpr = False):
   """Forward of docs/NUMERICS.md, section 4, for query rows [i * BLOCK_M, +BLOCK_M) of head j % N, batch j // N, where
   ``(i, j) = program_tile(...)``. The one entry point of the forward: the flags below pick what it reads and
   writes; an operand it does not read is a placeholder (any buffer), an output it does not write is None (a
@@ -387,14 +388,23 @@ def attention_fwd_kernel(
   RESIDUALS off (the primal of ``jqat.attention``, where nothing differentiates): only o is stored (o_hp_ptr,
   lse_ptr and m_ptr are None), and with QUANTIZE_P the O' accumulator and its P V_hat product are dropped; O's
   arithmetic is the same, so are its bits.
+  REDO: after the warp-specialized causal walk (``attention_fwd_ws``, whose walk computes this kernel's fast walk's
+  values): only the exact walk, and only where ``leak_ptr`` ([B * N, cdiv(Tq, BLOCK_M)] int32, this launch's grid)
+  flags that a NaN reached the row tile's O there (that launch then stored nothing of it). Not read otherwise (any
+  pointer).
   """
   strides = (stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
              stride_ob, stride_ot, stride_on)
-  leaked = _fwd_program(
-      q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr, seg_sorted_ptr,
-      q_enc_ptr, k_enc_ptr, v_enc_ptr, o_ptr, o_hp_ptr, lse_ptr, m_ptr, strides, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N,
-      IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN, HAS_SEG, QUANTIZE_Q, QUANTIZE_P,
-      QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, QKV_TENSOR, SEQ_ALIGN, RESIDUALS, False)
+  if REDO:  # the fast walk was the warp-specialized kernel's: its flag says whether a NaN reached it
+    pid_t, pid_bh = common.program_tile(IS_CAUSAL, True)
+    leaked = tl.load(leak_ptr + pid_bh * tl.num_programs(0) + pid_t) != 0
+  else:
+    leaked = _fwd_program(
+        q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group, q_len_ptr, kv_len_ptr, q_seg_ptr, kv_seg_ptr,
+        seg_sorted_ptr, q_enc_ptr, k_enc_ptr, v_enc_ptr, o_ptr, o_hp_ptr, lse_ptr, m_ptr, strides, HEAD_DIM, D_PAD,
+        BLOCK_M, BLOCK_N, IS_CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, BOTTOM_RIGHT, HAS_Q_LEN, HAS_KV_LEN, HAS_SEG,
+        QUANTIZE_Q, QUANTIZE_P, QK_F32, DOT_BF16, SOFT_BF16, DOT_PREC, HW_E4M3, HW_E2M1, P_ROW_RANGE, QKV_TENSOR,
+        SEQ_ALIGN, RESIDUALS, False)
   HIDES: tl.constexpr = IS_CAUSAL or WINDOW_LEFT >= 0 or WINDOW_RIGHT >= 0 or HAS_SEG or HAS_Q_LEN or HAS_KV_LEN
   if HIDES:
     if leaked:  # a NaN reached a live row: the exact walk (_fwd_program)

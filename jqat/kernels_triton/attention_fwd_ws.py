@@ -328,8 +328,8 @@ def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, BLOCK_N: 
   them as they come. Per KV tile each consumer issues once (S_j with P_{j-1} V_{j-1}; tile 0's S alone, the last
   P V alone): ``n_tiles + 1`` turns each."""
   q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turns = smem
-  (q_ptr, o_ptr, lse_ptr, qk_scale, n_tiles, start_m, tq, tk, b, h, n_heads, stride_qb, stride_qt, stride_qh,
-   stride_ob, stride_ot, stride_oh) = scalars
+  (q_ptr, o_ptr, lse_ptr, leak_ptr, qk_scale, n_tiles, start_m, tq, tk, b, h, n_heads, stride_qb, stride_qt,
+   stride_qh, stride_ob, stride_ot, stride_oh) = scalars
   S_LAYOUT: gl.constexpr = acc_layout(BLOCK_N)
   O_LAYOUT: gl.constexpr = acc_layout(HEAD_DIM)
   ROW_S: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
@@ -390,8 +390,20 @@ def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, BLOCK_N: 
   ro = row0 + gl.arange(0, WG_ROWS, layout=ROW_O)
   co = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, O_LAYOUT))
   o_rows = b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh + ro.to(gl.int64) * stride_ot
+  keep = ro < tq
+  if IS_CAUSAL:
+    # A NaN that reached these rows may have come through a hidden pair of the diagonal tile (p = +0 times a NaN of
+    # V): then nothing of them is stored and the flag sends the 64 rows to the Triton kernel's exact walk (its REDO
+    # launch, the plan's next). Every consumer writes its flag, so the flags need no zeroing.
+    nan = (acc != acc) & keep[:, None]
+    leaked = gl.max(gl.max(nan.to(gl.int32), axis=1), axis=0)
+    row_tiles = (tq + WG_ROWS - 1) // WG_ROWS
+    tile = row0 // WG_ROWS
+    if tile < row_tiles:
+      gl.store(leak_ptr + (b * n_heads + h).to(gl.int64) * row_tiles + tile, leaked)
+    keep = keep & (leaked == 0)
   gl.store(o_ptr + o_rows[:, None] + co[None, :], (acc * inv[:, None]).to(o_ptr.dtype.element_ty),
-           mask=(ro < tq)[:, None])
+           mask=keep[:, None])
   lse = gl.where(empty, float("-inf"), (m + gl.log2(gl.where(empty, 1.0, l))) * LN2)
   rs = row0 + gl.arange(0, WG_ROWS, layout=ROW_S)
   gl.store(lse_ptr + (b * n_heads + h).to(gl.int64) * tq + rs, lse, mask=rs < tq)
@@ -428,7 +440,7 @@ def _producer(smem, kv, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: g
 def attention_fwd_ws_kernel(
     q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group,
     stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
-    stride_ob, stride_ot, stride_oh, o_ptr, lse_ptr,
+    stride_ob, stride_ot, stride_oh, o_ptr, lse_ptr, leak_ptr,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
     PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr,
     IS_CAUSAL: gl.constexpr = False):
@@ -439,9 +451,11 @@ def attention_fwd_ws_kernel(
   q, o: [B, Tq, N, D] bf16; k, v: [B, Tk, K, D] bf16, N = K * group (query head h reads KV head h // group); every
   last axis contiguous, the other strides multiples of 16 elements; q, k, v already fake-quantized (fq along D).
   lse: [B, N, Tq] fp32. ``tk > 0``; rows past tq read Q as 0 and store nothing, keys past tk (the copy's zeros) are
-  masked in the last tile. Launch with ``num_warps=4``
-  (the default partition: consumer 0) and ``maxnreg`` of :func:`registers`; the kernel adds a 4-warp partition per
-  further consumer and the producer's warp. Needs the launch's global scratch (two tensor descriptors a program).
+  masked in the last tile. With IS_CAUSAL, leak: [B * N, cdiv(Tq, 64)] int32, each consumer's flag that a NaN reached
+  its rows' O, which it then does not store (for ``attention_fwd_kernel``'s REDO launch); not touched otherwise.
+  Launch with ``num_warps=4`` (the default partition: consumer 0) and ``maxnreg`` of :func:`registers`; the kernel
+  adds a 4-warp partition per further consumer and the producer's warp. Needs the launch's global scratch (two tensor
+  descriptors a program).
   """
   gl.static_assert(HEAD_DIM == 64 or HEAD_DIM == 128, "D of 64 or 128")
   gl.static_assert(BLOCK_N == 64, "KV tiles of 64 keys")
@@ -487,8 +501,8 @@ def attention_fwd_ws_kernel(
     mbarrier.init(v_empty.index(i), count=CONSUMERS)
 
   smem = (q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turns)
-  scalars = (q_ptr, o_ptr, lse_ptr, qk_scale, n_tiles, start_m, tq, tk, b, h, n_heads, stride_qb, stride_qt,
-             stride_qh, stride_ob, stride_ot, stride_oh)
+  scalars = (q_ptr, o_ptr, lse_ptr, leak_ptr, qk_scale, n_tiles, start_m, tq, tk, b, h, n_heads, stride_qb,
+             stride_qt, stride_qh, stride_ob, stride_ot, stride_oh)
   # (Constexprs go into the argument tuples where they are written: a tuple assigned to a variable turns them into
   # tensors.)
   kv = (k_ptr, v_ptr, n_tiles, tk, b, kvh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh)
