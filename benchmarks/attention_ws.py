@@ -34,6 +34,9 @@ import time
 
 # jqat.torch imports JAX; should anything initialize a JAX backend, it must not take the GPU's memory from torch.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+# The baselines are jqat's Triton forward (through the plans, which would otherwise launch the warp-specialized kernel
+# where it applies); the warp-specialized kernel is launched here directly.
+os.environ["JQAT_ATTN_FWD_KERNEL"] = "triton"
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
@@ -89,23 +92,28 @@ def compile_only(arch: int = 90) -> list[dict]:
   from sass_stats import ptxas_warnings
 
   rows = []
-  types = ("*bf16", ) * 3 + ("fp32",) + ("i32", ) * 16 + ("*bf16", "*fp32", "*i32")  # outputs last
-  for d, causal in ((128, False), (64, False), (128, True)):
+  types = ("*bf16", ) * 3 + ("fp32",) + ("i32", ) * 16 + ("*bf16", "*fp32", "*i32")  # outputs last (then O')
+  for d, causal, residuals in ((128, False, False), (64, False, False), (128, True, False), (128, False, True),
+                               (128, True, True)):
     for name, consumers, pingpong, stages in VARIANTS:
-      params = ws.launch_params(d, stages, consumers, pingpong, (arch // 10, arch % 10), causal)
+      params = ws.launch_params(d, stages, consumers, pingpong, (arch // 10, arch % 10), causal, residuals)
       t0 = time.time()
-      kernel, st, sass, setmaxnreg = build_offline(ws.attention_fwd_ws_kernel, types, params, arch)
-      # The consumers' KV loops: the loops issuing one tile's products (D / 16 wgmma for S, 4 for P V), not the
+      kernel, st, sass, setmaxnreg = build_offline(ws.attention_fwd_ws_kernel, types + ("*bf16",) * residuals,
+                                                   params, arch)
+      # The consumers' KV loops: the loops issuing one tile's products (D / 16 wgmma for S, 4 for each P V), not the
       # partitions' dispatch loop around them.
-      loops = [lp["instructions"] for lp in st["loops"] if lp["mix"].get("HGMMA") == d // 16 + 4]
-      row = {"variant": name, "D": d, "causal": causal, "compile_s": round(time.time() - t0, 2),
+      loops = [lp["instructions"] for lp in st["loops"] if lp["mix"].get("HGMMA") == d // 16 + 4 * (1 + residuals)]
+      row = {"variant": name, "D": d, "causal": causal, "residuals": residuals,
+             "compile_s": round(time.time() - t0, 2),
              "warps": kernel.metadata.num_warps,
              "launch_registers": st["registers"], "maxnreg": params["maxnreg"], "setmaxnreg": setmaxnreg,
              "stack_bytes": st["stack_bytes"], "local_ld_st": sass.count("LDL") + sass.count("STL"),
              "shared_bytes": st["shared_bytes"], "global_scratch": kernel.metadata.global_scratch_size,
              "hgmma": st["mix"].get("HGMMA", 0), "kv_loops": loops, "ptxas_warnings": ptxas_warnings(kernel, arch)}
       rows.append(row)
-      print(f"{name:18s} D={d:3d}{' causal' if causal else ''} warps {row['warps']:2d} regs "
+      outs = " O, O', lse" if residuals else ""
+      print(f"{name:18s} D={d:3d}{' causal' if causal else ''}{outs} warps "
+            f"{row['warps']:2d} regs "
             f"{row['launch_registers']} (setmaxnreg "
             f"{row['setmaxnreg']}) stack {row['stack_bytes']} B, LDL/STL {row['local_ld_st']}, smem "
             f"{row['shared_bytes']} B, scratch {row['global_scratch']} B, KV loops {row['kv_loops']} instr, "
@@ -117,11 +125,12 @@ def compile_only(arch: int = 90) -> list[dict]:
 
 
 def attention_fwd_ws(q, k, v, scale: float | None = None, *, stages: int = 3, consumers: int = 2,
-                     pingpong: bool = False, is_causal: bool = False):
+                     pingpong: bool = False, is_causal: bool = False, residuals: bool = False):
   """O and lse of one variant of the warp-specialized forward on torch CUDA tensors (sm_90): q [B, T, N, D], k, v
   [B, Tk, K, D] bf16, already fake-quantized, BTNH with a contiguous last axis. Returns ``(o [B, T, N, D] bf16, lse
-  [B, N, T] fp32)``. No masks but the causal one (top-left: query row r sees keys k <= r), p_scale "block"; any
-  T and Tk > 0. (The library's plan launches the default variant.)"""
+  [B, N, T] fp32)``, with ``residuals`` ``(o, o', lse)`` (the training forward's outputs). No masks but the causal
+  one (top-left: query row r sees keys k <= r), p_scale "block"; any T and Tk > 0. (The library's plan launches the
+  default variant.)"""
   import torch
 
   from jqat.ffi import torch_launch
@@ -139,13 +148,15 @@ def attention_fwd_ws(q, k, v, scale: float | None = None, *, stages: int = 3, co
   lse = torch.empty((b, n, t), dtype=torch.float32, device=q.device)
   # The NaN flags of a causal walk (the inputs here hold no NaN: every flag 0, every O row stored)
   leaks = torch.empty((b * n, -(-t // int(ws.WG_ROWS.value))), dtype=torch.int32, device=q.device)
-  params = ws.launch_params(d, stages, consumers, pingpong, torch.cuda.get_device_capability(q.device), is_causal)
+  params = ws.launch_params(d, stages, consumers, pingpong, torch.cuda.get_device_capability(q.device), is_causal,
+                            residuals)
+  o_hp = torch.empty_like(q) if residuals else None
   args = (q, k, v, scale, t, tk, n, n // kh, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3], o,
-          lse, leaks)
+          lse, leaks) + ((o_hp,) if residuals else ())
   blocks = -(-t // rows)
   grid = (b * n, blocks) if is_causal else (blocks, b * n)  # causal: longest walks first (the kernel)
   torch_launch.launch(ws.attention_fwd_ws_kernel, grid, args, params)
-  return o, lse
+  return (o, o_hp, lse) if residuals else (o, lse)
 
 
 def quantize(x):
@@ -195,12 +206,12 @@ def triton_out(q, k, v, causal=False):
 
 
 def triton_forward(q, k, v, causal=False):
-  """jqat's Triton training forward on BTNH q, k, v: (O as BTNH, lse [B, H, T])."""
+  """jqat's Triton training forward on BTNH q, k, v: (O, O' as BTNH, lse [B, H, T])."""
   from jqat.torch._attention import attention_fwd_op
 
-  o, _, lse, _ = attention_fwd_op(bhsd(q), bhsd(k), bhsd(v), None, None, None, None,
-                                  *triton_static(q.shape[-1], causal))
-  return bhsd(o), lse
+  o, o_hp, lse, _ = attention_fwd_op(bhsd(q), bhsd(k), bhsd(v), None, None, None, None,
+                                     *triton_static(q.shape[-1], causal))
+  return bhsd(o), bhsd(o_hp), lse
 
 
 def finish_or_die(what: str, seconds: float = WATCHDOG_S) -> None:
@@ -241,7 +252,7 @@ def check(variants=VARIANTS) -> list[dict]:
                 for r, x in zip(raw, (q, k, v)))
     want_o, _, want_lse = attention_oracle(*(x.float().cpu().numpy() for x in (q, k, v)), scale=d**-0.5,
                                            is_causal=causal, block_n=ws.BLOCK_N, quantize_qkv=False, quantize_p=True)
-    tri_o, tri_lse = triton_forward(q, k, v, causal)
+    tri_o, tri_o_hp, tri_lse = triton_forward(q, k, v, causal)
     tri_o_alone = triton_out(q, k, v, causal)
     torch.cuda.synchronize()
     tri = tri_o.float().cpu().numpy()
@@ -270,6 +281,20 @@ def check(variants=VARIANTS) -> list[dict]:
       print(f"check {(b, h, kh, t, d, causal)} {name:18s} ws-oracle {row['ws_vs_oracle']:.3e} triton-oracle "
             f"{row['triton_vs_oracle']:.3e} ws-triton {row['ws_vs_triton']:.3e} differing {row['differing']:.5f} "
             f"lse {row['ws_lse_max_abs']:.1e} fq {fq_ok} ok {row['ok']}", flush=True)
+    if d == 128:  # the training forward (the plan's variant): O, O' and lse against the Triton training forward's
+      name, consumers, pingpong, stages = VARIANTS[0]
+      o, o_hp, lse = attention_fwd_ws(q, k, v, stages=stages, consumers=consumers, pingpong=pingpong,
+                                      is_causal=causal, residuals=True)
+      finish_or_die(f"{name} O, O', lse at {(b, h, kh, t, d, causal)}")
+      pairs = ((o, tri_o), (o_hp, tri_o_hp), (lse, tri_lse))
+      differing = [float((x != y).float().mean()) for x, y in pairs]
+      row = dict(base, variant=name + "_residuals", differing=differing[0], differing_o_hp=differing[1],
+                 differing_lse=differing[2], ws_vs_oracle=rel(o.float().cpu().numpy(), want_o),
+                 ws_vs_triton=rel(o.float().cpu().numpy(), tri))
+      row["ok"] = fq_ok and max(differing) == 0.0
+      rows.append(row)
+      print(f"check {(b, h, kh, t, d, causal)} {row['variant']:18s} differing from the Triton training forward: O "
+            f"{differing[0]:.5f} O' {differing[1]:.5f} lse {differing[2]:.5f} ok {row['ok']}", flush=True)
   return rows
 
 

@@ -28,7 +28,8 @@ def _bhsd_views(b, h, hkv, sq, skv, d):
   return mk(b, h, sq, d), mk(b, hkv, skv, d), mk(b, hkv, skv, d)
 
 
-def test_plan_uses_the_strides_it_is_given():
+def test_plan_uses_the_strides_it_is_given(monkeypatch):
+  monkeypatch.setenv(plans.FWD_KERNEL_ENV, "triton")  # the Triton forward's arguments (sm_90 takes the Gluon one)
   q, k, v = _bhsd_views(2, 8, 2, 100, 70, 128)
   lse = torch.zeros(2, 8, 100)
   opts = AttentionOptions(0.1, True)
@@ -281,7 +282,10 @@ def test_jax_binding_launches_the_plan(monkeypatch, qkv_scale):
   assert [c["name"] for c in calls] == [la.name for la in plan.launches]
   for c, la in zip(calls, plan.launches):
     assert c["kernel"] is la.kernel and c["grid"] == la.grid and c["meta"] == la.constexprs
-    assert (c["num_warps"], c["num_stages"], c["aliases"], c["maxnreg"]) == (la.num_warps, la.num_stages, {}, 0)
+    # aliases: (array operand, output) pairs, the array operands numbered without the scalars
+    refs = [i for i, a in enumerate(la.args) if isinstance(a, plans.Ref)]
+    assert c["aliases"] == {refs.index(i): o for i, o in la.aliases}
+    assert (c["num_warps"], c["num_stages"], c["maxnreg"]) == (la.num_warps, la.num_stages, la.maxnreg)
     assert [a for a in c["args"] if not hasattr(a, "shape")] == [a for a in la.args if not isinstance(a, plans.Ref)]
   # In-place rope: the aliased input is numbered among the array operands, scalars skipped.
   x = jnp.zeros((4, 2, 128), jnp.bfloat16)
@@ -457,8 +461,19 @@ def test_ws_forward_plan_builds_for_sm90(monkeypatch, tmp_path):
   assert redo.aliases == ((changed[0][0], 0),)
   assert re.search(r"STACK:0\b", _warp_specialized_build(causal, ws, tmp_path)), "causal"
   _plain_build(causal, redo)
-  training = plans.attention_forward(q, kv, kv, AttentionOptions(0.088), GPU)
-  assert training.launches[-1].kernel is kfwd.attention_fwd_kernel
+  # The training forward (O, O', lse for a backward): the same kernel with RESIDUALS, lse an output, nothing new kept
+  # besides fq(K), fq(V) where asked; causal, REDO writes all three in place.
+  training = plans.attention_forward(q, kv, kv, AttentionOptions(0.088), GPU, keep_quantized=True)
+  ws = training.launches[-1]
+  assert ws.name == "jqat_attention_fwd_ws" and ws.constexprs["RESIDUALS"] and "o_hp_ptr" not in ws.constexprs
+  assert ws.outputs == ("o", "lse", "fwd_leaks", "o_hp") and training.outputs == ("o", "o_hp", "lse", "k_hat", "v_hat")
+  assert "lse_ws" not in training.buffers and training.scratch == ("q_hat", "fwd_leaks")
+  assert re.search(r"STACK:0\b", _warp_specialized_build(training, ws, tmp_path)), "training"
+  training_causal = plans.attention_forward(q, kv, kv, causal_opts, GPU)
+  redo = training_causal.launches[-1]
+  assert redo.constexprs["REDO"] and redo.constexprs["RESIDUALS"] and redo.outputs == ("o", "o_hp", "lse")
+  assert [(refs(redo)[i], o) for i, o in redo.aliases] == [("o", 0), ("o_hp", 1), ("lse", 2)]
+  _plain_build(training_causal, redo)
   # Lengths that are not multiples of its tiles: the last row block and key tile partial.
   ragged = plans.attention_forward(dense((1, 200, 4, 128), "bfloat16"), dense((1, 150, 2, 128), "bfloat16"),
                                    dense((1, 150, 2, 128), "bfloat16"), AttentionOptions(0.088), GPU, residuals=False)

@@ -440,9 +440,8 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
            QUANTIZE_P=cfg.quantize_p, **target.dot_flags(q.dtype), **target.quant_flags(), **flags,
            SEQ_ALIGN=seq_align(tq, tk), REDO=False),
       c.num_warps, c.num_stages, maxnreg=c.maxnreg)
-  if (not residuals and forward_kernel() == "ws"
-          and _ws_takes(q, k, v, o, opts, target, bool(mask_names) or tensor or not q_pass)):
-    return _forward_ws(q, k, v, o, opts, target, buffers, inputs, outputs, scratch, launches, qq, kk, vv, fwd)
+  if forward_kernel() == "ws" and _ws_takes(q, k, v, o, opts, target, bool(mask_names) or tensor or not q_pass):
+    return _forward_ws(q, k, v, o, opts, target, buffers, inputs, outputs, scratch, launches, qq, kk, vv, fwd, kept)
   scratch = tuple(name for name in scratch if name not in kept)
   return Plan(buffers, inputs, scratch, outputs + kept, launches + (fwd,))
 
@@ -461,8 +460,8 @@ def _kernel_choice(env: str, default: str = "triton") -> str:
 
 
 def forward_kernel() -> str:
-  """The O-alone forward's kernel: "ws" (the default) launches the warp-specialized Gluon kernel
-  (``kernels_triton.attention_fwd_ws``) wherever it takes the launch (:func:`_ws_takes`) and the Triton kernel
+  """The forward's kernel (O alone and the training forward): "ws" (the default) launches the warp-specialized Gluon
+  kernel (``kernels_triton.attention_fwd_ws``) wherever it takes the launch (:func:`_ws_takes`) and the Triton kernel
   (``attention_fwd_kernel``) elsewhere; "triton" (``JQAT_ATTN_FWD_KERNEL=triton``) the Triton kernel always. Both
   compute the same bits on every check case (docs/BENCHMARKS.md)."""
   return _kernel_choice(FWD_KERNEL_ENV, "ws")
@@ -478,12 +477,13 @@ def backward_kernel() -> str:
 
 
 def _ws_takes(q, k, v, o, opts, target, other) -> bool:
-  """Whether the warp-specialized forward takes this O-alone launch: sm_90, D = 128, no masks but a causal one aligned
-  top-left (or Tq = Tk), block modes, fq(P) on, fq(Q) from the pass, rows of whole 16-element strides (any lengths:
-  the last row block and key tile may be partial). ``other``: masks, tensor scales, or Q not from the pass. Not
-  D = 64, which the kernel computes too: there it runs 8 consumer warps per SM against the Triton kernel's 16 (four
-  programs of 128 registers), and two of its programs per SM would leave 104 registers a consumer thread, which spill
-  and serialize its wgmma. A causal walk is followed by the Triton kernel's REDO launch (:func:`_forward_ws`)."""
+  """Whether the warp-specialized forward takes this forward launch (O alone, or O, O' and lse for a backward):
+  sm_90, D = 128, no masks but a causal one aligned top-left (or Tq = Tk), block modes, fq(P) on, fq(Q) from the
+  pass, rows of whole 16-element strides (any lengths: the last row block and key tile may be partial). ``other``:
+  masks, tensor scales, or Q not from the pass. Not D = 64, which the kernel computes too: there it runs 8 consumer
+  warps per SM against the Triton kernel's 16 (four programs of 128 registers), and two of its programs per SM would
+  leave 104 registers a consumer thread, which spill and serialize its wgmma. A causal walk is followed by the Triton
+  kernel's REDO launch (:func:`_forward_ws`)."""
   tq, d = q.shape[1], q.shape[3]
   tk = k.shape[1]
   tensors = (q, k, v, o)
@@ -495,10 +495,11 @@ def _ws_takes(q, k, v, o, opts, target, other) -> bool:
           and opts.config.quantize_p and not target.interpret and tuple(target.compute_capability or ()) == (9, 0))
 
 
-def _forward_ws(q, k, v, o, opts, target, buffers, inputs, outputs, scratch, launches, qq, kk, vv,
-                fwd: Launch) -> Plan:
-  """The O-alone forward plan's last launch by ``attention_fwd_ws_kernel`` on fq(Q), fq(K), fq(V) from the pass (the
-  launches so far) in place of the Triton launch ``fwd``; lse goes to scratch. Only where :func:`_ws_takes`.
+def _forward_ws(q, k, v, o, opts, target, buffers, inputs, outputs, scratch, launches, qq, kk, vv, fwd: Launch,
+                kept: tuple) -> Plan:
+  """The forward plan's last launch by ``attention_fwd_ws_kernel`` on fq(Q), fq(K), fq(V) from the pass (the launches
+  so far) in place of the Triton launch ``fwd``: O alone (lse to scratch) or, with the plan's residuals, O, O' and
+  lse. Only where :func:`_ws_takes`.
 
   A causal walk may carry a NaN of V to a row that does not see its key (0 * NaN at a hidden pair of the diagonal
   tile): the kernel then stores nothing of that consumer's 64 rows and sets their flag (``fwd_leaks``, every flag
@@ -506,35 +507,44 @@ def _forward_ws(q, k, v, o, opts, target, buffers, inputs, outputs, scratch, lau
   and only those; without a NaN each of its programs reads one flag and returns."""
   b, tq, n, d = q.shape
   tk, kh = k.shape[1], k.shape[2]
-  params = kws.launch_params(d, compute_capability=tuple(target.compute_capability), is_causal=opts.is_causal)
+  residuals = "o_hp" in outputs
+  params = kws.launch_params(d, compute_capability=tuple(target.compute_capability), is_causal=opts.is_causal,
+                             residuals=residuals)
   num_warps, maxnreg = params.pop("num_warps"), params.pop("maxnreg")
   rows = int(kws.WG_ROWS.value)
-  buffers["lse_ws"] = Tensor.dense((b, n, tq), "float32")
+  lse = "lse" if residuals else "lse_ws"
+  if not residuals:
+    buffers["lse_ws"] = Tensor.dense((b, n, tq), "float32")
   # The NaN flags, per 64-row tile (without a causal mask a placeholder the kernel never touches).
   buffers["fwd_leaks"] = Tensor.dense((b * n, triton.cdiv(tq, rows)) if opts.is_causal else (1,), "int32")
   grid = (b * n, triton.cdiv(tq, _WS_ROWS)) if opts.is_causal else (triton.cdiv(tq, _WS_ROWS), b * n)
   ws = Launch("jqat_attention_fwd_ws", kws.attention_fwd_ws_kernel, grid,
               (Ref(qq), Ref(kk), Ref(vv), float(opts.scale), tq, tk, n, n // kh, *_s3(q), *_s3(k), *_s3(v),
-               *_s3(o)), ("o", "lse_ws", "fwd_leaks"), params, num_warps, 1, maxnreg=maxnreg)
+               *_s3(o)), ("o", lse, "fwd_leaks") + ("o_hp",) * residuals, params, num_warps, 1, maxnreg=maxnreg)
+  scratch = tuple(name for name in scratch if name not in kept) + ("fwd_leaks",) + ("lse_ws",) * (not residuals)
   if not opts.is_causal:
-    return Plan(buffers, inputs, scratch + ("lse_ws", "fwd_leaks"), outputs, launches + (ws,))
+    return Plan(buffers, inputs, scratch, outputs + kept, launches + (ws,))
   # The flags are per row tile of one consumer warpgroup (64 rows): the REDO launch reads them as its own row tiles',
-  # whatever the Triton kernel's configuration (its exact walk gives each row's O whatever the row tile).
+  # whatever the Triton kernel's configuration (its exact walk gives each row's outputs whatever the row tile).
   fwd = dataclasses.replace(fwd, grid=(triton.cdiv(tq, rows), *fwd.grid[1:]),
                             constexprs=dict(fwd.constexprs, BLOCK_M=rows))
-  return Plan(buffers, inputs, scratch + ("lse_ws", "fwd_leaks"), outputs, launches + (ws, forward_redo_launch(fwd)))
+  return Plan(buffers, inputs, scratch, outputs + kept, launches + (ws, forward_redo_launch(fwd)))
 
 
 def forward_redo_launch(fwd: Launch) -> Launch:
-  """The O-alone Triton forward launch ``fwd`` in REDO mode: the flags ``fwd_leaks`` (one per row tile of its grid) in
-  leak_ptr's slot, and O written in place, only in the flagged tiles: O's buffer is the input that output 0
-  aliases, in the slot of q_enc (read only with qkv_scale="tensor")."""
-  assert fwd.kernel is kfwd.attention_fwd_kernel and fwd.outputs == ("o",) and not fwd.constexprs["QKV_TENSOR"]
+  """The Triton forward launch ``fwd`` (block scales: O alone, or O, O' and lse) in REDO mode: the flags
+  ``fwd_leaks`` (one per row tile of its grid) in leak_ptr's slot, and its outputs written in place, only in the
+  flagged tiles: each output's buffer is an input that it aliases, in the slots of the encode scales (read only with
+  qkv_scale="tensor")."""
+  assert fwd.kernel is kfwd.attention_fwd_kernel and not fwd.constexprs["QKV_TENSOR"] and len(fwd.outputs) <= 3
   args = list(fwd.args)
-  leak, q_enc = len(args) - 13, len(args) - 16  # leak_ptr, then the 12 strides; before it the three enc pointers
-  args[leak], args[q_enc] = Ref("fwd_leaks"), Ref("o")
+  leak, enc = len(args) - 13, len(args) - 16  # leak_ptr, then the 12 strides; before it the three enc pointers
+  args[leak] = Ref("fwd_leaks")
+  for i, name in enumerate(fwd.outputs):
+    args[enc + i] = Ref(name)
   return dataclasses.replace(fwd, name="jqat_attention_fwd_redo", args=tuple(args),
-                             constexprs=dict(fwd.constexprs, REDO=True), aliases=((q_enc, 0),))
+                             constexprs=dict(fwd.constexprs, REDO=True),
+                             aliases=tuple((enc + i, i) for i in range(len(fwd.outputs))))
 
 
 def _ws_dkdv_takes(d_out, q, k, v, opts, target, other) -> bool:

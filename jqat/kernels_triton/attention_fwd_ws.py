@@ -247,12 +247,13 @@ def registers(consumers: int) -> tuple[int, int]:
 
 @gluon.jit
 def _softmax_step(s, m, l, qk_scale, O_LAYOUT: gl.constexpr, HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr,
-                  MASKED: gl.constexpr = False, CAUSAL: gl.constexpr = False, row0=0, j=0, tk=0):
+                  MASKED: gl.constexpr, CAUSAL: gl.constexpr, RESIDUALS: gl.constexpr, row0, j, tk):
   """One KV tile's online-softmax step on the raw scores ``s = q . k`` (FP32 [64, BLOCK_N], S's accumulator layout):
-  returns the new running max, the new row sum, the rescale ``alpha`` of the old state (in O's row layout) and fq(P)
-  in bf16 as the A operand of ``P V``. The Triton kernel's expressions (``attention_fwd._kv_tile``, unmasked, block
-  mode), in its order. MASKED (tile ``j``): keys from ``tk`` on (the copy's zeros past the sequence) and, with CAUSAL
-  (top-left), keys past a row are hidden: score -inf, p exactly +0."""
+  returns the new running max, the new row sum, the rescale ``alpha`` of the old state (in O's row layout) and the A
+  operands of the P V products in bf16: ``(fq(P),)``, with RESIDUALS ``(fq(P), bf16(P))`` (O' is bf16(P) V). The
+  Triton kernel's expressions (``attention_fwd._kv_tile``, unmasked, block mode), in its order. MASKED (tile ``j``):
+  keys from ``tk`` on (the copy's zeros past the sequence) and, with CAUSAL (top-left), keys past a row are hidden:
+  score -inf, p exactly +0."""
   s = mul_rn(s, qk_scale, False)  # log2 units, rounded once: the max's p is exp2(0) = 1 exactly
   if MASKED:
     S_LAYOUT: gl.constexpr = s.type.layout
@@ -269,9 +270,13 @@ def _softmax_step(s, m, l, qk_scale, O_LAYOUT: gl.constexpr, HW_E4M3: gl.constex
   l = l * alpha + gl.sum(p, axis=1)
   p_fq = fq_probs_quad(p, HW_E4M3, HW_E2M1)  # exact in bf16 (E2M1 x E4M3)
   # The accumulator layout of S is the register layout of the next wgmma's A operand (16-bit, k_width 2): free.
-  p_op = gl.convert_layout(p_fq.to(gl.bfloat16), gl.DotOperandLayout(0, O_LAYOUT, 2), assert_trivial=True)
+  OPERAND: gl.constexpr = gl.DotOperandLayout(0, O_LAYOUT, 2)
+  p_op = gl.convert_layout(p_fq.to(gl.bfloat16), OPERAND, assert_trivial=True)
   alpha = gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT), assert_trivial=True)
-  return m_new, l, alpha, p_op
+  ops = (p_op,)
+  if RESIDUALS:
+    ops = (p_op, gl.convert_layout(p.to(gl.bfloat16), OPERAND, assert_trivial=True))
+  return m_new, l, alpha, ops
 
 
 @gluon.jit
@@ -291,44 +296,57 @@ def _pass_turn(turns, WG: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _tile(j, m, l, acc, p_op, q_s, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turns, s_init, qk_scale, row0,
+def _tile(j, m, l, accs, ops, q_s, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turns, s_init, qk_scale, row0,
           tk, WG: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, MASKED: gl.constexpr,
-          CAUSAL: gl.constexpr, O_LAYOUT: gl.constexpr, HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr):
-  """KV tile ``j > 0`` of a consumer: S_j = Q K_j^T and acc += fq(P_{j-1}) V_{j-1} in flight together (wgmma groups
-  complete in issue order), the softmax step of S_j (masked with MASKED) while P_{j-1} V_{j-1} runs, then the
-  rescale of acc. Returns ``(m, l, acc, fq(P_j))``."""
+          CAUSAL: gl.constexpr, RESIDUALS: gl.constexpr, O_LAYOUT: gl.constexpr, HW_E4M3: gl.constexpr,
+          HW_E2M1: gl.constexpr):
+  """KV tile ``j > 0`` of a consumer: S_j = Q K_j^T and acc += fq(P_{j-1}) V_{j-1} (with RESIDUALS also acc' +=
+  bf16(P_{j-1}) V_{j-1}) in flight together (wgmma groups complete in issue order), the softmax step of S_j (masked
+  with MASKED) while the P V products run, then the rescale of the accumulators. ``accs``: ``(acc,)`` or ``(acc,
+  acc')``, ``ops`` their A operands (:func:`_softmax_step`). Returns ``(m, l, accs, the operands of tile j)``."""
   st = j % STAGES
   sp = (j - 1) % STAGES
   mbarrier.wait(k_ready.index(st), (j // STAGES) & 1)
   mbarrier.wait(v_ready.index(sp), ((j - 1) // STAGES) & 1)
   _take_turn(turns, WG, j, PINGPONG)
   s_tok = warpgroup_mma(q_s, k_bufs.index(st).permute((1, 0)), s_init, use_acc=False, is_async=True)
-  o_tok = warpgroup_mma(p_op, v_bufs.index(sp), acc, is_async=True)
+  o_tok = warpgroup_mma(ops[0], v_bufs.index(sp), accs[0], is_async=True)
+  if RESIDUALS:
+    h_tok = warpgroup_mma(ops[1], v_bufs.index(sp), accs[1], is_async=True)
   _pass_turn(turns, WG, PINGPONG)
-  s = warpgroup_mma_wait(1, deps=[s_tok])  # S_j done (P V may still run)
+  s = warpgroup_mma_wait(1 + RESIDUALS, deps=[s_tok])  # S_j done (P V may still run)
   mbarrier.arrive(k_empty.index(st))
-  m, l, alpha, p_next = _softmax_step(s, m, l, qk_scale, O_LAYOUT, HW_E4M3, HW_E2M1, MASKED, CAUSAL, row0, j, tk)
-  # A wait for nothing new (P V is the one product in flight): it hands out acc's registers, and orders fq(P_j)
-  # before the rescale, which waits for P_{j-1} V_{j-1} itself
-  acc, p_op, p_next = warpgroup_mma_wait(1, deps=[o_tok, p_op, p_next])
-  acc = rescale(acc, alpha)
+  m, l, alpha, nxt = _softmax_step(s, m, l, qk_scale, O_LAYOUT, HW_E4M3, HW_E2M1, MASKED, CAUSAL, RESIDUALS, row0, j,
+                                   tk)
+  # A wait for nothing new (the P V products are the ones in flight): it hands out the accumulators' registers, and
+  # orders the next operands before the rescale, which waits for the products itself
+  if RESIDUALS:
+    acc, acc_hp, _, _, p0, p1 = warpgroup_mma_wait(2, deps=[o_tok, h_tok, ops[0], ops[1], nxt[0], nxt[1]])
+    accs = (rescale(acc, alpha), rescale(acc_hp, alpha))
+    nxt = (p0, p1)
+  else:
+    acc, _, p0 = warpgroup_mma_wait(1, deps=[o_tok, ops[0], nxt[0]])
+    accs = (rescale(acc, alpha),)
+    nxt = (p0,)
   mbarrier.arrive(v_empty.index(sp))
-  return m, l, acc, p_next
+  return m, l, accs, nxt
 
 
 @gluon.jit
 def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              PINGPONG: gl.constexpr, HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr, IS_CAUSAL: gl.constexpr):
+              PINGPONG: gl.constexpr, HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr, IS_CAUSAL: gl.constexpr,
+              RESIDUALS: gl.constexpr):
   """Consumer warpgroup WG: query rows ``[start_m + 64 WG, +64)`` of head ``h``, batch ``b``; walks the
-  ``n_tiles`` KV tiles of the ring and stores O and lse of its rows. ``smem``: the shared buffers and barriers,
-  ``scalars``: pointers and integers (tuples: the two consumers are one function with one argument list).
+  ``n_tiles`` KV tiles of the ring and stores O (with RESIDUALS also O') and lse of its rows. ``smem``: the shared
+  buffers and barriers, ``scalars``: pointers and integers (tuples: the two consumers are one function with one
+  argument list).
 
   PINGPONG (two consumers): the consumers issue their products in alternation (FlashAttention-3's schedule), so that
   one's softmax runs while the other's products occupy the tensor cores; otherwise the warp schedulers interleave
   them as they come. Per KV tile each consumer issues once (S_j with P_{j-1} V_{j-1}; tile 0's S alone, the last
   P V alone): ``n_tiles + 1`` turns each."""
   q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turns = smem
-  (q_ptr, o_ptr, lse_ptr, leak_ptr, qk_scale, n_tiles, start_m, tq, tk, b, h, n_heads, stride_qb, stride_qt,
+  (q_ptr, o_ptr, o_hp_ptr, lse_ptr, leak_ptr, qk_scale, n_tiles, start_m, tq, tk, b, h, n_heads, stride_qb, stride_qt,
    stride_qh, stride_ob, stride_ot, stride_oh) = scalars
   S_LAYOUT: gl.constexpr = acc_layout(BLOCK_N)
   O_LAYOUT: gl.constexpr = acc_layout(HEAD_DIM)
@@ -350,6 +368,7 @@ def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, BLOCK_N: 
   m = gl.full([WG_ROWS], float("-inf"), gl.float32, layout=ROW_S)
   l = gl.zeros([WG_ROWS], gl.float32, layout=ROW_S)
   acc = gl.zeros([WG_ROWS, HEAD_DIM], gl.float32, layout=O_LAYOUT)
+  accs = (acc, acc) if RESIDUALS else (acc,)  # O's accumulator, and O''s
   s_init = gl.zeros([WG_ROWS, BLOCK_N], gl.float32, layout=S_LAYOUT)  # not read: use_acc=False
 
   # Tile 0: S alone (acc is 0: its rescale by alpha = 0 changes nothing).
@@ -362,26 +381,34 @@ def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, BLOCK_N: 
   # Tile 0 masked (the keys past tk when it is the last, the causal mask), then the whole tiles before the first that
   # the mask reaches unmasked, the rest masked: with IS_CAUSAL from the first that holds a key past row0, and the
   # last when tk is not a multiple of BLOCK_N.
-  m, l, alpha, p_op = _softmax_step(s, m, l, qk_scale, O_LAYOUT, HW_E4M3, HW_E2M1, True, IS_CAUSAL, row0, 0, tk)
+  m, l, alpha, ops = _softmax_step(s, m, l, qk_scale, O_LAYOUT, HW_E4M3, HW_E2M1, True, IS_CAUSAL, RESIDUALS, row0, 0,
+                                   tk)
   split = tk // BLOCK_N
   if IS_CAUSAL:
     split = gl.minimum(split, row0 // BLOCK_N)
   for j in range(1, split):
-    m, l, acc, p_op = _tile(j, m, l, acc, p_op, q_s, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turns, s_init,
-                            qk_scale, row0, tk, WG, STAGES, PINGPONG, False, IS_CAUSAL, O_LAYOUT, HW_E4M3, HW_E2M1)
+    m, l, accs, ops = _tile(j, m, l, accs, ops, q_s, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turns, s_init,
+                            qk_scale, row0, tk, WG, STAGES, PINGPONG, False, IS_CAUSAL, RESIDUALS, O_LAYOUT, HW_E4M3,
+                            HW_E2M1)
   for j in range(gl.maximum(split, 1), n_tiles):
-    m, l, acc, p_op = _tile(j, m, l, acc, p_op, q_s, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turns, s_init,
-                            qk_scale, row0, tk, WG, STAGES, PINGPONG, True, IS_CAUSAL, O_LAYOUT, HW_E4M3, HW_E2M1)
+    m, l, accs, ops = _tile(j, m, l, accs, ops, q_s, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turns, s_init,
+                            qk_scale, row0, tk, WG, STAGES, PINGPONG, True, IS_CAUSAL, RESIDUALS, O_LAYOUT, HW_E4M3,
+                            HW_E2M1)
 
   sp = (n_tiles - 1) % STAGES
   mbarrier.wait(v_ready.index(sp), ((n_tiles - 1) // STAGES) & 1)
   _take_turn(turns, WG, n_tiles, PINGPONG)
-  o_tok = warpgroup_mma(p_op, v_bufs.index(sp), acc, is_async=True)
-  _pass_turn(turns, WG, PINGPONG)
-  acc = warpgroup_mma_wait(0, deps=[o_tok])
+  o_tok = warpgroup_mma(ops[0], v_bufs.index(sp), accs[0], is_async=True)
+  if RESIDUALS:
+    h_tok = warpgroup_mma(ops[1], v_bufs.index(sp), accs[1], is_async=True)
+    _pass_turn(turns, WG, PINGPONG)
+    acc, acc_hp = warpgroup_mma_wait(0, deps=[o_tok, h_tok])
+  else:
+    _pass_turn(turns, WG, PINGPONG)
+    acc = warpgroup_mma_wait(0, deps=[o_tok])
   mbarrier.arrive(v_empty.index(sp))
 
-  # Epilogue (``attention_fwd._store_outputs``): O = acc / l rounded to bf16, lse = m + ln l.
+  # Epilogue (``attention_fwd._store_outputs``): O = acc / l (and O' = acc' / l) rounded to bf16, lse = m + ln l.
   empty = l == 0.0
   inv = gl.where(empty, 0.0, gl.div_rn(gl.full([WG_ROWS], 1.0, gl.float32, layout=ROW_S), gl.where(empty, 1.0, l)))
   inv = gl.convert_layout(inv, ROW_O, assert_trivial=True)
@@ -395,7 +422,8 @@ def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, BLOCK_N: 
     # A NaN that reached these rows may have come through a hidden pair of the diagonal tile (p = +0 times a NaN of
     # V): then nothing of them is stored and the flag sends the 64 rows to the Triton kernel's exact walk (its REDO
     # launch, the plan's next). Every consumer writes its flag, so the flags need no zeroing.
-    nan = (acc != acc) & keep[:, None]
+    checked = acc_hp if RESIDUALS else acc  # a leak reaches O and O' alike
+    nan = (checked != checked) & keep[:, None]
     leaked = gl.max(gl.max(nan.to(gl.int32), axis=1), axis=0)
     row_tiles = (tq + WG_ROWS - 1) // WG_ROWS
     tile = row0 // WG_ROWS
@@ -404,6 +432,10 @@ def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, BLOCK_N: 
     keep = keep & (leaked == 0)
   gl.store(o_ptr + o_rows[:, None] + co[None, :], (acc * inv[:, None]).to(o_ptr.dtype.element_ty),
            mask=keep[:, None])
+  if RESIDUALS:
+    acc_hp = gl.where(empty_o[:, None], 0.0, acc_hp)
+    gl.store(o_hp_ptr + o_rows[:, None] + co[None, :], (acc_hp * inv[:, None]).to(o_hp_ptr.dtype.element_ty),
+             mask=keep[:, None])
   lse = gl.where(empty, float("-inf"), (m + gl.log2(gl.where(empty, 1.0, l))) * LN2)
   rs = row0 + gl.arange(0, WG_ROWS, layout=ROW_S)
   gl.store(lse_ptr + (b * n_heads + h).to(gl.int64) * tq + rs, lse, mask=rs < tq)
@@ -440,10 +472,10 @@ def _producer(smem, kv, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: g
 def attention_fwd_ws_kernel(
     q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group,
     stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
-    stride_ob, stride_ot, stride_oh, o_ptr, lse_ptr, leak_ptr,
+    stride_ob, stride_ot, stride_oh, o_ptr, lse_ptr, leak_ptr, o_hp_ptr,
     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
     PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr,
-    IS_CAUSAL: gl.constexpr = False):
+    IS_CAUSAL: gl.constexpr = False, RESIDUALS: gl.constexpr = False):
   """O (and lse) of ``64 * CONSUMERS`` query rows of one head per program: grid ``(cdiv(tq, 64 CONSUMERS), B * N)``,
   or ``(B * N, cdiv(tq, 64 CONSUMERS))`` with IS_CAUSAL (heads fastest, longest walks first). Outputs last, as the
   launch plans order arguments.
@@ -501,29 +533,31 @@ def attention_fwd_ws_kernel(
     mbarrier.init(v_empty.index(i), count=CONSUMERS)
 
   smem = (q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turns)
-  scalars = (q_ptr, o_ptr, lse_ptr, leak_ptr, qk_scale, n_tiles, start_m, tq, tk, b, h, n_heads, stride_qb,
+  scalars = (q_ptr, o_ptr, o_hp_ptr, lse_ptr, leak_ptr, qk_scale, n_tiles, start_m, tq, tk, b, h, n_heads, stride_qb,
              stride_qt, stride_qh, stride_ob, stride_ot, stride_oh)
   # (Constexprs go into the argument tuples where they are written: a tuple assigned to a variable turns them into
   # tensors.)
   kv = (k_ptr, v_ptr, n_tiles, tk, b, kvh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh)
   if CONSUMERS == 2:
     gl.warp_specialize([(_consumer, (0, smem, scalars, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, HW_E4M3, HW_E2M1,
-                                     IS_CAUSAL)),
+                                     IS_CAUSAL, RESIDUALS)),
                         (_consumer, (1, smem, scalars, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, HW_E4M3, HW_E2M1,
-                                     IS_CAUSAL)),
+                                     IS_CAUSAL, RESIDUALS)),
                         (_producer, (smem, kv, HEAD_DIM, BLOCK_N, STAGES))], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
   else:
     gl.warp_specialize([(_consumer, (0, smem, scalars, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, HW_E4M3, HW_E2M1,
-                                     IS_CAUSAL)),
+                                     IS_CAUSAL, RESIDUALS)),
                         (_producer, (smem, kv, HEAD_DIM, BLOCK_N, STAGES))], [1], [PRODUCER_REGS])
 
 
 def launch_params(head_dim: int, stages: int = 3, consumers: int = 2, pingpong: bool = False,
-                  compute_capability=(9, 0), is_causal: bool = False) -> dict:
-  """Constexprs and launch options of :func:`attention_fwd_ws_kernel`."""
+                  compute_capability=(9, 0), is_causal: bool = False, residuals: bool = False) -> dict:
+  """Constexprs and launch options of :func:`attention_fwd_ws_kernel` (without ``residuals`` o_hp_ptr is None: the
+  launch has no O' output)."""
   maxnreg, consumer_regs = registers(consumers)
   flags = quant_flags(compute_capability)
   return {"HEAD_DIM": head_dim, "BLOCK_N": BLOCK_N, "STAGES": stages, "CONSUMERS": consumers,
           "PINGPONG": bool(pingpong and consumers == 2),
           "CONSUMER_REGS": consumer_regs, "HW_E4M3": flags["HW_E4M3"], "HW_E2M1": flags["HW_E2M1"],
-          "IS_CAUSAL": bool(is_causal), "num_warps": 4, "maxnreg": maxnreg}
+          "IS_CAUSAL": bool(is_causal), "RESIDUALS": bool(residuals), **({} if residuals else {"o_hp_ptr": None}),
+          "num_warps": 4, "maxnreg": maxnreg}
