@@ -1,12 +1,14 @@
-"""A warp-specialized NVFP4 QAT attention forward for Hopper (sm_90), in Gluon. The O-alone plan launches it by
-default wherever it takes the launch (``ffi.plan._ws_takes``: D = 128, no mask, any lengths);
-``JQAT_ATTN_FWD_KERNEL=triton`` keeps the Triton forward (docs/PERFORMANCE.md, section 3).
+"""A warp-specialized NVFP4 QAT attention forward for Hopper (sm_90), in Gluon. The forward plans (O alone, and the
+training forward's O, O' and lse) launch it by default wherever it takes the launch (``ffi.plan._ws_takes``: D = 128,
+no mask or the causal one, any lengths); ``JQAT_ATTN_FWD_KERNEL=triton`` keeps the Triton forward
+(docs/PERFORMANCE.md, section 3).
 
-The function is the O-alone forward of ``attention_fwd.attention_fwd_kernel`` (docs/NUMERICS.md, sections 4.3-4.4)
-for its simplest cases: Q, K, V already fake-quantized (the quantize pass's output, ``QUANTIZE_Q`` off), p_scale
-"block", non-causal or causal (top-left; IS_CAUSAL), no other masks, no segment ids, D = 128 (or 64), KV tiles of
-BLOCK_N = 64 keys, any sequence lengths (a partial last row block and key tile, masked). It also writes lse (cheap,
-and a check of m and l).
+The function is the forward of ``attention_fwd.attention_fwd_kernel`` (docs/NUMERICS.md, sections 4.3-4.4) for its
+simplest cases: Q, K, V already fake-quantized (the quantize pass's output, ``QUANTIZE_Q`` off), p_scale "block",
+non-causal or causal (top-left; IS_CAUSAL: a NaN that reached a consumer's rows leaves them to that kernel's REDO
+launch), no other masks, no segment ids, D = 128 (or 64), KV tiles of BLOCK_N = 64 keys, any sequence lengths (a
+partial last row block and key tile, masked). O and lse (cheap, and a check of m and l); with RESIDUALS also O' (the
+training forward).
 
 Why: the Triton forward runs 64 rows on one warpgroup, two programs per SM, and is latency-bound (docs/PERFORMANCE.md,
 section 3): within a program every step waits for the one before, and only the other program's work fills the gaps.
