@@ -459,7 +459,6 @@ def test_ws_forward_plan_builds_for_sm90(monkeypatch, tmp_path):
   changed = [(i, x, y) for i, (x, y) in enumerate(zip(refs(triton_causal), refs(redo), strict=True)) if x != y]
   assert [(x, y) for _, x, y in changed] == [("q", "o"), ("q_hat", "fwd_leaks")], changed
   assert redo.aliases == ((changed[0][0], 0),)
-  assert re.search(r"STACK:0\b", _warp_specialized_build(causal, ws, tmp_path)), "causal"
   _plain_build(causal, redo)
   # The training forward (O, O', lse for a backward): the same kernel with RESIDUALS, lse an output, nothing new kept
   # besides fq(K), fq(V) where asked; causal, REDO writes all three in place.
@@ -473,7 +472,6 @@ def test_ws_forward_plan_builds_for_sm90(monkeypatch, tmp_path):
   redo = training_causal.launches[-1]
   assert redo.constexprs["REDO"] and redo.constexprs["RESIDUALS"] and redo.outputs == ("o", "o_hp", "lse")
   assert [(refs(redo)[i], o) for i, o in redo.aliases] == [("o", 0), ("o_hp", 1), ("lse", 2)]
-  _plain_build(training_causal, redo)
   # Lengths that are not multiples of its tiles: the last row block and key tile partial.
   ragged = plans.attention_forward(dense((1, 200, 4, 128), "bfloat16"), dense((1, 150, 2, 128), "bfloat16"),
                                    dense((1, 150, 2, 128), "bfloat16"), AttentionOptions(0.088), GPU, residuals=False)
