@@ -15,7 +15,9 @@ relative to the running max), the Triton forward's distance from the same oracle
 from the Triton kernel and the share of O's elements that differ from it, and the largest |lse - lse_oracle|. The
 kernels run exp2 with log2 e folded into the scale where the oracle runs exp, so each is compared with the oracle,
 and the bound is relative to the Triton kernel's own distance. The quantized inputs are also checked bit for bit
-against the oracle's fq.
+against the oracle's fq. At D = 128 the plan's variant also runs the training forward (``ws_c2_residuals``: O, O'
+and lse), whose three outputs must equal the Triton training forward's element for element. The Triton kernels are
+reached through the plans with ``JQAT_ATTN_FWD_KERNEL=triton`` (set here): the new kernel is launched directly.
 
 Time: CUDA events around 20 back-to-back calls, median of 5 (benchmarks/_timing.py), at (1, 16, 4096, 128) and
 (1, 16, 16384, 128): the new kernel's variants (consumer warpgroups, ping-pong, stages), the Triton O-alone forward
