@@ -397,7 +397,6 @@ def _warp_specialized_build(plan, launch, tmp_path, loops=False):
 
   import triton
 
-
   kernel = _plain_build(plan, launch)
   assert kernel.metadata.num_warps == 12
   path = tmp_path / "k.cubin"
@@ -421,10 +420,11 @@ def _walk_local_ops(loops: list, hgmma: int) -> dict:
 @pytest.mark.fresh_process  # a real compile: not in a process where the interpreter has run
 def test_ws_forward_plan_builds_for_sm90(monkeypatch, tmp_path):
   """By default (the same plan as ``JQAT_ATTN_FWD_KERNEL=ws``) the O-alone forward ends in the warp-specialized Gluon
-  kernel on fq(Q), fq(K), fq(V) from the pass (lse to scratch), also at lengths its tiles do not divide; it builds
-  for sm_90 with its worker warps (12 in all) and no spills. The training forward, a case the warp-specialized kernel
-  does not take, and ``JQAT_ATTN_FWD_KERNEL=triton`` keep the Triton kernel; an unknown value is a ValueError naming
-  the variable."""
+  kernel on fq(Q), fq(K), fq(V) from the pass (lse to scratch), also at lengths its tiles do not divide, and the
+  training forward in its RESIDUALS build (O, O', lse); both build for sm_90 with their worker warps (12 in all) and
+  no spills. A causal walk is followed by the Triton kernel's REDO launch over the outputs in place (it builds too). A
+  case the warp-specialized kernel does not take, and ``JQAT_ATTN_FWD_KERNEL=triton``, keep the Triton kernel; an
+  unknown value is a ValueError naming the variable."""
   import re
 
 

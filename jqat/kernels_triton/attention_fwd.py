@@ -390,8 +390,8 @@ def attention_fwd_kernel(
   arithmetic is the same, so are its bits.
   REDO: after the warp-specialized causal walk (``attention_fwd_ws``, whose walk computes this kernel's fast walk's
   values): only the exact walk, and only where ``leak_ptr`` ([B * N, cdiv(Tq, BLOCK_M)] int32, this launch's grid)
-  flags that a NaN reached the row tile's O there (that launch then stored nothing of it). Not read otherwise (any
-  pointer).
+  flags that a NaN reached the row tile's outputs there (that launch then stored none of its O and O'). Not read
+  otherwise (any pointer).
   """
   strides = (stride_qb, stride_qt, stride_qn, stride_kb, stride_kt, stride_kn, stride_vb, stride_vt, stride_vn,
              stride_ob, stride_ot, stride_on)
