@@ -42,6 +42,7 @@ os.environ["JQAT_ATTN_FWD_KERNEL"] = "triton"
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from jqat.ffi.options import P_ROW_RANGE  # noqa: E402
 from jqat.kernels_triton import attention_fwd_ws as ws  # noqa: E402
 
 # (name, consumers, ping-pong, stages): the variants checked and timed. The first is the plan's.
@@ -51,14 +52,24 @@ VARIANTS = [
     ("ws_c2_pingpong_s2", 2, True, 2),
     ("ws_c2_pingpong_s4", 2, True, 4),
     ("ws_c1", 1, False, 3),
+    ("ws_c3", 3, False, 3),
 ]
 # (B, H, K, T, D, causal): K the KV heads (GQA where K < H); causal is top-left (Tq = Tk here)
 CHECKS = [(1, 2, 2, 256, 128, False), (2, 4, 4, 1024, 128, False), (1, 4, 2, 512, 128, False),
           (1, 2, 2, 512, 64, False), (1, 2, 2, 512, 128, True), (2, 4, 2, 1024, 128, True), (1, 2, 2, 384, 64, True),
           # lengths that are not multiples of the tiles: a partial row block and key tile, one tile in all
-          (1, 4, 2, 400, 128, False), (1, 2, 1, 40, 128, False), (1, 2, 2, 200, 128, True)]
+          (1, 4, 2, 400, 128, False), (1, 2, 1, 40, 128, False), (1, 2, 2, 200, 128, True),
+          # D = 96 (tiles of 128 channels); p_scale "row" (the plan's variant only: O alone and the training forward)
+          (1, 4, 2, 512, 96, False), (1, 2, 2, 200, 96, True), (1, 4, 2, 512, 128, False, "row"),
+          (1, 2, 2, 400, 128, True, "row"), (1, 2, 1, 200, 96, True, "row")]
+# (D, causal, residuals, p_scale) of the offline builds: every variant for O alone at D = 64 and 128 without a mask,
+# the plan's elsewhere
+BUILDS = [(128, False, False, "block"), (64, False, False, "block"), (128, True, False, "block"),
+          (128, False, True, "block"), (128, True, True, "block"), (96, False, False, "block"),
+          (96, True, True, "block"), (128, False, False, "row"), (128, False, True, "row"), (128, True, True, "row"),
+          (96, False, True, "row")]
 TIMES = [(1, 16, 16, 4096, 128, False), (1, 16, 16, 16384, 128, False), (1, 16, 16, 4096, 128, True),
-         (1, 16, 16, 16384, 128, True)]
+         (1, 16, 16, 16384, 128, True), (2, 16, 16, 4096, 64, False), (1, 16, 16, 16384, 64, False)]
 WATCHDOG_S = 60.0  # a first launch still running after this long is taken for a deadlock (barrier phases)
 PARTIAL: dict = {}  # the results so far and where they go, written out if the watchdog fires
 
@@ -95,17 +106,20 @@ def compile_only(arch: int = 90) -> list[dict]:
 
   rows = []
   types = ("*bf16", ) * 3 + ("fp32",) + ("i32", ) * 16 + ("*bf16", "*fp32", "*i32")  # outputs last (then O')
-  for d, causal, residuals in ((128, False, False), (64, False, False), (128, True, False), (128, False, True),
-                               (128, True, True)):
-    for name, consumers, pingpong, stages in VARIANTS:
-      params = ws.launch_params(d, stages, consumers, pingpong, (arch // 10, arch % 10), causal, residuals)
+  for d, causal, residuals, p_scale in BUILDS:
+    every = p_scale == "block" and not residuals and (d == 64 or (d == 128 and not causal))
+    for name, consumers, pingpong, stages in VARIANTS if every else VARIANTS[:1]:
+      row_range = P_ROW_RANGE if p_scale == "row" else 0.0
+      params = ws.launch_params(d, stages, consumers, pingpong, (arch // 10, arch % 10), causal, residuals, row_range)
       t0 = time.time()
-      kernel, st, sass, setmaxnreg = build_offline(ws.attention_fwd_ws_kernel, types + ("*bf16",) * residuals,
-                                                   params, arch)
+      arg_types = types + ("*bf16",) * residuals + ("*fp32",) * (residuals and p_scale == "row")
+      kernel, st, sass, setmaxnreg = build_offline(ws.attention_fwd_ws_kernel, arg_types, params, arch)
       # The consumers' KV loops: the loops issuing one tile's products (D / 16 wgmma for S, 4 for each P V), not the
       # partitions' dispatch loop around them.
-      loops = [lp["instructions"] for lp in st["loops"] if lp["mix"].get("HGMMA") == d // 16 + 4 * (1 + residuals)]
-      row = {"variant": name, "D": d, "causal": causal, "residuals": residuals,
+      d_pad = params["D_PAD"]
+      loops = [lp["instructions"] for lp in st["loops"]
+               if lp["mix"].get("HGMMA") == d_pad // 16 + 4 * (1 + residuals)]
+      row = {"variant": name, "D": d, "causal": causal, "residuals": residuals, "p_scale": p_scale,
              "compile_s": round(time.time() - t0, 2),
              "warps": kernel.metadata.num_warps,
              "launch_registers": st["registers"], "maxnreg": params["maxnreg"], "setmaxnreg": setmaxnreg,
@@ -114,7 +128,7 @@ def compile_only(arch: int = 90) -> list[dict]:
              "hgmma": st["mix"].get("HGMMA", 0), "kv_loops": loops, "ptxas_warnings": ptxas_warnings(kernel, arch)}
       rows.append(row)
       outs = " O, O', lse" if residuals else ""
-      print(f"{name:18s} D={d:3d}{' causal' if causal else ''}{outs} warps "
+      print(f"{name:18s} D={d:3d}{' causal' if causal else ''}{outs}{' row' if p_scale == 'row' else ''} warps "
             f"{row['warps']:2d} regs "
             f"{row['launch_registers']} (setmaxnreg "
             f"{row['setmaxnreg']}) stack {row['stack_bytes']} B, LDL/STL {row['local_ld_st']}, smem "
@@ -127,12 +141,13 @@ def compile_only(arch: int = 90) -> list[dict]:
 
 
 def attention_fwd_ws(q, k, v, scale: float | None = None, *, stages: int = 3, consumers: int = 2,
-                     pingpong: bool = False, is_causal: bool = False, residuals: bool = False):
+                     pingpong: bool = False, is_causal: bool = False, residuals: bool = False,
+                     p_scale: str = "block"):
   """O and lse of one variant of the warp-specialized forward on torch CUDA tensors (sm_90): q [B, T, N, D], k, v
   [B, Tk, K, D] bf16, already fake-quantized, BTNH with a contiguous last axis. Returns ``(o [B, T, N, D] bf16, lse
-  [B, N, T] fp32)``, with ``residuals`` ``(o, o', lse)`` (the training forward's outputs). No masks but the causal
-  one (top-left: query row r sees keys k <= r), p_scale "block"; any T and Tk > 0. (The library's plan launches the
-  default variant.)"""
+  [B, N, T] fp32)``, with ``residuals`` ``(o, o', lse)`` (the training forward's outputs) and in row mode also the
+  row max [B, N, T] fp32. No masks but the causal one (top-left: query row r sees keys k <= r), p_scale "block" or
+  "row"; any T and Tk > 0. (The library's plan launches the default variant.)"""
   import torch
 
   from jqat.ffi import torch_launch
@@ -150,15 +165,17 @@ def attention_fwd_ws(q, k, v, scale: float | None = None, *, stages: int = 3, co
   lse = torch.empty((b, n, t), dtype=torch.float32, device=q.device)
   # The NaN flags of a causal walk (the inputs here hold no NaN: every flag 0, every O row stored)
   leaks = torch.empty((b * n, -(-t // int(ws.WG_ROWS.value))), dtype=torch.int32, device=q.device)
+  row_max = residuals and p_scale == "row"
   params = ws.launch_params(d, stages, consumers, pingpong, torch.cuda.get_device_capability(q.device), is_causal,
-                            residuals)
+                            residuals, P_ROW_RANGE if p_scale == "row" else 0.0)
   o_hp = torch.empty_like(q) if residuals else None
+  m = torch.empty_like(lse) if row_max else None
   args = (q, k, v, scale, t, tk, n, n // kh, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3], o,
-          lse, leaks) + ((o_hp,) if residuals else ())
+          lse, leaks) + ((o_hp,) if residuals else ()) + ((m,) if row_max else ())
   blocks = -(-t // rows)
   grid = (b * n, blocks) if is_causal else (blocks, b * n)  # causal: longest walks first (the kernel)
   torch_launch.launch(ws.attention_fwd_ws_kernel, grid, args, params)
-  return (o, o_hp, lse) if residuals else (o, lse)
+  return ((o, o_hp, lse) + ((m,) if row_max else ())) if residuals else (o, lse)
 
 
 def quantize(x):
@@ -199,21 +216,22 @@ def bhsd(x):
   return x.transpose(1, 2)
 
 
-def triton_out(q, k, v, causal=False):
+def triton_out(q, k, v, causal=False, p_scale="block"):
   """jqat's Triton O-alone forward (one launch) on BTNH q, k, v: O as BTNH."""
   from jqat.torch._attention import attention_out_op
 
   return bhsd(attention_out_op(bhsd(q), bhsd(k), bhsd(v), None, None, None, None,
-                               *triton_static(q.shape[-1], causal)))
+                               *triton_static(q.shape[-1], causal, p_scale)))
 
 
-def triton_forward(q, k, v, causal=False):
-  """jqat's Triton training forward on BTNH q, k, v: (O, O' as BTNH, lse [B, H, T])."""
+def triton_forward(q, k, v, causal=False, p_scale="block"):
+  """jqat's Triton training forward on BTNH q, k, v: (O, O' as BTNH, lse [B, H, T]), in row mode also the row max
+  [B, H, T]."""
   from jqat.torch._attention import attention_fwd_op
 
-  o, o_hp, lse, _ = attention_fwd_op(bhsd(q), bhsd(k), bhsd(v), None, None, None, None,
-                                     *triton_static(q.shape[-1], causal))
-  return bhsd(o), bhsd(o_hp), lse
+  o, o_hp, lse, m = attention_fwd_op(bhsd(q), bhsd(k), bhsd(v), None, None, None, None,
+                                     *triton_static(q.shape[-1], causal, p_scale))
+  return (bhsd(o), bhsd(o_hp), lse) + ((m,) if p_scale == "row" else ())
 
 
 def finish_or_die(what: str, seconds: float = WATCHDOG_S) -> None:
@@ -248,55 +266,69 @@ def check(variants=VARIANTS) -> list[dict]:
   from oracle import attention_oracle, fq_oracle
 
   rows = PARTIAL.setdefault("result", {}).setdefault("check", [])
-  for i, (b, h, kh, t, d, causal) in enumerate(CHECKS):
+  for i, (b, h, kh, t, d, causal, *mode) in enumerate(CHECKS):
+    p_scale = mode[0] if mode else "block"
     raw, (q, k, v) = inputs(b, h, kh, t, d, seed=10 + i)
     fq_ok = all(np.array_equal(fq_oracle(r.float().cpu().numpy()), x.float().cpu().numpy())
                 for r, x in zip(raw, (q, k, v)))
-    want_o, _, want_lse = attention_oracle(*(x.float().cpu().numpy() for x in (q, k, v)), scale=d**-0.5,
-                                           is_causal=causal, block_n=ws.BLOCK_N, quantize_qkv=False, quantize_p=True)
-    tri_o, tri_o_hp, tri_lse = triton_forward(q, k, v, causal)
-    tri_o_alone = triton_out(q, k, v, causal)
+    tri_fwd = triton_forward(q, k, v, causal, p_scale)
+    tri_o_alone = triton_out(q, k, v, causal, p_scale)
     torch.cuda.synchronize()
-    tri = tri_o.float().cpu().numpy()
-    base = {"B": b, "H": h, "K": kh, "T": t, "D": d, "causal": causal, "fq_inputs_bitwise": fq_ok,
-            "triton_vs_oracle": rel(tri, want_o),
-            "triton_o_alone_equals_training_o": bool(torch.equal(tri_o_alone, tri_o)),
-            "triton_lse_max_abs": float(np.max(np.abs(tri_lse.cpu().numpy() - want_lse)))}
-    for name, consumers, pingpong, stages in variants:
-      try:
-        o, lse = attention_fwd_ws(q, k, v, stages=stages, consumers=consumers, pingpong=pingpong,
-                                     is_causal=causal)
-        finish_or_die(f"{name} at {(b, h, kh, t, d, causal)}")
-        got = o.float().cpu().numpy()
-      except Exception as e:  # a build or launch failure: recorded, and the other variants still run
-        rows.append(dict(base, variant=name, ok=False, error=f"{type(e).__name__}: {e}"[:2000]))
-        print(f"check {(b, h, kh, t, d, causal)} {name:18s} FAILED: {rows[-1]['error'][:300]}", flush=True)
-        continue
-      row = dict(base, variant=name, finite=bool(np.isfinite(got).all()), ws_vs_oracle=rel(got, want_o),
-                 ws_vs_triton=rel(got, tri), differing=float(np.mean(got != tri)),
-                 ws_lse_max_abs=float(np.max(np.abs(lse.cpu().numpy() - want_lse))))
-      # The same function as the Triton kernel up to FP32 summation order and fq(P) codes on rounding boundaries:
-      # as close to the oracle as the Triton kernel is (with slack for those flips), and close to it.
-      row["ok"] = (row["finite"] and fq_ok and row["ws_vs_oracle"] <= 1.5 * row["triton_vs_oracle"] + 1e-3
-                   and row["ws_vs_triton"] < 1e-2 and row["ws_lse_max_abs"] < 1e-3)
-      rows.append(row)
-      print(f"check {(b, h, kh, t, d, causal)} {name:18s} ws-oracle {row['ws_vs_oracle']:.3e} triton-oracle "
-            f"{row['triton_vs_oracle']:.3e} ws-triton {row['ws_vs_triton']:.3e} differing {row['differing']:.5f} "
-            f"lse {row['ws_lse_max_abs']:.1e} fq {fq_ok} ok {row['ok']}", flush=True)
-    if d == 128:  # the training forward (the plan's variant): O, O' and lse against the Triton training forward's
-      name, consumers, pingpong, stages = VARIANTS[0]
-      o, o_hp, lse = attention_fwd_ws(q, k, v, stages=stages, consumers=consumers, pingpong=pingpong,
-                                      is_causal=causal, residuals=True)
-      finish_or_die(f"{name} O, O', lse at {(b, h, kh, t, d, causal)}")
-      pairs = ((o, tri_o), (o_hp, tri_o_hp), (lse, tri_lse))
-      differing = [float((x != y).float().mean()) for x, y in pairs]
-      row = dict(base, variant=name + "_residuals", differing=differing[0], differing_o_hp=differing[1],
-                 differing_lse=differing[2], ws_vs_oracle=rel(o.float().cpu().numpy(), want_o),
-                 ws_vs_triton=rel(o.float().cpu().numpy(), tri))
-      row["ok"] = fq_ok and max(differing) == 0.0
-      rows.append(row)
-      print(f"check {(b, h, kh, t, d, causal)} {row['variant']:18s} differing from the Triton training forward: O "
-            f"{differing[0]:.5f} O' {differing[1]:.5f} lse {differing[2]:.5f} ok {row['ok']}", flush=True)
+    tri = tri_fwd[0].float().cpu().numpy()
+    base = {"B": b, "H": h, "K": kh, "T": t, "D": d, "causal": causal, "p_scale": p_scale,
+            "fq_inputs_bitwise": fq_ok, "triton_o_alone_equals_training_o": bool(torch.equal(tri_o_alone, tri_fwd[0]))}
+    case = (b, h, kh, t, d, causal) + ((p_scale,) if mode else ())
+    if p_scale == "block":  # every variant against the float64 oracle of the walk (block mode's) and the Triton O
+      want_o, _, want_lse = attention_oracle(*(x.float().cpu().numpy() for x in (q, k, v)), scale=d**-0.5,
+                                             is_causal=causal, block_n=ws.BLOCK_N, quantize_qkv=False,
+                                             quantize_p=True)
+      base.update(triton_vs_oracle=rel(tri, want_o),
+                  triton_lse_max_abs=float(np.max(np.abs(tri_fwd[2].cpu().numpy() - want_lse))))
+      for name, consumers, pingpong, stages in variants:
+        try:
+          o, lse = attention_fwd_ws(q, k, v, stages=stages, consumers=consumers, pingpong=pingpong,
+                                    is_causal=causal)
+          finish_or_die(f"{name} at {case}")
+          got = o.float().cpu().numpy()
+        except Exception as e:  # a build or launch failure: recorded, and the other variants still run
+          rows.append(dict(base, variant=name, ok=False, error=f"{type(e).__name__}: {e}"[:2000]))
+          print(f"check {case} {name:18s} FAILED: {rows[-1]['error'][:300]}", flush=True)
+          continue
+        row = dict(base, variant=name, finite=bool(np.isfinite(got).all()), ws_vs_oracle=rel(got, want_o),
+                   ws_vs_triton=rel(got, tri), differing=float(np.mean(got != tri)),
+                   ws_lse_max_abs=float(np.max(np.abs(lse.cpu().numpy() - want_lse))))
+        # The same function as the Triton kernel up to FP32 summation order and fq(P) codes on rounding boundaries:
+        # as close to the oracle as the Triton kernel is (with slack for those flips), and close to it.
+        row["ok"] = (row["finite"] and fq_ok and row["ws_vs_oracle"] <= 1.5 * row["triton_vs_oracle"] + 1e-3
+                     and row["ws_vs_triton"] < 1e-2 and row["ws_lse_max_abs"] < 1e-3)
+        rows.append(row)
+        print(f"check {case} {name:18s} ws-oracle {row['ws_vs_oracle']:.3e} triton-oracle "
+              f"{row['triton_vs_oracle']:.3e} ws-triton {row['ws_vs_triton']:.3e} differing {row['differing']:.5f} "
+              f"lse {row['ws_lse_max_abs']:.1e} fq {fq_ok} ok {row['ok']}", flush=True)
+    if d == 64:
+      continue
+    name, consumers, pingpong, stages = VARIANTS[0]  # the plan's variant
+    if p_scale == "row":  # no oracle of row mode here (tests/test_numerics_modes_triton.py): O alone bit for bit
+      o, _ = attention_fwd_ws(q, k, v, stages=stages, consumers=consumers, pingpong=pingpong, is_causal=causal,
+                              p_scale=p_scale)
+      finish_or_die(f"{name} at {case}")
+      differing = float((o != tri_o_alone).float().mean())
+      rows.append(dict(base, variant=name, differing=differing, ok=fq_ok and differing == 0.0))
+      print(f"check {case} {name:18s} differing from the Triton O-alone forward: O {differing:.5f} "
+            f"ok {rows[-1]['ok']}", flush=True)
+    # The training forward: O, O' and lse (and the row max) against the Triton training forward's, element for
+    # element
+    outs = attention_fwd_ws(q, k, v, stages=stages, consumers=consumers, pingpong=pingpong, is_causal=causal,
+                            residuals=True, p_scale=p_scale)
+    finish_or_die(f"{name} O, O', lse at {case}")
+    differing = [float((x != y).float().mean()) for x, y in zip(outs, tri_fwd, strict=True)]
+    row = dict(base, variant=name + "_residuals", **dict(zip(("differing", "differing_o_hp", "differing_lse",
+                                                               "differing_row_max"), differing)))
+    row["ok"] = fq_ok and max(differing) == 0.0
+    rows.append(row)
+    print(f"check {case} {row['variant']:18s} differing from the Triton training forward: "
+          + " ".join(f"{n} {x:.5f}" for n, x in zip(("O", "O'", "lse", "row max"), differing)) + f" ok {row['ok']}",
+          flush=True)
   return rows
 
 
@@ -306,13 +338,13 @@ def _save_partial() -> None:
       json.dump(PARTIAL["result"], f, indent=1)
 
 
-def time_shapes(iters: int, repeats: int, variants=VARIANTS) -> list[dict]:
+def time_shapes(iters: int, repeats: int, variants=VARIANTS, shapes=TIMES) -> list[dict]:
   import torch
   from _timing import cuda_event_ms
   from torch.nn.attention import SDPBackend, sdpa_kernel
 
   rows = PARTIAL.setdefault("result", {}).setdefault("time", [])
-  for b, h, kh, t, d, causal in TIMES:
+  for b, h, kh, t, d, causal in shapes:
     raw, (q, k, v) = inputs(b, h, kh, t, d, seed=1)
     flop = 4.0 * b * h * t * t * d / (2 if causal else 1)
     shape = (b, h, kh, t, d, causal)
@@ -378,6 +410,7 @@ def main():
   ap.add_argument("--time-only", action="store_true")
   ap.add_argument("--iters", type=int, default=20)
   ap.add_argument("--repeats", type=int, default=5)
+  ap.add_argument("--time-rows", default=None, help="comma-separated indices of TIMES to time (default: all)")
   ap.add_argument("--variants", default=None,
                   help="comma-separated names of VARIANTS to check and time (default: all checked, all but ws_c1 "
                        "timed: it faults when timed at 4096 tokens and leaves the CUDA context unusable)")
@@ -398,7 +431,8 @@ def main():
     result["check_ok"] = all(r["ok"] for r in result["check"])
     print("check ok:", result["check_ok"], flush=True)
   if not args.check_only:
-    result["time"] = time_shapes(args.iters, args.repeats, timed)
+    shapes = TIMES if args.time_rows is None else [TIMES[int(i)] for i in args.time_rows.split(",")]
+    result["time"] = time_shapes(args.iters, args.repeats, timed, shapes)
     print_times(result["time"])
   with open(args.out, "w") as f:
     json.dump(result, f, indent=1)

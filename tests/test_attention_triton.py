@@ -236,38 +236,47 @@ def test_redo_walks_exactly_the_flagged_key_tiles():
     np.testing.assert_array_equal(got[[1, 2]], kept[[1, 2]], err_msg=f"{name}: the other tiles")
 
 
-def test_forward_redo_walks_exactly_the_flagged_row_tiles():
-  """The O-alone Triton forward's REDO launch (the plan's after the warp-specialized kernel's causal walk): where a
-  row tile's flag is set it walks that tile exactly and writes its O in place (without NaN the exact walk's values are
-  the fast walk's, bit for bit); the other tiles keep what O's storage holds. Causal, 40 query rows in three tiles of
+@pytest.mark.parametrize("residuals, p_scale", [(False, "block"), (True, "row")])
+def test_forward_redo_walks_exactly_the_flagged_row_tiles(residuals, p_scale):
+  """The Triton forward's REDO launch (the plan's after the warp-specialized kernel's causal walk), for O alone and
+  for the training forward in row mode (O, O', lse and the row max: four outputs in place): where a row tile's flag
+  is set it walks that tile exactly and writes its outputs in place (without NaN the exact walk's values are the fast
+  walk's, bit for bit); the other tiles keep what the outputs' storage holds. Causal, 40 query rows in three tiles of
   16, 64 keys, GQA; a NaN of V behind the diagonal of the first tile reaches only the rows that see its key."""
   device = kernel_device()
   b, tq, tk, n, kh, d = 1, 40, 64, 2, 1, 32
   to_t = lambda x: torch.from_numpy(np.array(x)).to(torch.bfloat16).to(device)
   q, k, v, _ = (to_t(x) for x in _inputs(b, tq, tk, n, kh, d, "bfloat16"))
   v[0, 10, 0, 3] = float("nan")  # key 10: seen by rows 10 and on (tile 0 holds rows 0-15)
-  opts = AttentionOptions(d**-0.5, True, 16, ALL_ON)
+  opts = AttentionOptions(d**-0.5, True, 16, ALL_ON, p_scale=p_scale)
   plan = plans.attention_forward(*map(torch_launch.describe, (q, k, v)), opts, torch_launch.target(q),
-                                 config=ForwardConfig(16, 4, 1), residuals=False)
+                                 config=ForwardConfig(16, 4, 1), residuals=residuals)
   fwd = plan.launches[-1]
-  assert fwd.kernel is kfwd.attention_fwd_kernel and fwd.grid == (3, 2) and plan.outputs == ("o",)
+  outputs = ("o", "o_hp", "lse", "row_max") if residuals else ("o",)
+  assert fwd.kernel is kfwd.attention_fwd_kernel and fwd.grid == (3, 2) and plan.outputs == outputs
   tensors = dict(q=q, k=k, v=v, **poisoned(plan, plan.scratch + plan.outputs, device))
   torch_launch.execute(plan, tensors)  # the fast walk, its exact walk where the NaN leaked: the reference
-  want = tensors["o"].clone()
-  nan_rows = np.isnan(_np(want)[0, :, 0]).any(axis=-1)  # query head 0 reads KV head 0
+  want = {name: tensors[name].clone() for name in outputs}
+  nan_rows = np.isnan(_np(want["o"])[0, :, 0]).any(axis=-1)  # query head 0 reads KV head 0
   np.testing.assert_array_equal(nan_rows, np.arange(tq) >= 10)
   leaks = torch.tensor([[1, 0, 1], [0, 1, 0]], dtype=torch.int32, device=device)  # [B * N, row tiles]
-  redo = dataclasses.replace(plan, launches=plan.launches[:-1] + (plans.forward_redo_launch(fwd),),
+  redo_launch = plans.forward_redo_launch(fwd)
+  assert len(redo_launch.aliases) == len(outputs)
+  redo = dataclasses.replace(plan, launches=plan.launches[:-1] + (redo_launch,),
                              buffers={**plan.buffers, "fwd_leaks": torch_launch.describe(leaks)})
   tensors = dict(q=q, k=k, v=v, fwd_leaks=leaks, **poisoned(plan, plan.scratch + plan.outputs, device))
-  kept = tensors["o"].clone()
+  kept = {name: tensors[name].clone() for name in outputs}
   torch_launch.execute(redo, tensors)
-  got, ref, old = (_np(x).view(np.uint32) for x in (tensors["o"], want, kept))
-  for head, tiles in ((0, (0, 2)), (1, (1,))):
-    for tile in range(3):
-      rows = slice(16 * tile, 16 * tile + 16)
-      expect = ref if tile in tiles else old
-      np.testing.assert_array_equal(got[0, rows, head], expect[0, rows, head], err_msg=f"head {head}, tile {tile}")
+  for name in outputs:
+    got, ref, old = (_np(x).view(np.uint32) for x in (tensors[name], want[name], kept[name]))
+    if got.ndim == 3:  # lse, row max: [B, N, Tq] -> [B, Tq, N] as O's rows
+      got, ref, old = (x.transpose(0, 2, 1) for x in (got, ref, old))
+    for head, tiles in ((0, (0, 2)), (1, (1,))):
+      for tile in range(3):
+        rows = slice(16 * tile, 16 * tile + 16)
+        expect = ref if tile in tiles else old
+        np.testing.assert_array_equal(got[0, rows, head], expect[0, rows, head],
+                                      err_msg=f"{name}, head {head}, tile {tile}")
 
 
 def test_no_visible_key_gives_zero_and_minus_inf():
@@ -536,36 +545,41 @@ def test_triton_masks_match_xla_gpu(case):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("causal, t, tk", [(False, 384, 384), (True, 384, 384), (False, 200, 150), (True, 200, 200)])
-def test_ws_forward_through_the_library_gpu(monkeypatch, causal, t, tk):
+@pytest.mark.parametrize("causal, t, tk, d, p_scale", [(False, 384, 384, 128, "block"), (True, 384, 384, 128, "block"),
+                                                       (False, 200, 150, 128, "block"), (True, 200, 200, 128, "block"),
+                                                       (True, 200, 200, 96, "block"), (False, 384, 384, 128, "row"),
+                                                       (True, 200, 200, 96, "row")])
+def test_ws_forward_through_the_library_gpu(monkeypatch, causal, t, tk, d, p_scale):
   """By default O alone through ``jax.jit(jqat.attention)`` and through the torch binding without grad comes from the
-  warp-specialized kernel where it takes the plan (GQA, D = 128, lengths whole tiles or not; causal: its causal walk,
-  then the Triton kernel's REDO launch) and is within the Triton forward's bound of the XLA reference. A NaN in V
+  warp-specialized kernel where it takes the plan (GQA, D = 128 and 96, lengths whole tiles or not, p_scale "block"
+  and "row"; causal: its causal walk, then the Triton kernel's REDO launch) and is within the Triton forward's bound
+  of the XLA reference. A NaN in V
   reaches exactly the elements of O that the XLA reference makes NaN: under the causal mask, not the rows before its
   key (the diagonal tile's hidden pairs: the REDO launch's exact walk)."""
   import jqat.torch as jt
   from jqat.ffi import jax_launch
 
   monkeypatch.delenv(plans.FWD_KERNEL_ENV, raising=False)
-  b, n, kh, d = 1, 6, 3, 128
+  b, n, kh = 1, 6, 3
   target = jax_launch.target()
   if tuple(target.compute_capability or ()) != (9, 0):
     pytest.skip("the warp-specialized forward is sm_90 code")
   dense = plans.Tensor.dense
   plan = plans.attention_forward(dense((b, t, n, d), "bfloat16"), dense((b, tk, kh, d), "bfloat16"),
-                                 dense((b, tk, kh, d), "bfloat16"), AttentionOptions(d**-0.5, is_causal=causal),
-                                 target, residuals=False)
+                                 dense((b, tk, kh, d), "bfloat16"),
+                                 AttentionOptions(d**-0.5, is_causal=causal, p_scale=p_scale), target, residuals=False)
   names = [la.name for la in plan.launches]
   assert names[-2:] == ["jqat_attention_fwd_ws", "jqat_attention_fwd_redo"] if causal else (
       names[-1] == "jqat_attention_fwd_ws"), names
   q, k, v, _ = _api_inputs(b, t, tk, n, kh, d, seed=7 + causal)
-  run = lambda impl: jax.jit(lambda q, k, v: jqat.attention(q, k, v, is_causal=causal, implementation=impl))
+  run = lambda impl: jax.jit(lambda q, k, v: jqat.attention(q, k, v, is_causal=causal, implementation=impl,
+                                                             p_scale=p_scale))
   want = np.asarray(run("xla")(q, k, v).astype(jnp.float32))
   got = np.asarray(run("triton")(q, k, v).astype(jnp.float32))
   assert_close(got, want, rel=BOUNDS["O"], name="O (jax)")
   bhsd = lambda x: torch.from_numpy(np.asarray(x.astype(jnp.float32))).to("cuda", torch.bfloat16).transpose(1, 2)
   with torch.no_grad():
-    out = jt.attention(*(bhsd(x).contiguous() for x in (q, k, v)), is_causal=causal, enable_gqa=True)
+    out = jt.attention(*(bhsd(x).contiguous() for x in (q, k, v)), is_causal=causal, enable_gqa=True, p_scale=p_scale)
   assert_close(out.transpose(1, 2).float().cpu().numpy(), want, rel=BOUNDS["O"], name="O (torch)")
   key = min(200, tk - 1)  # causal: key 200 of KV head 1, behind the diagonal of rows 192..199
   v_nan = v.at[0, key, 1, 5].set(jnp.nan)

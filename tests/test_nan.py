@@ -208,20 +208,33 @@ def test_nan_through_the_warp_specialized_causal_walk_gpu(where, d):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("where, index", [("q", (0, 80, 1, 5)), ("k", (0, 150, 0, 7)), ("k", (0, 70, 1, 7)),
-                                          ("v", (0, 60, 1, 9)), ("v", (0, 70, 0, 9))])
-def test_nan_through_the_warp_specialized_forward_gpu(where, index):
-  """O alone (``jax.jit(jqat.attention)``, nothing differentiates) at D = 128 on sm_90 runs the warp-specialized
-  forward's causal walk; a 64-row tile that a NaN reached there (e.g. V's key 70, hidden from rows 64-69 of its
-  diagonal tile) goes to the Triton kernel's exact walk (its REDO launch). The NaN positions stay exact: 96 query
-  rows, 256 keys, top-left (keys past row 95 are seen by none), GQA."""
+@pytest.mark.parametrize("where, index, d, p_scale", [("q", (0, 80, 1, 5), 128, "block"),
+                                                      ("k", (0, 150, 0, 7), 128, "block"),
+                                                      ("k", (0, 70, 1, 7), 128, "block"),
+                                                      ("v", (0, 60, 1, 9), 128, "block"),
+                                                      ("v", (0, 70, 0, 9), 128, "block"),
+                                                      ("v", (0, 70, 0, 9), 96, "block"),
+                                                      ("v", (0, 70, 0, 9), 128, "row"),
+                                                      ("k", (0, 70, 1, 7), 96, "row")])
+def test_nan_through_the_warp_specialized_forward_gpu(where, index, d, p_scale):
+  """O alone (``jax.jit(jqat.attention)``, nothing differentiates) at D = 128 and 96 on sm_90 runs the
+  warp-specialized forward's causal walk; a 64-row tile that a NaN reached there (e.g. V's key 70, hidden from rows
+  64-69 of its diagonal tile) goes to the Triton kernel's exact walk (its REDO launch). In row mode also the
+  training forward (``jqat.attention_forward``: O, O', lse and the row max, all four written in place by the REDO
+  launch). The NaN positions stay exact: 96 query rows, 256 keys, top-left (keys past row 95 are seen by none), GQA."""
   from jqat.ffi import jax_launch
 
   if tuple(jax_launch.target().compute_capability or ()) != (9, 0):
     pytest.skip("the warp-specialized forward is sm_90 code")
-  q, k, v, _ = _inputs((1, 96, 256, 4, 2, 128), seed=4)
+  q, k, v, _ = _inputs((1, 96, 256, 4, 2, d), seed=4)
   args = {"q": q, "k": k, "v": v}
   args[where] = poison(args[where], index)
-  o = jax.jit(lambda q, k, v: jqat.attention(q, k, v, is_causal=True, implementation="triton"))(*args.values())
-  o_nan, _ = attention_nan_oracle(*(nan_of(args[x]) for x in ("q", "k", "v")), is_causal=True)
+  o = jax.jit(lambda q, k, v: jqat.attention(q, k, v, is_causal=True, implementation="triton",
+                                             p_scale=p_scale))(*args.values())
+  o_nan, lse_nan = attention_nan_oracle(*(nan_of(args[x]) for x in ("q", "k", "v")), is_causal=True)
   _assert_nan_at(np.asarray(o, np.float32), o_nan, "O")
+  if p_scale == "row":
+    outs = jax.jit(lambda q, k, v: jqat.attention_forward(q, k, v, is_causal=True, implementation="triton",
+                                                          p_scale=p_scale))(*args.values())
+    for name, x, expected in zip(("O", "O'", "lse", "row_max"), outs, (o_nan, o_nan, lse_nan, lse_nan), strict=True):
+      _assert_nan_at(np.asarray(x, np.float32), expected, name)

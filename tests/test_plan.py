@@ -15,7 +15,7 @@ from conftest import load_bench
 
 from jqat.ffi import jax_launch, torch_launch
 from jqat.ffi import plan as plans
-from jqat.ffi.options import AttentionOptions, QATConfig
+from jqat.ffi.options import P_ROW_RANGE, AttentionOptions, QATConfig
 from jqat.kernels_triton import attention_bwd as kbwd
 from jqat.kernels_triton import attention_fwd as kfwd
 
@@ -424,7 +424,7 @@ def test_ws_forward_plan_builds_for_sm90(monkeypatch, tmp_path):
   training forward in its RESIDUALS build (O, O', lse); both build for sm_90 with their worker warps (12 in all) and
   no spills. A causal walk is followed by the Triton kernel's REDO launch over the outputs in place (it builds too). A
   case the warp-specialized kernel does not take, and ``JQAT_ATTN_FWD_KERNEL=triton``, keep the Triton kernel; an
-  unknown value is a ValueError naming the variable."""
+  unknown value is a ValueError naming the variable. Row mode and D = 96 (tiles of 128 channels) take it too."""
   import re
 
 
@@ -476,14 +476,27 @@ def test_ws_forward_plan_builds_for_sm90(monkeypatch, tmp_path):
   ragged = plans.attention_forward(dense((1, 200, 4, 128), "bfloat16"), dense((1, 150, 2, 128), "bfloat16"),
                                    dense((1, 150, 2, 128), "bfloat16"), AttentionOptions(0.088), GPU, residuals=False)
   assert ragged.launches[-1].name == "jqat_attention_fwd_ws" and ragged.launches[-1].grid == (2, 4)
-  # A case the warp-specialized kernel does not take keeps the Triton kernel: D = 96 and 64, a window, row mode,
-  # a causal mask aligned bottom-right with Tq != Tk (the kernel's is top-left).
+  # Row mode: the row max a fourth output, which the causal walk's REDO launch writes in place as well; D = 96 on
+  # tiles of 128 channels. (Both built offline by benchmarks/attention_ws.py --compile-only.)
+  row_opts = AttentionOptions(0.088, is_causal=True, p_scale="row")
+  row = plans.attention_forward(q, kv, kv, row_opts, GPU)
+  ws, redo = row.launches[-2:]
+  assert ws.constexprs["P_ROW_RANGE"] == P_ROW_RANGE and ws.constexprs["RESIDUALS"] and "m_ptr" not in ws.constexprs
+  assert ws.outputs == ("o", "lse", "fwd_leaks", "o_hp", "row_max") and row.outputs == ("o", "o_hp", "lse", "row_max")
+  assert redo.constexprs["REDO"] and redo.outputs == row.outputs
+  assert [(refs(redo)[i], o) for i, o in redo.aliases] == [("o", 0), ("o_hp", 1), ("lse", 2), ("row_max", 3)]
+  row_alone = plans.attention_forward(q, kv, kv, dataclasses.replace(row_opts, is_causal=False), GPU, residuals=False)
+  assert row_alone.launches[-1].constexprs["P_ROW_RANGE"] == P_ROW_RANGE and row_alone.outputs == ("o",)
+  assert row_alone.launches[-1].constexprs["m_ptr"] is None
+  d96 = dense((1, 256, 4, 96), "bfloat16"), dense((1, 256, 2, 96), "bfloat16")
+  ws96 = plans.attention_forward(d96[0], d96[1], d96[1], AttentionOptions(0.1), GPU, residuals=False).launches[-1]
+  assert ws96.name == "jqat_attention_fwd_ws" and (ws96.constexprs["HEAD_DIM"], ws96.constexprs["D_PAD"]) == (96, 128)
+  # A case the warp-specialized kernel does not take keeps the Triton kernel: D = 64, a window, a causal mask aligned
+  # bottom-right with Tq != Tk (the kernel's is top-left).
   for qs, ks, opts in (((1, 128, 4, 128), (1, 256, 2, 128),
                         AttentionOptions(0.088, is_causal=True, causal_alignment="bottom_right")),
-                       ((1, 256, 4, 96), (1, 256, 2, 96), AttentionOptions(0.1)),
                        ((1, 256, 4, 64), (1, 256, 2, 64), AttentionOptions(0.125)),
-                       ((1, 256, 4, 128), (1, 256, 2, 128), AttentionOptions(0.088, local_window_size=(64, 0))),
-                       ((1, 256, 4, 128), (1, 256, 2, 128), AttentionOptions(0.088, p_scale="row"))):
+                       ((1, 256, 4, 128), (1, 256, 2, 128), AttentionOptions(0.088, local_window_size=(64, 0)))):
     kept = plans.attention_forward(dense(qs, "bfloat16"), dense(ks, "bfloat16"), dense(ks, "bfloat16"), opts, GPU,
                                    residuals=False)
     assert kept.launches[-1].kernel is kfwd.attention_fwd_kernel, (qs, opts)

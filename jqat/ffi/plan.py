@@ -477,10 +477,11 @@ def backward_kernel() -> str:
 
 
 def _ws_takes(q, k, v, o, opts, target, other) -> bool:
-  """Whether the warp-specialized forward takes this forward launch (O alone, or O, O' and lse for a backward):
-  sm_90, D = 128, no masks but a causal one aligned top-left (or Tq = Tk), block modes, fq(P) on, fq(Q) from the
-  pass, rows of whole 16-element strides (any lengths: the last row block and key tile may be partial). ``other``:
-  masks, tensor scales, or Q not from the pass. Not D = 64, which the kernel computes too: there it runs 8 consumer
+  """Whether the warp-specialized forward takes this forward launch (O alone, or O, O' and lse for a backward, with
+  the row max in row mode): sm_90, D = 128 or 96 (on tiles of 128 channels, as the Triton kernel's), no masks but a
+  causal one aligned top-left (or Tq = Tk), p_scale "block" or "row", fq(P) on, fq(Q) from the pass, rows of whole
+  16-element strides (any lengths: the last row block and key tile may be partial). ``other``: masks, tensor scales,
+  or Q not from the pass. Not D = 64, which the kernel computes too: there it runs 8 consumer
   warps per SM against the Triton kernel's 16 (four programs of 128 registers), and two of its programs per SM would
   leave 104 registers a consumer thread, which spill and serialize its wgmma. A causal walk is followed by the Triton
   kernel's REDO launch (:func:`_forward_ws`)."""
@@ -490,8 +491,8 @@ def _ws_takes(q, k, v, o, opts, target, other) -> bool:
   dense16 = (_pow2_divisor([s for t in tensors for s in _s3(t)]) == 16
              and all(t.strides[3] == 1 for t in tensors))
   top_left = not opts.is_causal or opts.causal_alignment == "top_left" or tq == tk
-  return (not other and d == 128 and tq > 0 and tk > 0 and dense16 and top_left
-          and opts.block_n == kws.BLOCK_N and opts.local_window_size is None and opts.p_scale == "block"
+  return (not other and d in (96, 128) and tq > 0 and tk > 0 and dense16 and top_left
+          and opts.block_n == kws.BLOCK_N and opts.local_window_size is None and opts.p_scale in ("block", "row")
           and opts.config.quantize_p and not target.interpret and tuple(target.compute_capability or ()) == (9, 0))
 
 
@@ -499,7 +500,7 @@ def _forward_ws(q, k, v, o, opts, target, buffers, inputs, outputs, scratch, lau
                 kept: tuple) -> Plan:
   """The forward plan's last launch by ``attention_fwd_ws_kernel`` on fq(Q), fq(K), fq(V) from the pass (the launches
   so far) in place of the Triton launch ``fwd``: O alone (lse to scratch) or, with the plan's residuals, O, O' and
-  lse. Only where :func:`_ws_takes`.
+  lse (and in row mode the row max). Only where :func:`_ws_takes`.
 
   A causal walk may carry a NaN of V to a row that does not see its key (0 * NaN at a hidden pair of the diagonal
   tile): the kernel then stores nothing of that consumer's 64 rows and sets their flag (``fwd_leaks``, every flag
@@ -508,8 +509,9 @@ def _forward_ws(q, k, v, o, opts, target, buffers, inputs, outputs, scratch, lau
   b, tq, n, d = q.shape
   tk, kh = k.shape[1], k.shape[2]
   residuals = "o_hp" in outputs
+  row = opts.p_scale == "row"
   params = kws.launch_params(d, compute_capability=tuple(target.compute_capability), is_causal=opts.is_causal,
-                             residuals=residuals)
+                             residuals=residuals, p_row_range=P_ROW_RANGE if row else 0.0)
   num_warps, maxnreg = params.pop("num_warps"), params.pop("maxnreg")
   rows = int(kws.WG_ROWS.value)
   lse = "lse" if residuals else "lse_ws"
@@ -520,7 +522,8 @@ def _forward_ws(q, k, v, o, opts, target, buffers, inputs, outputs, scratch, lau
   grid = (b * n, triton.cdiv(tq, _WS_ROWS)) if opts.is_causal else (triton.cdiv(tq, _WS_ROWS), b * n)
   ws = Launch("jqat_attention_fwd_ws", kws.attention_fwd_ws_kernel, grid,
               (Ref(qq), Ref(kk), Ref(vv), float(opts.scale), tq, tk, n, n // kh, *_s3(q), *_s3(k), *_s3(v),
-               *_s3(o)), ("o", lse, "fwd_leaks") + ("o_hp",) * residuals, params, num_warps, 1, maxnreg=maxnreg)
+               *_s3(o)), ("o", lse, "fwd_leaks") + ("o_hp",) * residuals + ("row_max",) * (residuals and row), params,
+              num_warps, 1, maxnreg=maxnreg)
   scratch = tuple(name for name in scratch if name not in kept) + ("fwd_leaks",) + ("lse_ws",) * (not residuals)
   if not opts.is_causal:
     return Plan(buffers, inputs, scratch, outputs + kept, launches + (ws,))
@@ -532,19 +535,23 @@ def _forward_ws(q, k, v, o, opts, target, buffers, inputs, outputs, scratch, lau
 
 
 def forward_redo_launch(fwd: Launch) -> Launch:
-  """The Triton forward launch ``fwd`` (block scales: O alone, or O, O' and lse) in REDO mode: the flags
-  ``fwd_leaks`` (one per row tile of its grid) in leak_ptr's slot, and its outputs written in place, only in the
-  flagged tiles: each output's buffer is an input that it aliases, in the slots of the encode scales (read only with
-  qkv_scale="tensor")."""
-  assert fwd.kernel is kfwd.attention_fwd_kernel and not fwd.constexprs["QKV_TENSOR"] and len(fwd.outputs) <= 3
+  """The Triton forward launch ``fwd`` (block scales, no masks but the causal one: O alone, or O, O' and lse, and in
+  row mode the row max) in REDO mode: the flags ``fwd_leaks`` (one per row tile of its grid) in leak_ptr's slot, and
+  its outputs written in place, only in the flagged tiles: each output's buffer is an input that it aliases, in the
+  slots of the encode scales (read only with qkv_scale="tensor") and then of seg_sorted (read only with segment
+  ids)."""
+  c = fwd.constexprs
+  assert (fwd.kernel is kfwd.attention_fwd_kernel and not c["QKV_TENSOR"] and not c["HAS_SEG"]
+          and len(fwd.outputs) <= 4)
   args = list(fwd.args)
-  leak, enc = len(args) - 13, len(args) - 16  # leak_ptr, then the 12 strides; before it the three enc pointers
+  leak = len(args) - 13  # leak_ptr, then the 12 strides; before it the three enc pointers, before those seg_sorted
+  slots = (len(args) - 16, len(args) - 15, len(args) - 14, len(args) - 17)
   args[leak] = Ref("fwd_leaks")
-  for i, name in enumerate(fwd.outputs):
-    args[enc + i] = Ref(name)
+  for slot, name in zip(slots, fwd.outputs):
+    args[slot] = Ref(name)
   return dataclasses.replace(fwd, name="jqat_attention_fwd_redo", args=tuple(args),
                              constexprs=dict(fwd.constexprs, REDO=True),
-                             aliases=tuple((enc + i, i) for i in range(len(fwd.outputs))))
+                             aliases=tuple((slot, i) for i, slot in enumerate(slots[:len(fwd.outputs)])))
 
 
 def _ws_dkdv_takes(d_out, q, k, v, opts, target, other) -> bool:

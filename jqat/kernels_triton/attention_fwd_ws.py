@@ -75,12 +75,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (
   warpgroup_mma_wait,
 )
 
-from jqat.kernels_triton.attention_common import LN2, LOG2E, mul_rn
+from jqat.kernels_triton.attention_common import LN2, LOG2_P_ROW_RANGE, LOG2E, mul_rn
 from jqat.kernels_triton.nvfp4 import corrected_quotient, quant_flags, round_e2m1
 
 BLOCK_N = 64  # keys per KV tile (part of the function: fq(P) is relative to the running max at each tile)
 WG_ROWS = gl.constexpr(64)  # query rows per consumer warpgroup (the M of one wgmma on 4 warps)
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 96, 128)  # 96 on tiles of 128 channels (the copies read zeros past 96)
 PRODUCER_REGS = gl.constexpr(24)  # the least a warp may be given (setmaxnreg); the producer holds a few scalars
 REGISTER_FILE = 65536  # 32-bit registers per SM
 
@@ -240,7 +240,8 @@ def registers(consumers: int) -> tuple[int, int]:
   ``consumers + 1`` warpgroups. ``maxnreg`` is the launch's per-thread count (what the SM reserves); inside the
   program ``setmaxnreg`` moves the producer down to PRODUCER_REGS and gives the rest to the consumers. One consumer:
   two programs per SM (8 warpgroups at 128 registers), as the Triton forward runs two programs of one warpgroup.
-  Two consumers: one program of 128 rows per SM (3 warpgroups at 168)."""
+  Two consumers: one program of 128 rows per SM (3 warpgroups at 168); three: one of 192 rows (4 warpgroups at 128,
+  160 registers a consumer thread: enough at D = 64)."""
   per_sm = 2 if consumers == 1 else 1
   maxnreg = REGISTER_FILE // (per_sm * (consumers + 1) * 128) // 8 * 8
   consumer = ((consumers + 1) * maxnreg - PRODUCER_REGS) // consumers // 8 * 8
@@ -249,13 +250,15 @@ def registers(consumers: int) -> tuple[int, int]:
 
 @gluon.jit
 def _softmax_step(s, m, l, qk_scale, O_LAYOUT: gl.constexpr, HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr,
-                  MASKED: gl.constexpr, CAUSAL: gl.constexpr, RESIDUALS: gl.constexpr, row0, j, tk):
+                  MASKED: gl.constexpr, CAUSAL: gl.constexpr, RESIDUALS: gl.constexpr, ROW: gl.constexpr, row0, j,
+                  tk):
   """One KV tile's online-softmax step on the raw scores ``s = q . k`` (FP32 [64, BLOCK_N], S's accumulator layout):
   returns the new running max, the new row sum, the rescale ``alpha`` of the old state (in O's row layout) and the A
   operands of the P V products in bf16: ``(fq(P),)``, with RESIDUALS ``(fq(P), bf16(P))`` (O' is bf16(P) V). The
-  Triton kernel's expressions (``attention_fwd._kv_tile``, unmasked, block mode), in its order. MASKED (tile ``j``):
-  keys from ``tk`` on (the copy's zeros past the sequence) and, with CAUSAL (top-left), keys past a row are hidden:
-  score -inf, p exactly +0."""
+  Triton kernel's expressions (``attention_fwd._kv_tile``, unmasked), in its order. ROW (p_scale "row"): the tile
+  is R * p, ``exp2(s - (m' - log2 R))``, so that l sums R * p and the operands are fq(R p) and bf16(R p). MASKED
+  (tile ``j``): keys from ``tk`` on (the copy's zeros past the sequence) and, with CAUSAL (top-left), keys past a row
+  are hidden: score -inf, p exactly +0."""
   s = mul_rn(s, qk_scale, False)  # log2 units, rounded once: the max's p is exp2(0) = 1 exactly
   if MASKED:
     S_LAYOUT: gl.constexpr = s.type.layout
@@ -267,7 +270,10 @@ def _softmax_step(s, m, l, qk_scale, O_LAYOUT: gl.constexpr, HW_E4M3: gl.constex
     s = gl.where(visible, s, float("-inf"))
   m_new = gl.maximum(m, gl.max(s, axis=1))
   m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-  p = gl.exp2(s - m_safe[:, None])
+  if ROW:
+    p = gl.exp2(s - (m_safe - LOG2_P_ROW_RANGE)[:, None])
+  else:
+    p = gl.exp2(s - m_safe[:, None])
   alpha = gl.exp2(m - m_safe)
   l = l * alpha + gl.sum(p, axis=1)
   p_fq = fq_probs_quad(p, HW_E4M3, HW_E2M1)  # exact in bf16 (E2M1 x E4M3)
@@ -300,8 +306,8 @@ def _pass_turn(turns, WG: gl.constexpr, PINGPONG: gl.constexpr):
 @gluon.jit
 def _tile(j, m, l, accs, ops, q_s, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turns, s_init, qk_scale, row0,
           tk, WG: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, MASKED: gl.constexpr,
-          CAUSAL: gl.constexpr, RESIDUALS: gl.constexpr, O_LAYOUT: gl.constexpr, HW_E4M3: gl.constexpr,
-          HW_E2M1: gl.constexpr):
+          CAUSAL: gl.constexpr, RESIDUALS: gl.constexpr, ROW: gl.constexpr, O_LAYOUT: gl.constexpr,
+          HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr):
   """KV tile ``j > 0`` of a consumer: S_j = Q K_j^T and acc += fq(P_{j-1}) V_{j-1} (with RESIDUALS also acc' +=
   bf16(P_{j-1}) V_{j-1}) in flight together (wgmma groups complete in issue order), the softmax step of S_j (masked
   with MASKED) while the P V products run, then the rescale of the accumulators. ``accs``: ``(acc,)`` or ``(acc,
@@ -318,8 +324,8 @@ def _tile(j, m, l, accs, ops, q_s, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_
   _pass_turn(turns, WG, PINGPONG)
   s = warpgroup_mma_wait(1 + RESIDUALS, deps=[s_tok])  # S_j done (P V may still run)
   mbarrier.arrive(k_empty.index(st))
-  m, l, alpha, nxt = _softmax_step(s, m, l, qk_scale, O_LAYOUT, HW_E4M3, HW_E2M1, MASKED, CAUSAL, RESIDUALS, row0, j,
-                                   tk)
+  m, l, alpha, nxt = _softmax_step(s, m, l, qk_scale, O_LAYOUT, HW_E4M3, HW_E2M1, MASKED, CAUSAL, RESIDUALS, ROW,
+                                   row0, j, tk)
   # A wait for nothing new (the P V products are the ones in flight): it hands out the accumulators' registers, and
   # orders the next operands before the rescale, which waits for the products itself
   if RESIDUALS:
@@ -335,11 +341,12 @@ def _tile(j, m, l, accs, ops, q_s, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_
 
 
 @gluon.jit
-def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              PINGPONG: gl.constexpr, HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr, IS_CAUSAL: gl.constexpr,
-              RESIDUALS: gl.constexpr):
+def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, D_PAD: gl.constexpr, BLOCK_N: gl.constexpr,
+              STAGES: gl.constexpr, PINGPONG: gl.constexpr, HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr,
+              IS_CAUSAL: gl.constexpr, RESIDUALS: gl.constexpr, ROW: gl.constexpr):
   """Consumer warpgroup WG: query rows ``[start_m + 64 WG, +64)`` of head ``h``, batch ``b``; walks the
-  ``n_tiles`` KV tiles of the ring and stores O (with RESIDUALS also O') and lse of its rows. ``smem``: the shared
+  ``n_tiles`` KV tiles of the ring and stores O (with RESIDUALS also O', and with ROW the row max) and lse of its
+  rows, on tiles of D_PAD channels (Q's past HEAD_DIM load as 0, O's are not stored). ``smem``: the shared
   buffers and barriers, ``scalars``: pointers and integers (tuples: the two consumers are one function with one
   argument list).
 
@@ -348,28 +355,31 @@ def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, BLOCK_N: 
   them as they come. Per KV tile each consumer issues once (S_j with P_{j-1} V_{j-1}; tile 0's S alone, the last
   P V alone): ``n_tiles + 1`` turns each."""
   q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turns = smem
-  (q_ptr, o_ptr, o_hp_ptr, lse_ptr, leak_ptr, qk_scale, n_tiles, start_m, tq, tk, b, h, n_heads, stride_qb, stride_qt,
-   stride_qh, stride_ob, stride_ot, stride_oh) = scalars
+  (q_ptr, o_ptr, o_hp_ptr, lse_ptr, leak_ptr, m_ptr, qk_scale, n_tiles, start_m, tq, tk, b, h, n_heads, stride_qb,
+   stride_qt, stride_qh, stride_ob, stride_ot, stride_oh) = scalars
   S_LAYOUT: gl.constexpr = acc_layout(BLOCK_N)
-  O_LAYOUT: gl.constexpr = acc_layout(HEAD_DIM)
+  O_LAYOUT: gl.constexpr = acc_layout(D_PAD)
   ROW_S: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
   ROW_O: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
   row0 = start_m + WG * WG_ROWS
 
   # Q: global -> registers -> this warpgroup's shared tile (once). The generic-proxy stores must be made visible to
   # the async proxy (wgmma) by a fence; the compiler's barrier analysis orders the warps' stores before the product.
-  QL: gl.constexpr = q_load_layout(HEAD_DIM)
+  QL: gl.constexpr = q_load_layout(D_PAD)
   rq = row0 + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, QL))
-  cq = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, QL))
+  cq = gl.arange(0, D_PAD, layout=gl.SliceLayout(0, QL))
   q_rows = b.to(gl.int64) * stride_qb + h.to(gl.int64) * stride_qh + rq.to(gl.int64) * stride_qt
-  q = gl.load(q_ptr + q_rows[:, None] + cq[None, :], mask=(rq < tq)[:, None], other=0.0)  # rows past tq: 0
+  q_ok = (rq < tq)[:, None]
+  if D_PAD != HEAD_DIM:
+    q_ok = q_ok & (cq < HEAD_DIM)[None, :]
+  q = gl.load(q_ptr + q_rows[:, None] + cq[None, :], mask=q_ok, other=0.0)  # rows past tq, channels past D: 0
   q_s = q_smem.index(WG)
   q_s.store(q)
   fence_async_shared()
 
   m = gl.full([WG_ROWS], float("-inf"), gl.float32, layout=ROW_S)
   l = gl.zeros([WG_ROWS], gl.float32, layout=ROW_S)
-  acc = gl.zeros([WG_ROWS, HEAD_DIM], gl.float32, layout=O_LAYOUT)
+  acc = gl.zeros([WG_ROWS, D_PAD], gl.float32, layout=O_LAYOUT)
   accs = (acc, acc) if RESIDUALS else (acc,)  # O's accumulator, and O''s
   s_init = gl.zeros([WG_ROWS, BLOCK_N], gl.float32, layout=S_LAYOUT)  # not read: use_acc=False
 
@@ -383,19 +393,19 @@ def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, BLOCK_N: 
   # Tile 0 masked (the keys past tk when it is the last, the causal mask), then the whole tiles before the first that
   # the mask reaches unmasked, the rest masked: with IS_CAUSAL from the first that holds a key past row0, and the
   # last when tk is not a multiple of BLOCK_N.
-  m, l, alpha, ops = _softmax_step(s, m, l, qk_scale, O_LAYOUT, HW_E4M3, HW_E2M1, True, IS_CAUSAL, RESIDUALS, row0, 0,
-                                   tk)
+  m, l, alpha, ops = _softmax_step(s, m, l, qk_scale, O_LAYOUT, HW_E4M3, HW_E2M1, True, IS_CAUSAL, RESIDUALS, ROW,
+                                   row0, 0, tk)
   split = tk // BLOCK_N
   if IS_CAUSAL:
     split = gl.minimum(split, row0 // BLOCK_N)
   for j in range(1, split):
     m, l, accs, ops = _tile(j, m, l, accs, ops, q_s, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turns, s_init,
-                            qk_scale, row0, tk, WG, STAGES, PINGPONG, False, IS_CAUSAL, RESIDUALS, O_LAYOUT, HW_E4M3,
-                            HW_E2M1)
+                            qk_scale, row0, tk, WG, STAGES, PINGPONG, False, IS_CAUSAL, RESIDUALS, ROW, O_LAYOUT,
+                            HW_E4M3, HW_E2M1)
   for j in range(gl.maximum(split, 1), n_tiles):
     m, l, accs, ops = _tile(j, m, l, accs, ops, q_s, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turns, s_init,
-                            qk_scale, row0, tk, WG, STAGES, PINGPONG, True, IS_CAUSAL, RESIDUALS, O_LAYOUT, HW_E4M3,
-                            HW_E2M1)
+                            qk_scale, row0, tk, WG, STAGES, PINGPONG, True, IS_CAUSAL, RESIDUALS, ROW, O_LAYOUT,
+                            HW_E4M3, HW_E2M1)
 
   sp = (n_tiles - 1) % STAGES
   mbarrier.wait(v_ready.index(sp), ((n_tiles - 1) // STAGES) & 1)
@@ -410,14 +420,15 @@ def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, BLOCK_N: 
     acc = warpgroup_mma_wait(0, deps=[o_tok])
   mbarrier.arrive(v_empty.index(sp))
 
-  # Epilogue (``attention_fwd._store_outputs``): O = acc / l (and O' = acc' / l) rounded to bf16, lse = m + ln l.
+  # Epilogue (``attention_fwd._store_outputs``): O = acc / l (and O' = acc' / l) rounded to bf16, lse = m + ln l
+  # (ROW: l sums R * p, so 1 / l is already 1 / (R sum p), and lse takes log2 R off).
   empty = l == 0.0
   inv = gl.where(empty, 0.0, gl.div_rn(gl.full([WG_ROWS], 1.0, gl.float32, layout=ROW_S), gl.where(empty, 1.0, l)))
   inv = gl.convert_layout(inv, ROW_O, assert_trivial=True)
   empty_o = gl.convert_layout(empty, ROW_O, assert_trivial=True)
   acc = gl.where(empty_o[:, None], 0.0, acc)
   ro = row0 + gl.arange(0, WG_ROWS, layout=ROW_O)
-  co = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, O_LAYOUT))
+  co = gl.arange(0, D_PAD, layout=gl.SliceLayout(0, O_LAYOUT))
   o_rows = b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh + ro.to(gl.int64) * stride_ot
   keep = ro < tq
   if IS_CAUSAL:
@@ -432,33 +443,44 @@ def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, BLOCK_N: 
     if tile < row_tiles:
       gl.store(leak_ptr + (b * n_heads + h).to(gl.int64) * row_tiles + tile, leaked)
     keep = keep & (leaked == 0)
-  gl.store(o_ptr + o_rows[:, None] + co[None, :], (acc * inv[:, None]).to(o_ptr.dtype.element_ty),
-           mask=keep[:, None])
+  store = keep[:, None]
+  if D_PAD != HEAD_DIM:
+    store = store & (co < HEAD_DIM)[None, :]
+  gl.store(o_ptr + o_rows[:, None] + co[None, :], (acc * inv[:, None]).to(o_ptr.dtype.element_ty), mask=store)
   if RESIDUALS:
     acc_hp = gl.where(empty_o[:, None], 0.0, acc_hp)
     gl.store(o_hp_ptr + o_rows[:, None] + co[None, :], (acc_hp * inv[:, None]).to(o_hp_ptr.dtype.element_ty),
-             mask=keep[:, None])
-  lse = gl.where(empty, float("-inf"), (m + gl.log2(gl.where(empty, 1.0, l))) * LN2)
+             mask=store)
+  log_l = gl.log2(gl.where(empty, 1.0, l))
+  if ROW:
+    log_l = log_l - LOG2_P_ROW_RANGE
+  lse = gl.where(empty, float("-inf"), (m + log_l) * LN2)
   rs = row0 + gl.arange(0, WG_ROWS, layout=ROW_S)
-  gl.store(lse_ptr + (b * n_heads + h).to(gl.int64) * tq + rs, lse, mask=rs < tq)
+  rows_bh = (b * n_heads + h).to(gl.int64) * tq + rs
+  gl.store(lse_ptr + rows_bh, lse, mask=rs < tq)
+  if ROW and RESIDUALS:
+    # The row max in natural units (-inf for an empty row), NaN where lse is: the compiled max drops a NaN operand.
+    row_max = gl.where(empty, float("-inf"), gl.where(lse != lse, lse, m * LN2))
+    gl.store(m_ptr + rows_bh, row_max, mask=rs < tq)
 
 
 @gluon.jit
-def _producer(smem, kv, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-  """The producer warp: TMA copies of K and V tiles ``0 .. n_tiles - 1`` of KV head ``kvh`` into the ring.
+def _producer(smem, kv, HEAD_DIM: gl.constexpr, D_PAD: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+  """The producer warp: TMA copies of K and V tiles ``0 .. n_tiles - 1`` of KV head ``kvh`` into the ring, boxes of
+  D_PAD channels over the head's HEAD_DIM (the copy reads the channels past HEAD_DIM as zeros).
 
   The descriptors are made here, by the warp that uses them (their 128 bytes each in the launch's global scratch),
   so that the tensormap's writes, its proxy fence and the copies that read it are in one warp's program order."""
   _, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, _ = smem
   k_ptr, v_ptr, n_tiles, tk, b, kvh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh = kv
-  KV_SMEM: gl.constexpr = tile_smem_layout(BLOCK_N, HEAD_DIM)
+  KV_SMEM: gl.constexpr = tile_smem_layout(BLOCK_N, D_PAD)
   k_base = k_ptr + b.to(gl.int64) * stride_kb + kvh.to(gl.int64) * stride_kh
   v_base = v_ptr + b.to(gl.int64) * stride_vb + kvh.to(gl.int64) * stride_vh
   k_desc = tma.make_tensor_descriptor(k_base, shape=[tk, HEAD_DIM], strides=[stride_kt, 1],
-                                      block_shape=[BLOCK_N, HEAD_DIM], layout=KV_SMEM)
+                                      block_shape=[BLOCK_N, D_PAD], layout=KV_SMEM)
   v_desc = tma.make_tensor_descriptor(v_base, shape=[tk, HEAD_DIM], strides=[stride_vt, 1],
-                                      block_shape=[BLOCK_N, HEAD_DIM], layout=KV_SMEM)
-  TILE_BYTES: gl.constexpr = BLOCK_N * HEAD_DIM * 2
+                                      block_shape=[BLOCK_N, D_PAD], layout=KV_SMEM)
+  TILE_BYTES: gl.constexpr = BLOCK_N * D_PAD * 2  # a box's bytes, the zeros past HEAD_DIM included
   for j in range(n_tiles):
     st = j % STAGES
     free = ((j // STAGES) & 1) ^ 1  # the (n-1)-th release of the stage; passes at once for its first fill
@@ -474,10 +496,11 @@ def _producer(smem, kv, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: g
 def attention_fwd_ws_kernel(
     q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group,
     stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
-    stride_ob, stride_ot, stride_oh, o_ptr, lse_ptr, leak_ptr, o_hp_ptr,
-    HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
-    PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr,
-    IS_CAUSAL: gl.constexpr = False, RESIDUALS: gl.constexpr = False):
+    stride_ob, stride_ot, stride_oh, o_ptr, lse_ptr, leak_ptr, o_hp_ptr, m_ptr,
+    HEAD_DIM: gl.constexpr, D_PAD: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, HW_E4M3: gl.constexpr,
+    HW_E2M1: gl.constexpr, IS_CAUSAL: gl.constexpr = False, RESIDUALS: gl.constexpr = False,
+    P_ROW_RANGE: gl.constexpr = 0.0):
   """O (and lse) of ``64 * CONSUMERS`` query rows of one head per program: grid ``(cdiv(tq, 64 CONSUMERS), B * N)``,
   or ``(B * N, cdiv(tq, 64 CONSUMERS))`` with IS_CAUSAL (heads fastest, longest walks first). Outputs last, as the
   launch plans order arguments.
@@ -485,15 +508,22 @@ def attention_fwd_ws_kernel(
   q, o: [B, Tq, N, D] bf16; k, v: [B, Tk, K, D] bf16, N = K * group (query head h reads KV head h // group); every
   last axis contiguous, the other strides multiples of 16 elements; q, k, v already fake-quantized (fq along D).
   lse: [B, N, Tq] fp32. ``tk > 0``; rows past tq read Q as 0 and store nothing, keys past tk (the copy's zeros) are
-  masked in the last tile. With IS_CAUSAL, leak: [B * N, cdiv(Tq, 64)] int32, each consumer's flag that a NaN reached
-  its rows' O, which it then does not store (for ``attention_fwd_kernel``'s REDO launch); not touched otherwise.
+  masked in the last tile. D = HEAD_DIM on tiles of D_PAD channels: D itself, or 128 at D = 96 (Q's channels past D
+  load as 0, the copies of K and V read them as 0, O's are not stored). P_ROW_RANGE: 0 (p_scale "block") or R = 6 *
+  448 ("row": fq(R p), l sums R p, lse takes log2 R off; with RESIDUALS the row max m [B, N, Tq] fp32 in natural
+  units is stored through ``m_ptr``, which is None otherwise). With IS_CAUSAL, leak: [B * N, cdiv(Tq, 64)] int32,
+  each consumer's flag that a NaN reached its rows' O, which it then does not store (for ``attention_fwd_kernel``'s
+  REDO launch); not touched otherwise.
   Launch with ``num_warps=4`` (the default partition: consumer 0) and ``maxnreg`` of :func:`registers`; the kernel
   adds a 4-warp partition per further consumer and the producer's warp. Needs the launch's global scratch (two tensor
   descriptors a program).
   """
-  gl.static_assert(HEAD_DIM == 64 or HEAD_DIM == 128, "D of 64 or 128")
+  gl.static_assert(HEAD_DIM == D_PAD or (HEAD_DIM == 96 and D_PAD == 128), "tiles of D channels, or 128 at D = 96")
+  gl.static_assert(D_PAD == 64 or D_PAD == 128, "tiles of 64 or 128 channels")
+  gl.static_assert(P_ROW_RANGE == 0.0 or P_ROW_RANGE == 6.0 * 448.0, "LOG2_P_ROW_RANGE is log2(6 * 448)")
+  ROW: gl.constexpr = P_ROW_RANGE > 0
   gl.static_assert(BLOCK_N == 64, "KV tiles of 64 keys")
-  gl.static_assert(CONSUMERS == 1 or CONSUMERS == 2, "one or two consumer warpgroups")
+  gl.static_assert(CONSUMERS >= 1 and CONSUMERS <= 3, "one to three consumer warpgroups")
   gl.static_assert(CONSUMERS == 2 or not PINGPONG, "ping-pong takes two consumers")
   gl.static_assert(STAGES >= 2, "a consumer holds two stages at once (K_j and V_{j-1})")
   gl.static_assert(gl.num_warps() == 4, "the default partition is one consumer warpgroup")
@@ -517,10 +547,10 @@ def attention_fwd_ws_kernel(
     n_tiles = gl.minimum(n_tiles, (start_m + WG_ROWS * CONSUMERS) // BLOCK_N)
   qk_scale = scale * LOG2E  # as the Triton kernel forms it: one FP32 product
 
-  TILE: gl.constexpr = tile_smem_layout(BLOCK_N, HEAD_DIM)
-  q_smem = gl.allocate_shared_memory(gl.bfloat16, [CONSUMERS, WG_ROWS, HEAD_DIM], tile_smem_layout(WG_ROWS, HEAD_DIM))
-  k_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, HEAD_DIM], TILE)
-  v_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, HEAD_DIM], TILE)
+  TILE: gl.constexpr = tile_smem_layout(BLOCK_N, D_PAD)
+  q_smem = gl.allocate_shared_memory(gl.bfloat16, [CONSUMERS, WG_ROWS, D_PAD], tile_smem_layout(WG_ROWS, D_PAD))
+  k_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D_PAD], TILE)
+  v_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D_PAD], TILE)
   k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
   v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
   k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -535,31 +565,44 @@ def attention_fwd_ws_kernel(
     mbarrier.init(v_empty.index(i), count=CONSUMERS)
 
   smem = (q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turns)
-  scalars = (q_ptr, o_ptr, o_hp_ptr, lse_ptr, leak_ptr, qk_scale, n_tiles, start_m, tq, tk, b, h, n_heads, stride_qb,
-             stride_qt, stride_qh, stride_ob, stride_ot, stride_oh)
+  scalars = (q_ptr, o_ptr, o_hp_ptr, lse_ptr, leak_ptr, m_ptr, qk_scale, n_tiles, start_m, tq, tk, b, h, n_heads,
+             stride_qb, stride_qt, stride_qh, stride_ob, stride_ot, stride_oh)
   # (Constexprs go into the argument tuples where they are written: a tuple assigned to a variable turns them into
   # tensors.)
   kv = (k_ptr, v_ptr, n_tiles, tk, b, kvh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh)
-  if CONSUMERS == 2:
-    gl.warp_specialize([(_consumer, (0, smem, scalars, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, HW_E4M3, HW_E2M1,
-                                     IS_CAUSAL, RESIDUALS)),
-                        (_consumer, (1, smem, scalars, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, HW_E4M3, HW_E2M1,
-                                     IS_CAUSAL, RESIDUALS)),
-                        (_producer, (smem, kv, HEAD_DIM, BLOCK_N, STAGES))], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+  if CONSUMERS == 3:
+    gl.warp_specialize([(_consumer, (0, smem, scalars, HEAD_DIM, D_PAD, BLOCK_N, STAGES, PINGPONG, HW_E4M3,
+                                     HW_E2M1, IS_CAUSAL, RESIDUALS, ROW)),
+                        (_consumer, (1, smem, scalars, HEAD_DIM, D_PAD, BLOCK_N, STAGES, PINGPONG, HW_E4M3,
+                                     HW_E2M1, IS_CAUSAL, RESIDUALS, ROW)),
+                        (_consumer, (2, smem, scalars, HEAD_DIM, D_PAD, BLOCK_N, STAGES, PINGPONG, HW_E4M3,
+                                     HW_E2M1, IS_CAUSAL, RESIDUALS, ROW)),
+                        (_producer, (smem, kv, HEAD_DIM, D_PAD, BLOCK_N, STAGES))], [4, 4, 1],
+                       [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
+  elif CONSUMERS == 2:
+    gl.warp_specialize([(_consumer, (0, smem, scalars, HEAD_DIM, D_PAD, BLOCK_N, STAGES, PINGPONG, HW_E4M3,
+                                     HW_E2M1, IS_CAUSAL, RESIDUALS, ROW)),
+                        (_consumer, (1, smem, scalars, HEAD_DIM, D_PAD, BLOCK_N, STAGES, PINGPONG, HW_E4M3,
+                                     HW_E2M1, IS_CAUSAL, RESIDUALS, ROW)),
+                        (_producer, (smem, kv, HEAD_DIM, D_PAD, BLOCK_N, STAGES))], [4, 1],
+                       [CONSUMER_REGS, PRODUCER_REGS])
   else:
-    gl.warp_specialize([(_consumer, (0, smem, scalars, HEAD_DIM, BLOCK_N, STAGES, PINGPONG, HW_E4M3, HW_E2M1,
-                                     IS_CAUSAL, RESIDUALS)),
-                        (_producer, (smem, kv, HEAD_DIM, BLOCK_N, STAGES))], [1], [PRODUCER_REGS])
+    gl.warp_specialize([(_consumer, (0, smem, scalars, HEAD_DIM, D_PAD, BLOCK_N, STAGES, PINGPONG, HW_E4M3,
+                                     HW_E2M1, IS_CAUSAL, RESIDUALS, ROW)),
+                        (_producer, (smem, kv, HEAD_DIM, D_PAD, BLOCK_N, STAGES))], [1], [PRODUCER_REGS])
 
 
 def launch_params(head_dim: int, stages: int = 3, consumers: int = 2, pingpong: bool = False,
-                  compute_capability=(9, 0), is_causal: bool = False, residuals: bool = False) -> dict:
+                  compute_capability=(9, 0), is_causal: bool = False, residuals: bool = False,
+                  p_row_range: float = 0.0) -> dict:
   """Constexprs and launch options of :func:`attention_fwd_ws_kernel` (without ``residuals`` o_hp_ptr is None: the
-  launch has no O' output)."""
+  launch has no O' output; m_ptr is None unless ``residuals`` in row mode, ``p_row_range`` > 0)."""
   maxnreg, consumer_regs = registers(consumers)
   flags = quant_flags(compute_capability)
-  return {"HEAD_DIM": head_dim, "BLOCK_N": BLOCK_N, "STAGES": stages, "CONSUMERS": consumers,
-          "PINGPONG": bool(pingpong and consumers == 2),
+  row_max = residuals and p_row_range > 0
+  return {"HEAD_DIM": head_dim, "D_PAD": 128 if head_dim == 96 else head_dim, "BLOCK_N": BLOCK_N, "STAGES": stages,
+          "CONSUMERS": consumers, "PINGPONG": bool(pingpong and consumers == 2),
           "CONSUMER_REGS": consumer_regs, "HW_E4M3": flags["HW_E4M3"], "HW_E2M1": flags["HW_E2M1"],
-          "IS_CAUSAL": bool(is_causal), "RESIDUALS": bool(residuals), **({} if residuals else {"o_hp_ptr": None}),
+          "IS_CAUSAL": bool(is_causal), "RESIDUALS": bool(residuals), "P_ROW_RANGE": float(p_row_range),
+          **({} if residuals else {"o_hp_ptr": None}), **({} if row_max else {"m_ptr": None}),
           "num_warps": 4, "maxnreg": maxnreg}
