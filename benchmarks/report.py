@@ -272,15 +272,18 @@ def attention_ws(d):
   float64 oracle, worst case per variant) and the times of its variants against the Triton forward and cuDNN."""
   lines = []
   if d.get("check"):
-    per = _by_variant(d["check"])
-    # The training variant (``_residuals``) is compared with the Triton training forward's O' and lse as well.
-    worst = lambda rs, key: f"{max(r[key] for r in rs):.1e}" if all(key in r for r in rs) else "-"
-    lines += _table(["variant", "cases", "largest share of O elements differing from the Triton forward",
-                     "of O'", "of lse", "largest distance from the oracle", "the Triton forward's",
+    # Per variant and p_scale (older runs: block mode alone). The training variant (``_residuals``) is compared with
+    # the Triton training forward's O', lse (and in row mode the row max) as well; row mode has no oracle here.
+    per = _by_variant([dict(r, variant=(r["variant"], r.get("p_scale", "block"))) for r in d["check"]])
+    worst = lambda rs, key, fmt=".1e": (f"{max(r[key] for r in rs if key in r):{fmt}}" if any(key in r for r in rs)
+                                        else "-")
+    lines += _table(["variant", "p_scale", "cases", "largest share of O elements differing from the Triton forward",
+                     "of O'", "of lse", "of the row max", "largest distance from the oracle", "the Triton forward's",
                      "all within bound"],
-                    [[n, len(rs), worst(rs, "differing"), worst(rs, "differing_o_hp"), worst(rs, "differing_lse"),
-                      f"{max(r['ws_vs_oracle'] for r in rs):.2e}", f"{max(r['triton_vs_oracle'] for r in rs):.2e}",
-                      _num(all(r["ok"] for r in rs))] for n, rs in per.items()])
+                    [[n, p, len(rs), worst(rs, "differing"), worst(rs, "differing_o_hp"), worst(rs, "differing_lse"),
+                      worst(rs, "differing_row_max"), worst(rs, "ws_vs_oracle", ".2e"),
+                      worst(rs, "triton_vs_oracle", ".2e"), _num(all(r["ok"] for r in rs))]
+                     for (n, p), rs in per.items()])
   if d.get("time"):
     variants = list(dict.fromkeys(k[:-3] for r in d["time"] for k in r
                                   if k.endswith("_ms") and k not in ("triton_ms", "cudnn_bf16_ms")))

@@ -102,11 +102,15 @@ CASES = {
     {"benchmark": "attention_ws",
      "check": [dict(variant="ws_c2", differing=0.0, ws_vs_oracle=1.66e-3, triton_vs_oracle=1.66e-3, ok=True),
                dict(variant="ws_c2_residuals", differing=0.0, differing_o_hp=2e-5, differing_lse=0.0,
-                    ws_vs_oracle=1.67e-3, triton_vs_oracle=1.66e-3, ok=False)],
+                    ws_vs_oracle=1.67e-3, triton_vs_oracle=1.66e-3, ok=False),
+               dict(variant="ws_c2_residuals", p_scale="row", differing=0.0, differing_o_hp=0.0, differing_lse=0.0,
+                    differing_row_max=3e-5, ok=True)],
      "time": [dict(B=1, H=16, K=16, T=4096, D=128, causal=False, triton_ms=0.4279, cudnn_bf16_ms=0.2044,
                    ws_c2_ms=0.4018, ws_c2_vs_triton=0.0)]},
-    ["ws_c2 | 1 | 0.0e+00 | - | - | 1.66e-03", "ws_c2_residuals | 1 | 0.0e+00 | 2.0e-05 | 0.0e+00 | 1.67e-03 | "
-     "1.66e-03 | no", "0.4279", "0.4018", "| 1.06 |", "| 1.97 |"],
+    ["ws_c2 | block | 1 | 0.0e+00 | - | - | - | 1.66e-03", "ws_c2_residuals | block | 1 | 0.0e+00 | 2.0e-05 | "
+     "0.0e+00 | - | 1.67e-03 | 1.66e-03 | no",
+     "ws_c2_residuals | row | 1 | 0.0e+00 | 0.0e+00 | 0.0e+00 | 3.0e-05 | - | - | yes",
+     "0.4279", "0.4018", "| 1.06 |", "| 1.97 |"],
   ),
   "attention_ws_bwd": (
     {"benchmark": "attention_ws_bwd",
