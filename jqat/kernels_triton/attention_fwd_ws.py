@@ -1,14 +1,14 @@
 """A warp-specialized NVFP4 QAT attention forward for Hopper (sm_90), in Gluon. The forward plans (O alone, and the
-training forward's O, O' and lse) launch it by default wherever it takes the launch (``ffi.plan._ws_takes``: D = 128,
-no mask or the causal one, any lengths); ``JQAT_ATTN_FWD_KERNEL=triton`` keeps the Triton forward
-(docs/PERFORMANCE.md, section 3).
+training forward's O, O' and lse) launch it by default wherever it takes the launch (``ffi.plan._ws_takes``: D = 128
+or 96, no mask or the causal one, p_scale "block" or "row", any lengths); ``JQAT_ATTN_FWD_KERNEL=triton`` keeps the
+Triton forward (docs/PERFORMANCE.md, section 3).
 
-The function is the forward of ``attention_fwd.attention_fwd_kernel`` (docs/NUMERICS.md, sections 4.3-4.4) for its
-simplest cases: Q, K, V already fake-quantized (the quantize pass's output, ``QUANTIZE_Q`` off), p_scale "block",
-non-causal or causal (top-left; IS_CAUSAL: a NaN that reached a consumer's rows leaves them to that kernel's REDO
-launch), no other masks, no segment ids, D = 128 (or 64), KV tiles of BLOCK_N = 64 keys, any sequence lengths (a
-partial last row block and key tile, masked). O and lse (cheap, and a check of m and l); with RESIDUALS also O' (the
-training forward).
+The function is the forward of ``attention_fwd.attention_fwd_kernel`` (docs/NUMERICS.md, sections 4.3-4.4 and 7.1)
+for its simplest cases: Q, K, V already fake-quantized (the quantize pass's output, ``QUANTIZE_Q`` off), p_scale
+"block" or "row", non-causal or causal (top-left; IS_CAUSAL: a NaN that reached a consumer's rows leaves them to that
+kernel's REDO launch), no other masks, no segment ids, D = 128, 96 (on tiles of 128 channels) or 64, KV tiles of
+BLOCK_N = 64 keys, any sequence lengths (a partial last row block and key tile, masked). O and lse (cheap, and a check
+of m and l); with RESIDUALS also O' (the training forward), and in row mode the row max.
 
 Why: the Triton forward runs 64 rows on one warpgroup, two programs per SM, and is latency-bound (docs/PERFORMANCE.md,
 section 3): within a program every step waits for the one before, and only the other program's work fills the gaps.
@@ -17,7 +17,7 @@ Here each program takes FlashAttention-3's structure:
 - a producer partition (1 warp, 24 registers) copies the K and V tiles by TMA (descriptors made in the kernel, in
   the partition that uses them) into a ring of STAGES stages, each stage with its own "ready" and "empty" mbarriers
   for K and for V, so that a K tile can be refilled as soon as its S product is done, before its V tile is read;
-- CONSUMERS warpgroups (1 or 2), each owning 64 query rows (its Q tile in shared memory, the A operand of S = Q K^T)
+- CONSUMERS warpgroups (1 to 3), each owning 64 query rows (its Q tile in shared memory, the A operand of S = Q K^T)
   and walking every KV tile; with 2, one's softmax and fq(P) can run while the other's products occupy the tensor
   cores: left to the warp schedulers, or with PINGPONG enforced by two more mbarriers that hand the right to issue
   products from one consumer to the other (FlashAttention-3's schedule; :func:`_take_turn`);
