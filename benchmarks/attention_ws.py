@@ -45,15 +45,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from jqat.ffi.options import P_ROW_RANGE  # noqa: E402
 from jqat.kernels_triton import attention_fwd_ws as ws  # noqa: E402
 
-# (name, consumers, ping-pong, stages, persistent): the variants checked and timed. The first is the plan's.
+# (name, consumers, ping-pong, stages): the variants checked and timed. The first is the plan's.
 VARIANTS = [
-    ("ws_c2", 2, False, 3, False),
-    ("ws_c2_pingpong", 2, True, 3, False),
-    ("ws_c2_pingpong_s2", 2, True, 2, False),
-    ("ws_c2_pingpong_s4", 2, True, 4, False),
-    ("ws_c1", 1, False, 3, False),
-    ("ws_c3", 3, False, 3, False),
-    ("ws_c2_persistent", 2, False, 3, True),
+    ("ws_c2", 2, False, 3),
+    ("ws_c2_pingpong", 2, True, 3),
+    ("ws_c2_pingpong_s2", 2, True, 2),
+    ("ws_c2_pingpong_s4", 2, True, 4),
+    ("ws_c1", 1, False, 3),
+    ("ws_c3", 3, False, 3),
 ]
 # (B, H, K, T, D, causal): K the KV heads (GQA where K < H); causal is top-left (Tq = Tk here)
 CHECKS = [(1, 2, 2, 256, 128, False), (2, 4, 4, 1024, 128, False), (1, 4, 2, 512, 128, False),
@@ -107,13 +106,12 @@ def compile_only(arch: int = 90) -> list[dict]:
   from sass_stats import ptxas_warnings
 
   rows = []
-  types = ("*bf16", ) * 3 + ("fp32",) + ("i32", ) * 17 + ("*bf16", "*fp32", "*i32")  # outputs last (then O')
+  types = ("*bf16", ) * 3 + ("fp32",) + ("i32", ) * 16 + ("*bf16", "*fp32", "*i32")  # outputs last (then O')
   for d, causal, residuals, p_scale in BUILDS:
     every = p_scale == "block" and not residuals and (d == 64 or (d == 128 and not causal))
-    for name, consumers, pingpong, stages, persistent in VARIANTS if every else VARIANTS[:1]:
+    for name, consumers, pingpong, stages in VARIANTS if every else VARIANTS[:1]:
       row_range = P_ROW_RANGE if p_scale == "row" else 0.0
-      params = ws.launch_params(d, stages, consumers, pingpong, (arch // 10, arch % 10), causal, residuals, row_range,
-                                persistent)
+      params = ws.launch_params(d, stages, consumers, pingpong, (arch // 10, arch % 10), causal, residuals, row_range)
       t0 = time.time()
       arg_types = types + ("*bf16",) * residuals + ("*fp32",) * (residuals and p_scale == "row")
       kernel, st, sass, setmaxnreg = build_offline(ws.attention_fwd_ws_kernel, arg_types, params, arch)
@@ -145,13 +143,12 @@ def compile_only(arch: int = 90) -> list[dict]:
 
 def attention_fwd_ws(q, k, v, scale: float | None = None, *, stages: int = 3, consumers: int = 2,
                      pingpong: bool = False, is_causal: bool = False, residuals: bool = False,
-                     p_scale: str = "block", persistent: bool = False):
+                     p_scale: str = "block"):
   """O and lse of one variant of the warp-specialized forward on torch CUDA tensors (sm_90): q [B, T, N, D], k, v
   [B, Tk, K, D] bf16, already fake-quantized, BTNH with a contiguous last axis. Returns ``(o [B, T, N, D] bf16, lse
   [B, N, T] fp32)``, with ``residuals`` ``(o, o', lse)`` (the training forward's outputs) and in row mode also the
   row max [B, N, T] fp32. No masks but the causal one (top-left: query row r sees keys k <= r), p_scale "block" or
-  "row"; any T and Tk > 0. ``persistent``: one program per SM walking the row blocks in turn. (The library's plan
-  launches the default variant.)"""
+  "row"; any T and Tk > 0. (The library's plan launches the default variant.)"""
   import torch
 
   from jqat.ffi import torch_launch
@@ -171,15 +168,13 @@ def attention_fwd_ws(q, k, v, scale: float | None = None, *, stages: int = 3, co
   leaks = torch.empty((b * n, -(-t // int(ws.WG_ROWS.value))), dtype=torch.int32, device=q.device)
   row_max = residuals and p_scale == "row"
   params = ws.launch_params(d, stages, consumers, pingpong, torch.cuda.get_device_capability(q.device), is_causal,
-                            residuals, P_ROW_RANGE if p_scale == "row" else 0.0, persistent)
+                            residuals, P_ROW_RANGE if p_scale == "row" else 0.0)
   o_hp = torch.empty_like(q) if residuals else None
   m = torch.empty_like(lse) if row_max else None
-  args = (q, k, v, scale, t, tk, n, n // kh, b, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3], o,
+  args = (q, k, v, scale, t, tk, n, n // kh, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3], o,
           lse, leaks) + ((o_hp,) if residuals else ()) + ((m,) if row_max else ())
   blocks = -(-t // rows)
   grid = (b * n, blocks) if is_causal else (blocks, b * n)  # causal: longest walks first (the kernel)
-  if persistent:
-    grid = (min(b * n * blocks, torch.cuda.get_device_properties(q.device).multi_processor_count),)
   torch_launch.launch(ws.attention_fwd_ws_kernel, grid, args, params)
   return ((o, o_hp, lse) + ((m,) if row_max else ())) if residuals else (o, lse)
 
@@ -290,10 +285,10 @@ def check(variants=VARIANTS) -> list[dict]:
                                              quantize_p=True)
       base.update(triton_vs_oracle=rel(tri, want_o),
                   triton_lse_max_abs=float(np.max(np.abs(tri_fwd[2].cpu().numpy() - want_lse))))
-      for name, consumers, pingpong, stages, persistent in variants:
+      for name, consumers, pingpong, stages in variants:
         try:
           o, lse = attention_fwd_ws(q, k, v, stages=stages, consumers=consumers, pingpong=pingpong,
-                                    is_causal=causal, persistent=persistent)
+                                    is_causal=causal)
           finish_or_die(f"{name} at {case}")
           got = o.float().cpu().numpy()
         except Exception as e:  # a build or launch failure: recorded, and the other variants still run
@@ -313,7 +308,7 @@ def check(variants=VARIANTS) -> list[dict]:
               f"lse {row['ws_lse_max_abs']:.1e} fq {fq_ok} ok {row['ok']}", flush=True)
     if d == 64:
       continue
-    name, consumers, pingpong, stages, _ = VARIANTS[0]  # the plan's variant
+    name, consumers, pingpong, stages = VARIANTS[0]  # the plan's variant
     if p_scale == "row":  # no oracle of row mode here (tests/test_numerics_modes_triton.py): O alone bit for bit
       o, _ = attention_fwd_ws(q, k, v, stages=stages, consumers=consumers, pingpong=pingpong, is_causal=causal,
                               p_scale=p_scale)
@@ -376,9 +371,8 @@ def time_shapes(iters: int, repeats: int, variants=VARIANTS, shapes=TIMES) -> li
       except RuntimeError as e:  # cuDNN refused this layout (or this torch build has no cuDNN attention)
         row[f"cudnn_error_{layout}"] = str(e).splitlines()[0]
     _save_partial()
-    for name, consumers, pingpong, stages, persistent in variants:
+    for name, consumers, pingpong, stages in variants:
       fn = functools.partial(attention_fwd_ws, q, k, v, stages=stages, consumers=consumers, pingpong=pingpong,
-                             persistent=persistent,
                              is_causal=causal)
       try:
         o, _ = fn()
@@ -431,7 +425,7 @@ def main():
   import torch
 
   result = {"benchmark": "attention_ws", "date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(),
-            "variants": [dict(zip(("name", "consumers", "pingpong", "stages", "persistent"), v)) for v in VARIANTS]}
+            "variants": [dict(zip(("name", "consumers", "pingpong", "stages"), v)) for v in VARIANTS]}
   PARTIAL.update(out=args.out, result=result)
   if not args.time_only:
     result["check"] = check(checked)

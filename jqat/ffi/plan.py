@@ -521,7 +521,7 @@ def _forward_ws(q, k, v, o, opts, target, buffers, inputs, outputs, scratch, lau
   buffers["fwd_leaks"] = Tensor.dense((b * n, triton.cdiv(tq, rows)) if opts.is_causal else (1,), "int32")
   grid = (b * n, triton.cdiv(tq, _WS_ROWS)) if opts.is_causal else (triton.cdiv(tq, _WS_ROWS), b * n)
   ws = Launch("jqat_attention_fwd_ws", kws.attention_fwd_ws_kernel, grid,
-              (Ref(qq), Ref(kk), Ref(vv), float(opts.scale), tq, tk, n, n // kh, b, *_s3(q), *_s3(k), *_s3(v),
+              (Ref(qq), Ref(kk), Ref(vv), float(opts.scale), tq, tk, n, n // kh, *_s3(q), *_s3(k), *_s3(v),
                *_s3(o)), ("o", lse, "fwd_leaks") + ("o_hp",) * residuals + ("row_max",) * (residuals and row), params,
               num_warps, 1, maxnreg=maxnreg)
   scratch = tuple(name for name in scratch if name not in kept) + ("fwd_leaks",) + ("lse_ws",) * (not residuals)

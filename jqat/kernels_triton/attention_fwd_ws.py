@@ -304,20 +304,18 @@ def _pass_turn(turns, WG: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _tile(j, r, m, l, accs, ops, q_s, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turns, s_init, qk_scale,
-          row0, tk, WG: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, MASKED: gl.constexpr,
+def _tile(j, m, l, accs, ops, q_s, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turns, s_init, qk_scale, row0,
+          tk, WG: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, MASKED: gl.constexpr,
           CAUSAL: gl.constexpr, RESIDUALS: gl.constexpr, ROW: gl.constexpr, O_LAYOUT: gl.constexpr,
           HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr):
   """KV tile ``j > 0`` of a consumer: S_j = Q K_j^T and acc += fq(P_{j-1}) V_{j-1} (with RESIDUALS also acc' +=
   bf16(P_{j-1}) V_{j-1}) in flight together (wgmma groups complete in issue order), the softmax step of S_j (masked
   with MASKED) while the P V products run, then the rescale of the accumulators. ``accs``: ``(acc,)`` or ``(acc,
-  acc')``, ``ops`` their A operands (:func:`_softmax_step`). ``r``: the tile's place in the ring's sequence (``j``,
-  or with PERSISTENT the tiles of the program's earlier work items before it). Returns ``(m, l, accs, the operands of
-  tile j)``."""
-  st = r % STAGES
-  sp = (r - 1) % STAGES
-  mbarrier.wait(k_ready.index(st), (r // STAGES) & 1)
-  mbarrier.wait(v_ready.index(sp), ((r - 1) // STAGES) & 1)
+  acc')``, ``ops`` their A operands (:func:`_softmax_step`). Returns ``(m, l, accs, the operands of tile j)``."""
+  st = j % STAGES
+  sp = (j - 1) % STAGES
+  mbarrier.wait(k_ready.index(st), (j // STAGES) & 1)
+  mbarrier.wait(v_ready.index(sp), ((j - 1) // STAGES) & 1)
   _take_turn(turns, WG, j, PINGPONG)
   s_tok = warpgroup_mma(q_s, k_bufs.index(st).permute((1, 0)), s_init, use_acc=False, is_async=True)
   o_tok = warpgroup_mma(ops[0], v_bufs.index(sp), accs[0], is_async=True)
@@ -343,57 +341,9 @@ def _tile(j, r, m, l, accs, ops, q_s, k_bufs, v_bufs, k_ready, v_ready, k_empty,
 
 
 @gluon.jit
-def _work(w, row_blocks, heads, n_heads, group, tk, BLOCK_N: gl.constexpr, ROWS: gl.constexpr,
-          IS_CAUSAL: gl.constexpr):
-  """Work item ``w``: ``(b, h, kvh, start_m, n_tiles)`` of the row block of ROWS query rows that the non-persistent
-  launch's ``w``-th program (in launch order) computes: row blocks fastest; with IS_CAUSAL heads fastest and the
-  longest walks (last row blocks) first. ``heads``: B * N."""
-  if IS_CAUSAL:
-    pid_bh = w % heads
-    pid_m = row_blocks - 1 - w // heads
-  else:
-    pid_m = w % row_blocks
-    pid_bh = w // row_blocks
-  b = pid_bh // n_heads
-  h = pid_bh % n_heads
-  start_m = pid_m * ROWS
-  n_tiles = gl.cdiv(tk, BLOCK_N)  # the last one partial where tk is not a multiple of BLOCK_N (masked)
-  if IS_CAUSAL:  # top-left: the block's last row sees keys up to start_m + ROWS - 1
-    n_tiles = gl.minimum(n_tiles, (start_m + ROWS) // BLOCK_N)
-  return b, h, h // group, start_m, n_tiles
-
-
-@gluon.jit
-def _consumer(WG: gl.constexpr, smem, scalars, work, HEAD_DIM: gl.constexpr, D_PAD: gl.constexpr,
-              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, HW_E4M3: gl.constexpr,
-              HW_E2M1: gl.constexpr, IS_CAUSAL: gl.constexpr, RESIDUALS: gl.constexpr, ROW: gl.constexpr,
-              CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr):
-  """Consumer warpgroup WG: its 64 rows of one work item (``work``: ``(b, h, start_m, n_tiles)``) or, with
-  PERSISTENT, of every work item ``w0, w0 + step, .. < total`` (``work``: ``(w0, step, total, row_blocks, heads,
-  group)``, :func:`_work`), the ring's tiles counted on from one item to the next."""
-  if PERSISTENT:
-    w0, step, total, row_blocks, heads, group = work
-    tk = scalars[8]
-    n_heads = scalars[9]
-    it = 0
-    for w in range(w0, total, step):
-      b, h, kvh, start_m, n_tiles = _work(w, row_blocks, heads, n_heads, group, tk, BLOCK_N, WG_ROWS * CONSUMERS,
-                                          IS_CAUSAL)
-      gl.thread_barrier()  # every warp of this warpgroup is past the last item's products before Q is overwritten
-      _consumer_item(WG, smem, scalars, it, b, h, start_m, n_tiles, HEAD_DIM, D_PAD, BLOCK_N, STAGES, PINGPONG,
-                     HW_E4M3, HW_E2M1, IS_CAUSAL, RESIDUALS, ROW)
-      it += n_tiles
-  else:
-    b, h, start_m, n_tiles = work
-    _consumer_item(WG, smem, scalars, 0, b, h, start_m, n_tiles, HEAD_DIM, D_PAD, BLOCK_N, STAGES, PINGPONG, HW_E4M3,
-                   HW_E2M1, IS_CAUSAL, RESIDUALS, ROW)
-
-
-@gluon.jit
-def _consumer_item(WG: gl.constexpr, smem, scalars, it, b, h, start_m, n_tiles, HEAD_DIM: gl.constexpr,
-                   D_PAD: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr,
-                   HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr, IS_CAUSAL: gl.constexpr, RESIDUALS: gl.constexpr,
-                   ROW: gl.constexpr):
+def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, D_PAD: gl.constexpr, BLOCK_N: gl.constexpr,
+              STAGES: gl.constexpr, PINGPONG: gl.constexpr, HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr,
+              IS_CAUSAL: gl.constexpr, RESIDUALS: gl.constexpr, ROW: gl.constexpr):
   """Consumer warpgroup WG: query rows ``[start_m + 64 WG, +64)`` of head ``h``, batch ``b``; walks the
   ``n_tiles`` KV tiles of the ring and stores O (with RESIDUALS also O', and with ROW the row max) and lse of its
   rows, on tiles of D_PAD channels (Q's past HEAD_DIM load as 0, O's are not stored). ``smem``: the shared
@@ -403,10 +353,10 @@ def _consumer_item(WG: gl.constexpr, smem, scalars, it, b, h, start_m, n_tiles, 
   PINGPONG (two consumers): the consumers issue their products in alternation (FlashAttention-3's schedule), so that
   one's softmax runs while the other's products occupy the tensor cores; otherwise the warp schedulers interleave
   them as they come. Per KV tile each consumer issues once (S_j with P_{j-1} V_{j-1}; tile 0's S alone, the last
-  P V alone): ``n_tiles + 1`` turns each. ``it``: the ring's tiles before this item's (0 but with PERSISTENT)."""
+  P V alone): ``n_tiles + 1`` turns each."""
   q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turns = smem
-  (q_ptr, o_ptr, o_hp_ptr, lse_ptr, leak_ptr, m_ptr, qk_scale, tq, tk, n_heads, stride_qb, stride_qt, stride_qh,
-   stride_ob, stride_ot, stride_oh) = scalars
+  (q_ptr, o_ptr, o_hp_ptr, lse_ptr, leak_ptr, m_ptr, qk_scale, n_tiles, start_m, tq, tk, b, h, n_heads, stride_qb,
+   stride_qt, stride_qh, stride_ob, stride_ot, stride_oh) = scalars
   S_LAYOUT: gl.constexpr = acc_layout(BLOCK_N)
   O_LAYOUT: gl.constexpr = acc_layout(D_PAD)
   ROW_S: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
@@ -434,12 +384,12 @@ def _consumer_item(WG: gl.constexpr, smem, scalars, it, b, h, start_m, n_tiles, 
   s_init = gl.zeros([WG_ROWS, BLOCK_N], gl.float32, layout=S_LAYOUT)  # not read: use_acc=False
 
   # Tile 0: S alone (acc is 0: its rescale by alpha = 0 changes nothing).
-  mbarrier.wait(k_ready.index(it % STAGES), (it // STAGES) & 1)
+  mbarrier.wait(k_ready.index(0), 0)
   _take_turn(turns, WG, 0, PINGPONG)
-  s_tok = warpgroup_mma(q_s, k_bufs.index(it % STAGES).permute((1, 0)), s_init, use_acc=False, is_async=True)
+  s_tok = warpgroup_mma(q_s, k_bufs.index(0).permute((1, 0)), s_init, use_acc=False, is_async=True)
   _pass_turn(turns, WG, PINGPONG)
   s = warpgroup_mma_wait(0, deps=[s_tok])
-  mbarrier.arrive(k_empty.index(it % STAGES))
+  mbarrier.arrive(k_empty.index(0))
   # Tile 0 masked (the keys past tk when it is the last, the causal mask), then the whole tiles before the first that
   # the mask reaches unmasked, the rest masked: with IS_CAUSAL from the first that holds a key past row0, and the
   # last when tk is not a multiple of BLOCK_N.
@@ -449,16 +399,16 @@ def _consumer_item(WG: gl.constexpr, smem, scalars, it, b, h, start_m, n_tiles, 
   if IS_CAUSAL:
     split = gl.minimum(split, row0 // BLOCK_N)
   for j in range(1, split):
-    m, l, accs, ops = _tile(j, it + j, m, l, accs, ops, q_s, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty,
-                            turns, s_init, qk_scale, row0, tk, WG, STAGES, PINGPONG, False, IS_CAUSAL, RESIDUALS, ROW,
-                            O_LAYOUT, HW_E4M3, HW_E2M1)
+    m, l, accs, ops = _tile(j, m, l, accs, ops, q_s, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turns, s_init,
+                            qk_scale, row0, tk, WG, STAGES, PINGPONG, False, IS_CAUSAL, RESIDUALS, ROW, O_LAYOUT,
+                            HW_E4M3, HW_E2M1)
   for j in range(gl.maximum(split, 1), n_tiles):
-    m, l, accs, ops = _tile(j, it + j, m, l, accs, ops, q_s, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty,
-                            turns, s_init, qk_scale, row0, tk, WG, STAGES, PINGPONG, True, IS_CAUSAL, RESIDUALS, ROW,
-                            O_LAYOUT, HW_E4M3, HW_E2M1)
+    m, l, accs, ops = _tile(j, m, l, accs, ops, q_s, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turns, s_init,
+                            qk_scale, row0, tk, WG, STAGES, PINGPONG, True, IS_CAUSAL, RESIDUALS, ROW, O_LAYOUT,
+                            HW_E4M3, HW_E2M1)
 
-  sp = (it + n_tiles - 1) % STAGES
-  mbarrier.wait(v_ready.index(sp), ((it + n_tiles - 1) // STAGES) & 1)
+  sp = (n_tiles - 1) % STAGES
+  mbarrier.wait(v_ready.index(sp), ((n_tiles - 1) // STAGES) & 1)
   _take_turn(turns, WG, n_tiles, PINGPONG)
   o_tok = warpgroup_mma(ops[0], v_bufs.index(sp), accs[0], is_async=True)
   if RESIDUALS:
@@ -515,89 +465,45 @@ def _consumer_item(WG: gl.constexpr, smem, scalars, it, b, h, start_m, n_tiles, 
 
 
 @gluon.jit
-def _producer(smem, kv, work, HEAD_DIM: gl.constexpr, D_PAD: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, PERSISTENT: gl.constexpr):
+def _producer(smem, kv, HEAD_DIM: gl.constexpr, D_PAD: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
   """The producer warp: TMA copies of K and V tiles ``0 .. n_tiles - 1`` of KV head ``kvh`` into the ring, boxes of
-  D_PAD channels over the head's HEAD_DIM (the copy reads the channels past HEAD_DIM as zeros); with PERSISTENT those
-  of every work item of the program in turn (``work`` as :func:`_consumer`'s).
+  D_PAD channels over the head's HEAD_DIM (the copy reads the channels past HEAD_DIM as zeros).
 
   The descriptors are made here, by the warp that uses them (their 128 bytes each in the launch's global scratch),
-  so that the tensormap's writes, its proxy fence and the copies that read it are in one warp's program order. With
-  PERSISTENT one descriptor per tensor covers every batch and KV head ([B, Tk, K, HEAD_DIM]), made once: a
-  descriptor rewritten between items could be read by copies still in flight."""
+  so that the tensormap's writes, its proxy fence and the copies that read it are in one warp's program order."""
   _, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, _ = smem
-  k_ptr, v_ptr, tk, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh = kv
+  k_ptr, v_ptr, n_tiles, tk, b, kvh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh = kv
+  KV_SMEM: gl.constexpr = tile_smem_layout(BLOCK_N, D_PAD)
+  k_base = k_ptr + b.to(gl.int64) * stride_kb + kvh.to(gl.int64) * stride_kh
+  v_base = v_ptr + b.to(gl.int64) * stride_vb + kvh.to(gl.int64) * stride_vh
+  k_desc = tma.make_tensor_descriptor(k_base, shape=[tk, HEAD_DIM], strides=[stride_kt, 1],
+                                      block_shape=[BLOCK_N, D_PAD], layout=KV_SMEM)
+  v_desc = tma.make_tensor_descriptor(v_base, shape=[tk, HEAD_DIM], strides=[stride_vt, 1],
+                                      block_shape=[BLOCK_N, D_PAD], layout=KV_SMEM)
   TILE_BYTES: gl.constexpr = BLOCK_N * D_PAD * 2  # a box's bytes, the zeros past HEAD_DIM included
-  if PERSISTENT:
-    w0, step, total, row_blocks, heads, group, n_heads = work
-    BOX: gl.constexpr = _box4_smem_layout(BLOCK_N, D_PAD)
-    batch = heads // n_heads
-    kv_heads = n_heads // group
-    k_desc = tma.make_tensor_descriptor(k_ptr, shape=[batch, tk, kv_heads, HEAD_DIM],
-                                        strides=[stride_kb, stride_kt, stride_kh, 1],
-                                        block_shape=[1, BLOCK_N, 1, D_PAD], layout=BOX)
-    v_desc = tma.make_tensor_descriptor(v_ptr, shape=[batch, tk, kv_heads, HEAD_DIM],
-                                        strides=[stride_vb, stride_vt, stride_vh, 1],
-                                        block_shape=[1, BLOCK_N, 1, D_PAD], layout=BOX)
-    it = 0
-    for w in range(w0, total, step):
-      b, h, kvh, start_m, n_tiles = _work(w, row_blocks, heads, n_heads, group, tk, BLOCK_N, WG_ROWS * CONSUMERS,
-                                          IS_CAUSAL)
-      for j in range(n_tiles):
-        r = it + j
-        st = r % STAGES
-        free = ((r // STAGES) & 1) ^ 1  # the (n-1)-th release of the stage; passes at once for its first fill
-        mbarrier.wait(k_empty.index(st), free)
-        mbarrier.expect(k_ready.index(st), TILE_BYTES)
-        tma.async_copy_global_to_shared(k_desc, [b, j * BLOCK_N, kvh, 0], k_ready.index(st),
-                                        k_bufs.index(st)._reinterpret(gl.bfloat16, [1, BLOCK_N, 1, D_PAD], BOX))
-        mbarrier.wait(v_empty.index(st), free)
-        mbarrier.expect(v_ready.index(st), TILE_BYTES)
-        tma.async_copy_global_to_shared(v_desc, [b, j * BLOCK_N, kvh, 0], v_ready.index(st),
-                                        v_bufs.index(st)._reinterpret(gl.bfloat16, [1, BLOCK_N, 1, D_PAD], BOX))
-      it += n_tiles
-  else:
-    b, kvh, n_tiles = work
-    KV_SMEM: gl.constexpr = tile_smem_layout(BLOCK_N, D_PAD)
-    k_base = k_ptr + b.to(gl.int64) * stride_kb + kvh.to(gl.int64) * stride_kh
-    v_base = v_ptr + b.to(gl.int64) * stride_vb + kvh.to(gl.int64) * stride_vh
-    k_desc = tma.make_tensor_descriptor(k_base, shape=[tk, HEAD_DIM], strides=[stride_kt, 1],
-                                        block_shape=[BLOCK_N, D_PAD], layout=KV_SMEM)
-    v_desc = tma.make_tensor_descriptor(v_base, shape=[tk, HEAD_DIM], strides=[stride_vt, 1],
-                                        block_shape=[BLOCK_N, D_PAD], layout=KV_SMEM)
-    for j in range(n_tiles):
-      st = j % STAGES
-      free = ((j // STAGES) & 1) ^ 1  # the (n-1)-th release of the stage; passes at once for its first fill
-      mbarrier.wait(k_empty.index(st), free)
-      mbarrier.expect(k_ready.index(st), TILE_BYTES)
-      tma.async_copy_global_to_shared(k_desc, [j * BLOCK_N, 0], k_ready.index(st), k_bufs.index(st))
-      mbarrier.wait(v_empty.index(st), free)
-      mbarrier.expect(v_ready.index(st), TILE_BYTES)
-      tma.async_copy_global_to_shared(v_desc, [j * BLOCK_N, 0], v_ready.index(st), v_bufs.index(st))
-
-
-@gluon.constexpr_function
-def _box4_smem_layout(rows, cols):
-  """The NVMMA layout of :func:`tile_smem_layout` ([rows, cols]) for a [1, rows, 1, cols] box of a [B, T, K, D]
-  descriptor: the same bytes where they are, the unit dimensions adding none."""
-  tile = tile_smem_layout(rows, cols)
-  return gl.NVMMASharedLayout(tile.swizzle_byte_width, tile.element_bitwidth, rank=4)
+  for j in range(n_tiles):
+    st = j % STAGES
+    free = ((j // STAGES) & 1) ^ 1  # the (n-1)-th release of the stage; passes at once for its first fill
+    mbarrier.wait(k_empty.index(st), free)
+    mbarrier.expect(k_ready.index(st), TILE_BYTES)
+    tma.async_copy_global_to_shared(k_desc, [j * BLOCK_N, 0], k_ready.index(st), k_bufs.index(st))
+    mbarrier.wait(v_empty.index(st), free)
+    mbarrier.expect(v_ready.index(st), TILE_BYTES)
+    tma.async_copy_global_to_shared(v_desc, [j * BLOCK_N, 0], v_ready.index(st), v_bufs.index(st))
 
 
 @gluon.jit
 def attention_fwd_ws_kernel(
-    q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group, batch,
+    q_ptr, k_ptr, v_ptr, scale, tq, tk, n_heads, group,
     stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     stride_ob, stride_ot, stride_oh, o_ptr, lse_ptr, leak_ptr, o_hp_ptr, m_ptr,
     HEAD_DIM: gl.constexpr, D_PAD: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, HW_E4M3: gl.constexpr,
     HW_E2M1: gl.constexpr, IS_CAUSAL: gl.constexpr = False, RESIDUALS: gl.constexpr = False,
-    P_ROW_RANGE: gl.constexpr = 0.0, PERSISTENT: gl.constexpr = False):
+    P_ROW_RANGE: gl.constexpr = 0.0):
   """O (and lse) of ``64 * CONSUMERS`` query rows of one head per program: grid ``(cdiv(tq, 64 CONSUMERS), B * N)``,
   or ``(B * N, cdiv(tq, 64 CONSUMERS))`` with IS_CAUSAL (heads fastest, longest walks first). Outputs last, as the
-  launch plans order arguments. PERSISTENT: a grid ``(P,)`` of any P > 0 (the SMs), program i computing the row
-  blocks that programs i, i + P, ... of the grid above would (:func:`_work`), one after the other in one pipeline.
-  ``batch``: B.
+  launch plans order arguments.
 
   q, o: [B, Tq, N, D] bf16; k, v: [B, Tk, K, D] bf16, N = K * group (query head h reads KV head h // group); every
   last axis contiguous, the other strides multiples of 16 elements; q, k, v already fake-quantized (fq along D).
@@ -626,16 +532,19 @@ def attention_fwd_ws_kernel(
   stride_kb, stride_kt, stride_kh = stride_kb // 16 * 16, stride_kt // 16 * 16, stride_kh // 16 * 16
   stride_vb, stride_vt, stride_vh = stride_vb // 16 * 16, stride_vt // 16 * 16, stride_vh // 16 * 16
   stride_ob, stride_ot, stride_oh = stride_ob // 16 * 16, stride_ot // 16 * 16, stride_oh // 16 * 16
-  gl.static_assert(not (PERSISTENT and PINGPONG), "ping-pong's turns are counted per work item")
-  ROWS: gl.constexpr = WG_ROWS * CONSUMERS
-  row_blocks = gl.cdiv(tq, ROWS)
-  heads = batch * n_heads
-  if PERSISTENT:
-    work = (gl.program_id(0), gl.num_programs(0), row_blocks * heads, row_blocks, heads, group)
+  if IS_CAUSAL:  # grid (B * N, row blocks): heads fastest, the longest walks (last row blocks) launched first
+    pid_bh = gl.program_id(0)
+    pid_m = gl.num_programs(1) - 1 - gl.program_id(1)
   else:
-    # The launch order of the grid's programs (program_id(0) fastest) is the order of the work items.
-    w = gl.program_id(1) * gl.num_programs(0) + gl.program_id(0)
-    b, h, kvh, start_m, n_tiles = _work(w, row_blocks, heads, n_heads, group, tk, BLOCK_N, ROWS, IS_CAUSAL)
+    pid_m = gl.program_id(0)
+    pid_bh = gl.program_id(1)
+  b = pid_bh // n_heads
+  h = pid_bh % n_heads
+  kvh = h // group
+  start_m = pid_m * (WG_ROWS * CONSUMERS)
+  n_tiles = gl.cdiv(tk, BLOCK_N)  # the last one partial where tk is not a multiple of BLOCK_N (masked)
+  if IS_CAUSAL:  # top-left: the program's last row sees keys up to start_m + 64 CONSUMERS - 1
+    n_tiles = gl.minimum(n_tiles, (start_m + WG_ROWS * CONSUMERS) // BLOCK_N)
   qk_scale = scale * LOG2E  # as the Triton kernel forms it: one FP32 product
 
   TILE: gl.constexpr = tile_smem_layout(BLOCK_N, D_PAD)
@@ -656,45 +565,36 @@ def attention_fwd_ws_kernel(
     mbarrier.init(v_empty.index(i), count=CONSUMERS)
 
   smem = (q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turns)
-  scalars = (q_ptr, o_ptr, o_hp_ptr, lse_ptr, leak_ptr, m_ptr, qk_scale, tq, tk, n_heads, stride_qb, stride_qt,
-             stride_qh, stride_ob, stride_ot, stride_oh)
+  scalars = (q_ptr, o_ptr, o_hp_ptr, lse_ptr, leak_ptr, m_ptr, qk_scale, n_tiles, start_m, tq, tk, b, h, n_heads,
+             stride_qb, stride_qt, stride_qh, stride_ob, stride_ot, stride_oh)
   # (Constexprs go into the argument tuples where they are written: a tuple assigned to a variable turns them into
   # tensors.)
-  kv = (k_ptr, v_ptr, tk, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh)
-  if PERSISTENT:
-    c_work = work
-    p_work = work + (n_heads,)
-  else:
-    c_work = (b, h, start_m, n_tiles)
-    p_work = (b, kvh, n_tiles)
+  kv = (k_ptr, v_ptr, n_tiles, tk, b, kvh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh)
   if CONSUMERS == 3:
-    gl.warp_specialize([(_consumer, (0, smem, scalars, c_work, HEAD_DIM, D_PAD, BLOCK_N, STAGES, PINGPONG,
-                                     HW_E4M3, HW_E2M1, IS_CAUSAL, RESIDUALS, ROW, CONSUMERS, PERSISTENT)),
-                        (_consumer, (1, smem, scalars, c_work, HEAD_DIM, D_PAD, BLOCK_N, STAGES, PINGPONG,
-                                     HW_E4M3, HW_E2M1, IS_CAUSAL, RESIDUALS, ROW, CONSUMERS, PERSISTENT)),
-                        (_consumer, (2, smem, scalars, c_work, HEAD_DIM, D_PAD, BLOCK_N, STAGES, PINGPONG,
-                                     HW_E4M3, HW_E2M1, IS_CAUSAL, RESIDUALS, ROW, CONSUMERS, PERSISTENT)),
-                        (_producer, (smem, kv, p_work, HEAD_DIM, D_PAD, BLOCK_N, STAGES, IS_CAUSAL, CONSUMERS,
-                                     PERSISTENT))], [4, 4, 1],
+    gl.warp_specialize([(_consumer, (0, smem, scalars, HEAD_DIM, D_PAD, BLOCK_N, STAGES, PINGPONG, HW_E4M3,
+                                     HW_E2M1, IS_CAUSAL, RESIDUALS, ROW)),
+                        (_consumer, (1, smem, scalars, HEAD_DIM, D_PAD, BLOCK_N, STAGES, PINGPONG, HW_E4M3,
+                                     HW_E2M1, IS_CAUSAL, RESIDUALS, ROW)),
+                        (_consumer, (2, smem, scalars, HEAD_DIM, D_PAD, BLOCK_N, STAGES, PINGPONG, HW_E4M3,
+                                     HW_E2M1, IS_CAUSAL, RESIDUALS, ROW)),
+                        (_producer, (smem, kv, HEAD_DIM, D_PAD, BLOCK_N, STAGES))], [4, 4, 1],
                        [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
   elif CONSUMERS == 2:
-    gl.warp_specialize([(_consumer, (0, smem, scalars, c_work, HEAD_DIM, D_PAD, BLOCK_N, STAGES, PINGPONG,
-                                     HW_E4M3, HW_E2M1, IS_CAUSAL, RESIDUALS, ROW, CONSUMERS, PERSISTENT)),
-                        (_consumer, (1, smem, scalars, c_work, HEAD_DIM, D_PAD, BLOCK_N, STAGES, PINGPONG,
-                                     HW_E4M3, HW_E2M1, IS_CAUSAL, RESIDUALS, ROW, CONSUMERS, PERSISTENT)),
-                        (_producer, (smem, kv, p_work, HEAD_DIM, D_PAD, BLOCK_N, STAGES, IS_CAUSAL, CONSUMERS,
-                                     PERSISTENT))], [4, 1],
+    gl.warp_specialize([(_consumer, (0, smem, scalars, HEAD_DIM, D_PAD, BLOCK_N, STAGES, PINGPONG, HW_E4M3,
+                                     HW_E2M1, IS_CAUSAL, RESIDUALS, ROW)),
+                        (_consumer, (1, smem, scalars, HEAD_DIM, D_PAD, BLOCK_N, STAGES, PINGPONG, HW_E4M3,
+                                     HW_E2M1, IS_CAUSAL, RESIDUALS, ROW)),
+                        (_producer, (smem, kv, HEAD_DIM, D_PAD, BLOCK_N, STAGES))], [4, 1],
                        [CONSUMER_REGS, PRODUCER_REGS])
   else:
-    gl.warp_specialize([(_consumer, (0, smem, scalars, c_work, HEAD_DIM, D_PAD, BLOCK_N, STAGES, PINGPONG,
-                                     HW_E4M3, HW_E2M1, IS_CAUSAL, RESIDUALS, ROW, CONSUMERS, PERSISTENT)),
-                        (_producer, (smem, kv, p_work, HEAD_DIM, D_PAD, BLOCK_N, STAGES, IS_CAUSAL, CONSUMERS,
-                                     PERSISTENT))], [1], [PRODUCER_REGS])
+    gl.warp_specialize([(_consumer, (0, smem, scalars, HEAD_DIM, D_PAD, BLOCK_N, STAGES, PINGPONG, HW_E4M3,
+                                     HW_E2M1, IS_CAUSAL, RESIDUALS, ROW)),
+                        (_producer, (smem, kv, HEAD_DIM, D_PAD, BLOCK_N, STAGES))], [1], [PRODUCER_REGS])
 
 
 def launch_params(head_dim: int, stages: int = 3, consumers: int = 2, pingpong: bool = False,
                   compute_capability=(9, 0), is_causal: bool = False, residuals: bool = False,
-                  p_row_range: float = 0.0, persistent: bool = False) -> dict:
+                  p_row_range: float = 0.0) -> dict:
   """Constexprs and launch options of :func:`attention_fwd_ws_kernel` (without ``residuals`` o_hp_ptr is None: the
   launch has no O' output; m_ptr is None unless ``residuals`` in row mode, ``p_row_range`` > 0)."""
   maxnreg, consumer_regs = registers(consumers)
@@ -704,6 +604,5 @@ def launch_params(head_dim: int, stages: int = 3, consumers: int = 2, pingpong: 
           "CONSUMERS": consumers, "PINGPONG": bool(pingpong and consumers == 2),
           "CONSUMER_REGS": consumer_regs, "HW_E4M3": flags["HW_E4M3"], "HW_E2M1": flags["HW_E2M1"],
           "IS_CAUSAL": bool(is_causal), "RESIDUALS": bool(residuals), "P_ROW_RANGE": float(p_row_range),
-          "PERSISTENT": bool(persistent),
           **({} if residuals else {"o_hp_ptr": None}), **({} if row_max else {"m_ptr": None}),
           "num_warps": 4, "maxnreg": maxnreg}
