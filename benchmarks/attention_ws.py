@@ -6,8 +6,8 @@ Triton forward and cuDNN, on one Hopper GPU (torch).
 
 Inputs: BF16 [B, T, H, D] (BTNH), fake-quantized once by jqat's Triton quantize kernel (``fake_quantize_rows_kernel``,
 the pass the library runs before its forward), so that every implementation sees the same fq(Q), fq(K), fq(V);
-the O-alone forward (``quantize_qkv=False`` for the Triton plan: the values are already quantized), p_scale "block",
-non-causal, KV tiles of 64 keys.
+the O-alone forward (``quantize_qkv=False`` for the Triton plan: the values are already quantized), KV tiles of 64
+keys, GQA where K < H, causal (top-left) where the case says so, p_scale "block" unless it says "row".
 
 Check: at small shapes, per variant of the new kernel, the relative Frobenius distance of its O from the float64 NumPy
 oracle of the same walk (tests/oracle.py, ``attention_oracle`` without fq of Q, K, V: fq(P) per tile of 64 keys
@@ -15,13 +15,15 @@ relative to the running max), the Triton forward's distance from the same oracle
 from the Triton kernel and the share of O's elements that differ from it, and the largest |lse - lse_oracle|. The
 kernels run exp2 with log2 e folded into the scale where the oracle runs exp, so each is compared with the oracle,
 and the bound is relative to the Triton kernel's own distance. The quantized inputs are also checked bit for bit
-against the oracle's fq. At D = 128 the plan's variant also runs the training forward (``ws_c2_residuals``: O, O'
-and lse), whose three outputs must equal the Triton training forward's element for element. The Triton kernels are
-reached through the plans with ``JQAT_ATTN_FWD_KERNEL=triton`` (set here): the new kernel is launched directly.
+against the oracle's fq. Where the plan's variant is among those checked, it also runs the training forward at D =
+96 and 128 (``ws_c2_residuals``: O, O' and lse, and in row mode the row max), whose outputs must equal the Triton
+training forward's element for element, and the row-mode cases (no oracle of row mode here: O alone is compared
+element for element with the Triton O-alone forward's). The Triton kernels are reached through the plans with
+``JQAT_ATTN_FWD_KERNEL=triton`` (set here): the new kernel is launched directly.
 
-Time: CUDA events around 20 back-to-back calls, median of 5 (benchmarks/_timing.py), at (1, 16, 4096, 128) and
-(1, 16, 16384, 128): the new kernel's variants (consumer warpgroups, ping-pong, stages), the Triton O-alone forward
-(``torch.ops.jqat.attention_out``: one launch) and cuDNN's BF16 forward (torch SDPA under
+Time: CUDA events around 20 back-to-back calls, median of 5 (benchmarks/_timing.py), at the shapes of TIMES
+(``--time-rows`` picks some): the new kernel's variants (consumer warpgroups, ping-pong, stages), the Triton O-alone
+forward (``torch.ops.jqat.attention_out``: one launch) and cuDNN's BF16 forward (torch SDPA under
 ``sdpa_kernel(CUDNN_ATTENTION)``, on the unquantized BF16 inputs); TFLOP/s count the two matmuls (4 B H T^2 D).
 """
 
@@ -267,8 +269,11 @@ def check(variants=VARIANTS) -> list[dict]:
   from oracle import attention_oracle, fq_oracle
 
   rows = PARTIAL.setdefault("result", {}).setdefault("check", [])
+  plan_checked = VARIANTS[0] in variants  # the row-mode and training-forward checks are the plan's variant's
   for i, (b, h, kh, t, d, causal, *mode) in enumerate(CHECKS):
     p_scale = mode[0] if mode else "block"
+    if p_scale == "row" and not plan_checked:
+      continue
     raw, (q, k, v) = inputs(b, h, kh, t, d, seed=10 + i)
     fq_ok = all(np.array_equal(fq_oracle(r.float().cpu().numpy()), x.float().cpu().numpy())
                 for r, x in zip(raw, (q, k, v)))
@@ -306,7 +311,7 @@ def check(variants=VARIANTS) -> list[dict]:
         print(f"check {case} {name:18s} ws-oracle {row['ws_vs_oracle']:.3e} triton-oracle "
               f"{row['triton_vs_oracle']:.3e} ws-triton {row['ws_vs_triton']:.3e} differing {row['differing']:.5f} "
               f"lse {row['ws_lse_max_abs']:.1e} fq {fq_ok} ok {row['ok']}", flush=True)
-    if d == 64:
+    if d == 64 or not plan_checked:
       continue
     name, consumers, pingpong, stages = VARIANTS[0]  # the plan's variant
     if p_scale == "row":  # no oracle of row mode here (tests/test_numerics_modes_triton.py): O alone bit for bit
