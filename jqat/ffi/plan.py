@@ -544,9 +544,8 @@ def forward_redo_launch(fwd: Launch) -> Launch:
   assert (fwd.kernel is kfwd.attention_fwd_kernel and not c["QKV_TENSOR"] and not c["HAS_SEG"]
           and len(fwd.outputs) <= 4)
   args = list(fwd.args)
-  leak = len(args) - 13  # leak_ptr, then the 12 strides; before it the three enc pointers, before those seg_sorted
-  slots = (len(args) - 16, len(args) - 15, len(args) - 14, len(args) - 17)
-  args[leak] = Ref("fwd_leaks")
+  slots = tuple(_arg_index(fwd.kernel, name) for name in ("q_enc_ptr", "k_enc_ptr", "v_enc_ptr", "seg_sorted_ptr"))
+  args[_arg_index(fwd.kernel, "leak_ptr")] = Ref("fwd_leaks")
   for slot, name in zip(slots, fwd.outputs):
     args[slot] = Ref(name)
   return dataclasses.replace(fwd, name="jqat_attention_fwd_redo", args=tuple(args),
@@ -607,7 +606,13 @@ def _dkdv_ws(d_out, q, k, v, qq, kk, vv, opts, target, in_grads, row: bool, redo
   return ws, redo_launch(redo, kk, vv)
 
 
-_LEAK_ARG = 20  # the Triton dK/dV kernel's leak_ptr: after q, k, v, dO, lse, delta, rf, 5 scalars, 5 masks, 3 enc
+def _arg_index(kernel, name: str) -> int:
+  """The place of ``kernel``'s argument ``name`` in a launch's arguments: its place in the signature (the launches'
+  arguments are the signature's leading ones, outputs and constexprs after them)."""
+  return kernel.arg_names.index(name)
+
+
+_LEAK_ARG = _arg_index(kbwd.attention_bwd_dkdv_kernel, "leak_ptr")  # read in REDO mode only
 
 
 def redo_launch(dkdv: Launch, kk: str, vv: str) -> Launch:
