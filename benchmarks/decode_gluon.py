@@ -1,6 +1,7 @@
 """The Gluon decode kernel against the Triton kernel (one GPU, torch): the same outputs, and the time of each.
 
-    python benchmarks/decode_gluon.py --out decode_gluon.json [--check-only | --time-only] [--compile-only]
+    python benchmarks/decode_gluon.py --out decode_gluon.json [--check-only | --time-only] [--compile-only] [--sweep]
+        [--caps]
 
 Check: random packed caches (every code byte, E4M3 scales over 2**-9 .. 2**3, some subnormal) and BF16 queries, GQA,
 ragged lengths, contiguous and paged, causal and not, one split and several, p_scale "block" and "row"; per case the
@@ -73,6 +74,22 @@ SWEEP = {
     (1, 32, 8, 131072, 128, 4, 0): _KG,
     (8, 32, 8, 32768, 64, 1, 0): _KG,
 }
+# --caps: register caps (decode_gluon.MAXNREG) that fit more programs on an SM, the uncapped default first. Offline
+# (sm_90): one new token at D = 128 takes 193 registers (5 two-warp programs an SM; 168 fits 6 with 24 B spilled), four
+# new tokens 254 (4 programs; 232 fits none more, 200 fits 5 with 104 B spilled, 168 fits 6 with 248 B), D = 64 152 (6
+# programs; 128 fits 8, no spill). With them the compute alone (PROBE 2) at T = 32768, uncapped and capped: on an H100
+# one new token is bound by the copies there, and an H200 reads 1.43x faster.
+_CAPS1 = [("gluon_reg0", None), ("gluon_reg168", None)]
+_CAPS4 = [("gluon_reg0", None), ("gluon_reg232", None), ("gluon_reg200", None), ("gluon_reg168", None)]
+CAPS = {
+    (8, 32, 8, 32768, 128, 1, 0): _CAPS1 + [("gluon_reg0_computeonly", None), ("gluon_reg168_computeonly", None)],
+    (8, 32, 8, 32768, 128, 4, 0): _CAPS4 + [("gluon_reg0_computeonly", None), ("gluon_reg200_computeonly", None),
+                                            ("gluon_reg0_memonly", None)],
+    (32, 32, 8, 8192, 128, 4, 0): _CAPS4,
+    (1, 32, 8, 131072, 128, 1, 0): _CAPS1,
+    (1, 32, 8, 131072, 128, 4, 0): _CAPS4,
+    (8, 32, 8, 32768, 64, 1, 0): [("gluon_reg0", None), ("gluon_reg128", None)],
+}
 
 
 def describe(shape, dtype):
@@ -82,14 +99,17 @@ def describe(shape, dtype):
 # Gluon launch parameters measured beside the default (decode_gluon.stages): two and three stages.
 VARIANTS = {"gluon": None, "gluon_stages2": 2, "gluon_stages3": 3}
 # --sweep's variants: the module knobs of decode_gluon (STAGES, KV_GROUP, PROBE, PACK) they set, by name:
-# gluon[_kg<G>][_stages<S>][_nopack][_memonly | _computeonly] (S^T not packed; the copies alone, the compute alone).
+# gluon[_kg<G>][_stages<S>][_reg<R>][_nopack][_memonly | _computeonly] (a cap of R registers a thread, 0 for none;
+# S^T not packed; the copies alone, the compute alone).
 PROBES = {"gluon_memonly": 1, "gluon_computeonly": 2}
 
 
 def _knobs(kernel: str) -> dict:
-  knobs = {"STAGES": VARIANTS.get(kernel), "KV_GROUP": None, "PROBE": 0, "PACK": True}
+  knobs = {"STAGES": VARIANTS.get(kernel), "KV_GROUP": None, "PROBE": 0, "PACK": True, "MAXNREG": None}
   for part in kernel.split("_")[1:]:
-    if part == "nopack":
+    if part.startswith("reg"):
+      knobs["MAXNREG"] = int(part[3:])
+    elif part == "nopack":
       knobs["PACK"] = False
     elif part.startswith("kg"):
       knobs["KV_GROUP"] = int(part[2:])
@@ -283,16 +303,19 @@ def main():
   ap.add_argument("--compile-only", action="store_true")
   ap.add_argument("--choice", default=None, help="write there the environment of the variant the tests should run")
   ap.add_argument("--sweep", action="store_true", help="time the variants and split counts of SWEEP only")
+  ap.add_argument("--caps", action="store_true", help="time the register caps of CAPS only")
+  ap.add_argument("--variants", default="gluon", help="the Gluon variants the check compares, comma-separated")
   args = ap.parse_args()
   if args.compile_only:
     compile_only()
     return
   import torch
 
-  if args.sweep:
-    rows = [time_case(*case, kernels=(), split_counts=runs) for case, runs in SWEEP.items()]
+  if args.sweep or args.caps:
+    rows = [time_case(*case, kernels=(), split_counts=runs) for case, runs in (CAPS if args.caps else SWEEP).items()]
     with open(args.out, "w") as f:
-      json.dump({"benchmark": "decode_gluon --sweep", "date": time.strftime("%Y-%m-%d"),
+      json.dump({"benchmark": "decode_gluon --caps" if args.caps else "decode_gluon --sweep",
+                 "date": time.strftime("%Y-%m-%d"),
                  "device": torch.cuda.get_device_name(), "time": rows}, f, indent=1)
     for r in rows:
       print(r["B"], r["N"], r["K"], r["T"], r["D"], r["Tq"], " ".join(
@@ -303,7 +326,7 @@ def main():
              "date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(), "check": [], "time": []}
   try:
     if not args.time_only:
-      check(results)
+      check(results, tuple(args.variants.split(",")))
     if not args.check_only:
       for case in TIMES:
         results["time"].append(time_case(*case))
@@ -318,7 +341,8 @@ def main():
   for r in results["time"]:
     print(r["B"], r["N"], r["K"], r["T"], r["D"], r["Tq"], r["page_size"], f"{r['triton_ms']:.4f}",
           *(f"{r[v + '_ms']:.4f}" for v in VARIANTS), f"{r['speedup']:.2f}x", f"{r['gluon_tbps']:.2f}")
-  ok = {v: all(r["ok"] for r in results["check"] if r["kernel"] == v) for v in VARIANTS}
+  ok = {v: all(r["ok"] for r in results["check"] if r["kernel"] == v) for v in dict.fromkeys(
+      r["kernel"] for r in results["check"])}
   print("all checks ok:", ok)
   if args.choice:  # the environment of the variant to test further: the default where it passed
     with open(args.choice, "w") as f:

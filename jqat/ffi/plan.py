@@ -932,16 +932,17 @@ def decode_attention(q: Tensor, k_codes: Tensor, k_scales: Tensor, v_codes: Tens
                       PROBE=kdg.PROBE, PACK=kdg.packs(rows))
     cache_strides = tuple(s for t in cache for s in (t.strides[0], t.strides[2]))
     grid, warps, stages = (programs // kv_group, splits), kv_group, 1
+    maxnreg = kdg.registers()
   else:
     constexprs.update(CVT=bool(c.cvt))
-    grid, warps, stages = (programs, splits), c.num_warps, c.num_stages
+    grid, warps, stages, maxnreg = (programs, splits), c.num_warps, c.num_stages, 0
   split = Launch(
       "jqat_decode_split_gluon" if gluon else "jqat_decode_split",
       kdg.decode_split_kernel if gluon else kdec.decode_split_kernel, grid,
       (Ref("q"), Ref("k_codes"), Ref("k_scales"), Ref("v_codes"), Ref("v_scales"), Ref("kv_len"),
        Ref("page_table" if page_table is not None else "kv_len"), float(opts.scale), tq, group, kh, rows, row_blocks,
        geo["capacity"], geo["pages_per_seq"], geo["num_pages"], *_s3(q), *strides[:3], *cache_strides),
-      split_outputs, constexprs, warps, stages)
+      split_outputs, constexprs, warps, stages, maxnreg=maxnreg)
   launches = (split,)
   if splits > 1:
     launches += (Launch(
