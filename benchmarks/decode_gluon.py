@@ -76,9 +76,9 @@ SWEEP = {
 }
 # --caps: register caps (decode_gluon.MAXNREG) that fit more programs on an SM, the uncapped default first. Offline
 # (sm_90): one new token at D = 128 takes 193 registers (5 two-warp programs an SM; 168 fits 6 with 24 B spilled), four
-# new tokens 254 (4 programs; 232 fits none more, 200 fits 5 with 104 B spilled, 168 fits 6 with 248 B), D = 64 152 (6
-# programs; 128 fits 8, no spill). With them the compute alone (PROBE 2) at T = 32768, uncapped and capped: on an H100
-# one new token is bound by the copies there, and an H200 reads 1.43x faster.
+# new tokens 254 (4 programs; 232 spills nothing but fits no more, 200 fits 5 with 104 B spilled, 168 fits 6 with 248
+# B), D = 64 152 (6 programs; 128 fits 8, no spill). With them the compute alone (PROBE 2) at T = 32768, uncapped and
+# capped: on an H100 one new token is bound by the copies there, and an H200 reads 1.43x faster.
 _CAPS1 = [("gluon_reg0", None), ("gluon_reg168", None)]
 _CAPS4 = [("gluon_reg0", None), ("gluon_reg232", None), ("gluon_reg200", None), ("gluon_reg168", None)]
 CAPS = {
@@ -98,14 +98,14 @@ def describe(shape, dtype):
 
 # Gluon launch parameters measured beside the default (decode_gluon.stages): two and three stages.
 VARIANTS = {"gluon": None, "gluon_stages2": 2, "gluon_stages3": 3}
-# --sweep's variants: the module knobs of decode_gluon (STAGES, KV_GROUP, PROBE, PACK) they set, by name:
-# gluon[_kg<G>][_stages<S>][_reg<R>][_nopack][_memonly | _computeonly] (a cap of R registers a thread, 0 for none;
-# S^T not packed; the copies alone, the compute alone).
+# --sweep's and --caps' variants: the module knobs of decode_gluon (STAGES, KV_GROUP, PROBE, PACK, MAXNREG) they set,
+# by name: gluon[_kg<G>][_stages<S>][_reg<R>][_nopack][_memonly | _computeonly] (a cap of R registers a thread, 0
+# for none; S^T not packed; the copies alone, the compute alone).
 PROBES = {"gluon_memonly": 1, "gluon_computeonly": 2}
 
 
 def _knobs(kernel: str) -> dict:
-  knobs = {"STAGES": VARIANTS.get(kernel), "KV_GROUP": None, "PROBE": 0, "PACK": True, "MAXNREG": None}
+  knobs = {"STAGES": VARIANTS.get(kernel), "KV_GROUP": None, "PROBE": 0, "PACK": True, "MAXNREG": 0}
   for part in kernel.split("_")[1:]:
     if part.startswith("reg"):
       knobs["MAXNREG"] = int(part[3:])

@@ -66,12 +66,12 @@ MAX_ROWS = 16
 MAX_KV_GROUP = 2
 # Set for measurements (benchmarks/decode_gluon.py): KV tiles in shared memory (None: stages()); KV heads a program
 # takes (None: kv_group()); PROBE 1 runs the copies alone, 2 the compute alone (0: the kernel); PACK False: S^T never
-# packed (packs()); MAXNREG a register cap (None: registers(), 0: none).
+# packed (packs()); MAXNREG a cap on registers per thread (0: none; registers()).
 STAGES = None
 KV_GROUP = None
 PROBE = 0
 PACK = True
-MAXNREG = None
+MAXNREG = 0
 
 
 def kv_group(kv_heads: int) -> int:
@@ -92,10 +92,10 @@ def stages(head_dim: int, rows: int, kv_group: int) -> int:
 
 
 def registers() -> int:
-  """The launch's cap on registers per thread: none (0) unless :data:`MAXNREG` sets one. Caps that fit more programs
-  on an SM (168 a thread for one new token, 232, 200 and 168 for four) spill or not and were slower at every timed
-  shape; at D = 64 a cap of 128 was level (docs/BENCHMARKS.md, ``decode_gluon.py --caps``)."""
-  return MAXNREG or 0
+  """The launch's cap on registers per thread: none (0) unless :data:`MAXNREG` sets one. The caps that fit more
+  programs on an SM (168 a thread for one new token; 200 and 168 for four, and 232) were slower at every timed shape,
+  with or without spills, and 128 at D = 64 level (docs/BENCHMARKS.md, ``decode_gluon.py --caps``)."""
+  return MAXNREG
 
 
 def supported(head_dim: int, rows: int, block_n: int, page_size: int, quantize_q: bool, quantize_p: bool,
