@@ -931,8 +931,7 @@ def decode_attention(q: Tensor, k_codes: Tensor, k_scales: Tensor, v_codes: Tens
                       VS_T=v_scales.strides[1], STAGES=kdg.stages(d, block_m, kv_group), KV_GROUP=kv_group,
                       PROBE=kdg.PROBE, PACK=kdg.packs(rows))
     cache_strides = tuple(s for t in cache for s in (t.strides[0], t.strides[2]))
-    grid, warps, stages = (programs // kv_group, splits), kv_group, 1
-    maxnreg = kdg.registers()
+    grid, warps, stages, maxnreg = (programs // kv_group, splits), kv_group, 1, kdg.MAXNREG
   else:
     constexprs.update(CVT=bool(c.cvt))
     grid, warps, stages, maxnreg = (programs, splits), c.num_warps, c.num_stages, 0

@@ -66,11 +66,14 @@ MAX_ROWS = 16
 MAX_KV_GROUP = 2
 # Set for measurements (benchmarks/decode_gluon.py): KV tiles in shared memory (None: stages()); KV heads a program
 # takes (None: kv_group()); PROBE 1 runs the copies alone, 2 the compute alone (0: the kernel); PACK False: S^T never
-# packed (packs()); MAXNREG a cap on registers per thread (0: none; registers()).
+# packed (packs()); MAXNREG a cap on registers per thread (0: none).
 STAGES = None
 KV_GROUP = None
 PROBE = 0
 PACK = True
+# No cap by default: the caps that fit more programs on an SM (168 a thread for one new token; 200 and 168 for four,
+# and 232) were slower at every timed shape, with or without spills, and 128 at D = 64 level (docs/BENCHMARKS.md,
+# decode_gluon.py --caps).
 MAXNREG = 0
 
 
@@ -89,13 +92,6 @@ def stages(head_dim: int, rows: int, kv_group: int) -> int:
   if STAGES is not None:
     return STAGES
   return 3 if kv_group == 1 and head_dim == 128 and rows <= 8 else 2
-
-
-def registers() -> int:
-  """The launch's cap on registers per thread: none (0) unless :data:`MAXNREG` sets one. The caps that fit more
-  programs on an SM (168 a thread for one new token; 200 and 168 for four, and 232) were slower at every timed shape,
-  with or without spills, and 128 at D = 64 level (docs/BENCHMARKS.md, ``decode_gluon.py --caps``)."""
-  return MAXNREG
 
 
 def supported(head_dim: int, rows: int, block_n: int, page_size: int, quantize_q: bool, quantize_p: bool,
