@@ -14,6 +14,9 @@ in the same order: 0 expected), their relative Frobenius distances from it, and 
 float64 oracle of the backward (tests/oracle.py, ``attention_grad_oracle``; ``row_oracle`` with ``--p-scale row``).
 
 Time: CUDA events around 20 back-to-back launches, median of 5: each variant, and the plan's dK/dV launch alone.
+Variants: query rows a tile (m32, m64), stages of the Q/dO ring (s2..s4), the dV product a tile late (defer), and
+where each tile's lse and delta come from: ``_ring`` in the ring with its Q, ``_ahead`` loaded a tile ahead by the
+consumers (``ROWS_IN_RING``; the others take the plan's choice, ``attention_bwd_ws.rows_in_ring``).
 
 ``--p-scale row``: the same with p_scale="row" (the forward's row max; the kernels read the row factors that the
 backward plan's own launch forms). ``--causal``: the same with a (top-left) causal mask: the Triton kernel's causal
@@ -40,9 +43,12 @@ from attention_ws import PARTIAL, bhsd, finish_or_die, inputs, rel, triton_stati
 from jqat.ffi import plan as plans  # noqa: E402
 from jqat.kernels_triton import attention_bwd_ws as ws  # noqa: E402
 
-# (name, query rows per tile, stages, the dV product one tile late)
-VARIANTS = [("ws_m32_s2", 32, 2, False), ("ws_m32_s3", 32, 3, False), ("ws_m32_s3_defer", 32, 3, True),
-            ("ws_m32_s4_defer", 32, 4, True), ("ws_m64_s2", 64, 2, False)]
+# (name, query rows per tile, stages, the dV product one tile late, ROWS_IN_RING: None the plan's choice
+# (attention_bwd_ws.rows_in_ring), True or False forced)
+VARIANTS = [("ws_m32_s2", 32, 2, False, None), ("ws_m32_s3", 32, 3, False, None),
+            ("ws_m32_s3_defer", 32, 3, True, None), ("ws_m32_s4_defer", 32, 4, True, None),
+            ("ws_m64_s2", 64, 2, False, None), ("ws_m64_s2_ring", 64, 2, False, True),
+            ("ws_m64_s2_ahead", 64, 2, False, False)]
 # (B, H, K, T, D)
 CHECKS = [(1, 2, 2, 256, 128), (2, 4, 2, 512, 128), (1, 2, 2, 256, 64), (1, 4, 1, 384, 128),
           (1, 4, 2, 400, 128), (1, 2, 1, 208, 64),  # these two: T a multiple of 16 only
@@ -61,9 +67,10 @@ def compile_only(arch: int = 90, p_row_range: float = 0.0) -> None:
   from sass_stats import ptxas_warnings
 
   for d in (128, 96, 64):
-    for name, block_m, stages, defer in VARIANTS:
+    for name, block_m, stages, defer, ring in VARIANTS:
       t0 = time.time()
       params = ws.launch_params(d, block_m, stages, (arch // 10, arch % 10), defer, p_row_range, is_causal=CAUSAL)
+      params["ROWS_IN_RING"] = params["ROWS_IN_RING"] if ring is None else ring
       kernel, st, sass, setmaxnreg = build_offline(ws.attention_bwd_dkdv_ws_kernel, TYPES, params, arch)
       wgmma = params["D_PAD"] // 8 + block_m // 8
       loops = [lp["instructions"] for lp in st["loops"] if lp["mix"].get("HGMMA") == wgmma]
@@ -73,9 +80,10 @@ def compile_only(arch: int = 90, p_row_range: float = 0.0) -> None:
             f"{ptxas_warnings(kernel, arch) or 'none'} ({time.time() - t0:.1f} s)", flush=True)
 
 
-def dkdv_ws(q, k, v, do, lse, delta, scale, *, block_m=32, stages=2, defer_dv=False, row_factors=None):
+def dkdv_ws(q, k, v, do, lse, delta, scale, *, block_m=32, stages=2, defer_dv=False, row_factors=None, ring=None):
   """dK, dV of the new kernel on BTNH torch tensors (q, do [B, T, N, D]; k, v [B, Tk, K, D], bf16, heads side by
-  side) and lse, delta [B, N, T] fp32; row_factors [B, N, 2, T] fp32 for p_scale="row"."""
+  side) and lse, delta [B, N, T] fp32; row_factors [B, N, 2, T] fp32 for p_scale="row"; ring: ROWS_IN_RING (None:
+  the plan's choice)."""
   import torch
 
   from jqat.ffi import torch_launch
@@ -90,6 +98,7 @@ def dkdv_ws(q, k, v, do, lse, delta, scale, *, block_m=32, stages=2, defer_dv=Fa
   row = row_factors is not None
   params = ws.launch_params(d, block_m, stages, torch.cuda.get_device_capability(q.device), defer_dv,
                             plans.P_ROW_RANGE if row else 0.0, t, tk, is_causal=CAUSAL)
+  params["ROWS_IN_RING"] = params["ROWS_IN_RING"] if ring is None else ring
   args = (q, k, v, do, lse, delta, row_factors if row else lse, scale, t, tk, n, n // kh, 0, *q.stride()[:3],
           *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], dk, dv,
           torch.empty((b * kh, -(-tk // 64)), dtype=torch.int32, device=q.device))  # the causal walk's NaN flags
@@ -155,10 +164,10 @@ def check(p_scale: str) -> list[dict]:
     dk_t, dv_t = host(dk_t), host(dv_t)
     base = {"B": b, "H": h, "K": kh, "T": t, "D": d, "triton_dk_vs_oracle": rel(dk_t, want_dk),
             "triton_dv_vs_oracle": rel(dv_t, want_dv)}
-    for name, block_m, stages, defer in VARIANTS:
+    for name, block_m, stages, defer, ring in VARIANTS:
       try:
         dk, dv = dkdv_ws(q, k, v, do, lse, delta, d**-0.5, block_m=block_m, stages=stages, defer_dv=defer,
-                         row_factors=rf)
+                         row_factors=rf, ring=ring)
         finish_or_die(f"{name} at {(b, h, kh, t, d)}")
         dk, dv = host(dk), host(dv)
       except Exception as e:  # recorded; the other variants still run
@@ -190,9 +199,9 @@ def time_shapes(iters: int, repeats: int, p_scale: str, shapes=TIMES) -> list[di
     rows.append(row)
     row["triton_ms"] = cuda_event_ms(run_dkdv, iters, repeats)
     print(f"time {(b, h, kh, t, d)} triton dK/dV {row['triton_ms']:.4f} ms", flush=True)
-    for name, block_m, stages, defer in VARIANTS:
+    for name, block_m, stages, defer, ring in VARIANTS:
       fn = functools.partial(dkdv_ws, q, k, v, do, lse, delta, d**-0.5, block_m=block_m, stages=stages, defer_dv=defer,
-                             row_factors=rf)
+                             row_factors=rf, ring=ring)
       try:
         dk, dv = fn()
         finish_or_die(f"{name} at {(b, h, kh, t, d)}")

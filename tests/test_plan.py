@@ -545,6 +545,7 @@ def test_ws_dkdv_plan_builds_for_sm90(monkeypatch, tmp_path):
     assert [(refs(launch)[i], o) for i, o in (launch.aliases)] == [(refs(old)[i], o) for i, o in old.aliases]
     usage, loops = _warp_specialized_build(plan, launch, tmp_path, loops=True)
     assert launch.constexprs["BLOCK_M"] == 64
+    assert launch.constexprs["ROWS_IN_RING"] == (d == 64)  # lse and delta a tile ahead at D = 128, in the ring at 64
     assert d == 128 or re.search(r"STACK:0\b", usage), (d, usage)
     assert _walk_local_ops(loops, d // 8 + 64 // 8) == {"LDL": 0, "STL": 0}, d
   # p_scale="row": the same launch reading the row factors (the Triton launch's rf argument) with P_ROW_RANGE.
@@ -556,6 +557,7 @@ def test_ws_dkdv_plan_builds_for_sm90(monkeypatch, tmp_path):
   row = plans.attention_backward(x, x, kv, kv, x, lse, row_opts, GPU, row_max=lse)
   launch = row.launches[-1]
   assert launch.name == "jqat_attention_bwd_dkdv_ws" and launch.constexprs["P_ROW_RANGE"] == plans.P_ROW_RANGE > 0
+  assert launch.constexprs["ROWS_IN_RING"]
   assert refs(launch) == [n for n in refs(old) if n != "lse"][:3] + ["do", "lse", "delta", "row_factors"]
   assert refs(old)[6] == "row_factors"
   assert _walk_local_ops(_warp_specialized_build(row, launch, tmp_path, loops=True)[1], 24)["STL"] == 0
@@ -579,6 +581,7 @@ def test_ws_dkdv_plan_builds_for_sm90(monkeypatch, tmp_path):
                                       AttentionOptions(0.088, is_causal=True, causal_alignment=align), GPU)
     launch, redo = causal.launches[-2:]
     assert launch.name == "jqat_attention_bwd_dkdv_ws" and launch.constexprs["IS_CAUSAL"] and launch.args[12] == off
+    assert launch.constexprs["ROWS_IN_RING"]
     assert launch.outputs == ("dk", "dv", "dkdv_leaks") and causal.buffers["dkdv_leaks"].shape == (2, 4)
     assert redo.kernel is kbwd.attention_bwd_dkdv_kernel and redo.constexprs["REDO"] and redo.grid == (4, 2)
     assert refs(redo)[1:3] == ["dk", "dv"] and refs(redo)[-1] == "dkdv_leaks" and redo.outputs == ("dk", "dv")
@@ -600,6 +603,7 @@ def test_ws_dkdv_plan_builds_for_sm90(monkeypatch, tmp_path):
     launch = plan96.launches[-2 if opts.is_causal else -1]
     assert launch.name == "jqat_attention_bwd_dkdv_ws" and launch.constexprs["IS_CAUSAL"] == opts.is_causal
     assert launch.constexprs["HEAD_DIM"] == 96 and launch.constexprs["D_PAD"] == 128
+    assert launch.constexprs["ROWS_IN_RING"] == opts.is_causal
     assert _walk_local_ops(_warp_specialized_build(plan96, launch, tmp_path, loops=True)[1], 24)["STL"] == 0
   # Cases it does not take keep the Triton kernel: causal without quantize_qkv (fq(K) not in dK's storage), 200 keys
   # (not a multiple of 16), a window, BHSD storage (heads not side by side).

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from jqat.kernels_triton.attention_common import LOG2E
@@ -48,8 +49,17 @@ from jqat.kernels_triton.nvfp4 import fq_probs_t, quant_flags
 
 CONSUMERS = gl.constexpr(2)  # consumer warpgroups, each owning WG_ROWS (64) keys
 BLOCK_N = gl.constexpr(64 * CONSUMERS.value)  # keys per program
-# Row mode's factors of a query tile as a consumer warpgroup holds them a tile ahead: one value a thread.
+# A query tile's per-row vectors (lse, delta and, in row mode, R * l and 1 / (R * l)) as a consumer warpgroup loads
+# them a tile ahead where they do not come in the ring (ROWS_IN_RING): one value a thread.
 FACTORS_LAYOUT = gl.constexpr(gl.BlockedLayout([1], [32], [4], [0]))
+# Their order in the ring's row_bufs (ROWS_IN_RING).
+ROW_VECTORS = ("lse", "delta", "rl", "inv_rl")
+
+
+@gluon.constexpr_function
+def _vectors(row):
+  """How many of :data:`ROW_VECTORS` a query tile has: 4 in row mode, else 2."""
+  return 4 if row else 2
 HEAD_DIMS = (64, 96, 128)
 
 
@@ -108,16 +118,20 @@ def _causal_mask(p, t, walk, off, key0, BLOCK_M: gl.constexpr):
 
 
 @gluon.jit
-def _query_tile(t, dk, dv, p_op, k_s, v_s, q_bufs, do_bufs, q_ready, do_ready, q_empty, do_empty, lse, delta, rl_c,
-                inv_c, s_init, qk_scale, causal, D_LAYOUT: gl.constexpr, STAGES: gl.constexpr, HW_E4M3: gl.constexpr,
-                HW_E2M1: gl.constexpr, ROW: gl.constexpr, DEFER_DV: gl.constexpr, FIRST: gl.constexpr,
-                IS_CAUSAL: gl.constexpr):
+def _query_tile(t, dk, dv, p_op, k_s, v_s, q_bufs, do_bufs, row_bufs, q_ready, do_ready, q_empty, do_empty, lse, delta,
+                rl_c, inv_c, s_init, qk_scale, causal, D_LAYOUT: gl.constexpr, STAGES: gl.constexpr,
+                HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr, ROW: gl.constexpr, DEFER_DV: gl.constexpr,
+                FIRST: gl.constexpr, IS_CAUSAL: gl.constexpr, ROWS_IN_RING: gl.constexpr):
   """Query tile ``t`` of a consumer's walk: its contribution to the consumer's dK and dV (FP32, D_LAYOUT).
-  ``lse``, ``delta`` and, ROW (p_scale "row"), ``rl_c``, ``inv_c`` (the tile's R * l and 1 / (R * l), rows past Tq:
-  1 and 0): the tile's rows, loaded a tile ahead in FACTORS_LAYOUT (one register each; held a tile ahead in S^T's
-  column layout they spilled; loaded in the tile, their latency stalled it) and spread to S^T's columns where they
-  are used: the factors after dK's product is issued, when lse and delta are dead (spread with them, a 64-row tile
-  at D = 128 spilled in its loop).
+  The tile's lse, delta and, ROW (p_scale "row"), R * l and 1 / (R * l), two ways:
+
+  - ROWS_IN_RING: they come with the tile's Q in the ring (``row_bufs``, :data:`ROW_VECTORS`; rows past Tq read as 0:
+    :func:`_row_copies`) and are read in S^T's column layout where they are used, each thread its own columns: no
+    register holds them across a tile and no layout conversion (a warpgroup barrier each) stands before the products.
+  - else ``lse``, ``delta``, ``rl_c``, ``inv_c`` (rows past Tq: -inf, 0, 1 and 0), loaded a tile ahead in
+    FACTORS_LAYOUT (one register each; held a tile ahead in S^T's column layout they spilled; loaded in the tile,
+    their latency stalled it), are spread to S^T's columns through shared memory: lse and delta before the products,
+    the factors after dK's product is issued, when lse and delta are dead.
 
   IS_CAUSAL: ``causal = (walk, off, key0)`` (:func:`_causal_mask`), P^T's hidden pairs set to +0.
 
@@ -127,8 +141,9 @@ def _query_tile(t, dk, dv, p_op, k_s, v_s, q_bufs, do_bufs, q_ready, do_ready, q
   DEFER_DV): tile 0, with no previous product. Otherwise every product is waited for within the tile (``p_op`` is
   returned unused). Returns ``(dk, dv, p_op)``."""
   COLS: gl.constexpr = gl.SliceLayout(0, s_init.type.layout)
-  lse = gl.convert_layout(lse, COLS)
-  delta = gl.convert_layout(delta, COLS)
+  if not ROWS_IN_RING:
+    lse = gl.convert_layout(lse, COLS)
+    delta = gl.convert_layout(delta, COLS)
   st = t % STAGES
   sp = (t - 1) % STAGES
   PENDING: gl.constexpr = 1 if DEFER_DV and not FIRST else 0  # the previous dV product, issued after dP^T
@@ -139,20 +154,29 @@ def _query_tile(t, dk, dv, p_op, k_s, v_s, q_bufs, do_bufs, q_ready, do_ready, q
   dp_tok = warpgroup_mma(v_s, do_bufs.index(st).permute((1, 0)), s_init, use_acc=False, is_async=True)
   if PENDING:
     dv_tok = warpgroup_mma(p_op, do_bufs.index(sp), dv, is_async=True)
+  row0 = st * _vectors(ROW)  # the tile's vectors in row_bufs: ROW_VECTORS from here
+  if ROWS_IN_RING:
+    lse = row_bufs.index(row0).load(COLS)
   s = warpgroup_mma_wait(1 + PENDING, deps=[s_tok])  # S^T done (dP^T may still run)
   p = _probabilities(s, lse, qk_scale)
   if IS_CAUSAL:
     p = _causal_mask(p, t, causal[0], causal[1], causal[2], s_init.shape[1])
   dp = warpgroup_mma_wait(1 + PENDING, deps=[dp_tok])  # nothing new: dP^T's registers, waited for below
   dp = _wait_after(dp, p, PENDING)
+  if ROWS_IN_RING:
+    delta = row_bufs.index(row0 + 1).load(COLS)
   ds = p * (dp - delta[None, :])
   # S^T's accumulator layout is the register layout of the next products' A operand (16-bit, k_width 2): free.
   OPERAND: gl.constexpr = gl.DotOperandLayout(0, D_LAYOUT, 2)
   ds_op = gl.convert_layout(ds.to(gl.bfloat16), OPERAND, assert_trivial=True)
   dk_tok = warpgroup_mma(ds_op, q_bufs.index(st), dk, is_async=True)
   if ROW:  # relative to the row's maximum: p * (R * l) = R * exp(s - m) (attention_bwd._dkdv_tile)
-    rl = gl.convert_layout(rl_c, COLS)
-    inv_rl = gl.convert_layout(inv_c, COLS)
+    if ROWS_IN_RING:
+      rl = row_bufs.index(row0 + 2).load(COLS)
+      inv_rl = row_bufs.index(row0 + 3).load(COLS)
+    else:
+      rl = gl.convert_layout(rl_c, COLS)
+      inv_rl = gl.convert_layout(inv_c, COLS)
     p_fq = fq_probs_t(p * rl[None, :], p.shape[0], p.shape[1], HW_E4M3, HW_E2M1)
     p_fq = gl.convert_layout(p_fq, p.type.layout, assert_trivial=True) * inv_rl[None, :]
   else:
@@ -222,10 +246,10 @@ def _lse_delta(lse_ptr, delta_ptr, t, walk, b, n_heads, kvh, group, tq, BLOCK_M:
 @gluon.jit
 def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, D_PAD: gl.constexpr, BLOCK_M: gl.constexpr,
               STAGES: gl.constexpr, HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr, ROW: gl.constexpr,
-              EVEN: gl.constexpr, DEFER_DV: gl.constexpr, IS_CAUSAL: gl.constexpr):
+              EVEN: gl.constexpr, DEFER_DV: gl.constexpr, IS_CAUSAL: gl.constexpr, ROWS_IN_RING: gl.constexpr):
   """Consumer warpgroup WG: keys ``[start_n + 64 WG, +64)`` of KV head ``kvh``, batch ``b``; walks the program's query
   tiles (``walk``, :func:`_tile`) of the KV head's ``group`` query heads and stores its dK and dV rows."""
-  q_bufs, do_bufs, k_bufs, v_bufs, kv_ready, q_ready, do_ready, q_empty, do_empty = smem
+  q_bufs, do_bufs, row_bufs, k_bufs, v_bufs, kv_ready, q_ready, do_ready, q_empty, do_empty = smem
   (lse_ptr, delta_ptr, rf_ptr, dk_ptr, dv_ptr, leak_ptr, scale, walk, off, tq, tk, tiles, b, kvh, group, n_heads,
    start_n, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh) = scalars
   causal = (walk, off, start_n + WG * WG_ROWS)
@@ -238,39 +262,47 @@ def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, D_PAD: gl
   dv = gl.zeros([WG_ROWS, D_PAD], gl.float32, layout=D_LAYOUT)
   s_init = gl.zeros([WG_ROWS, BLOCK_M], gl.float32, layout=S_LAYOUT)  # not read: use_acc=False
   mbarrier.wait(kv_ready, 0)
-  # lse and delta loaded one tile ahead in FACTORS_LAYOUT (plain loads, cached: each row's are read by every program
-  # of its KV head), so no product waits on them.
-  lse, delta = _lse_delta(lse_ptr, delta_ptr, 0, walk, b, n_heads, kvh, group, tq, BLOCK_M, EVEN)
+  if ROWS_IN_RING:  # the tile's vectors come in the ring (read in _query_tile); these placeholders are not read
+    lse = gl.zeros([BLOCK_M], gl.float32, layout=FACTORS_LAYOUT)
+    delta, rl_next, inv_next = lse, lse, lse
+  else:
+    # lse and delta loaded one tile ahead in FACTORS_LAYOUT (plain loads, cached: each row's are read by every
+    # program of its KV head), so no product waits on them.
+    lse, delta = _lse_delta(lse_ptr, delta_ptr, 0, walk, b, n_heads, kvh, group, tq, BLOCK_M, EVEN)
+    # Row mode's factors, a tile ahead (unused in block mode, where they are never loaded).
+    if ROW:
+      rl_next, inv_next = _factors(rf_ptr, 0, walk, b, n_heads, kvh, group, tq, BLOCK_M, EVEN)
+    else:
+      rl_next = gl.zeros([BLOCK_M], gl.float32, layout=FACTORS_LAYOUT)
+      inv_next = rl_next
   OPERAND: gl.constexpr = gl.DotOperandLayout(0, D_LAYOUT, 2)
   p_op = gl.zeros([WG_ROWS, BLOCK_M], gl.bfloat16, layout=OPERAND)  # the previous tile's fq(P)^T (DEFER_DV)
-  # Row mode's factors, a tile ahead (FACTORS_LAYOUT; unused in block mode, where they are never loaded).
-  if ROW:
-    rl_next, inv_next = _factors(rf_ptr, 0, walk, b, n_heads, kvh, group, tq, BLOCK_M, EVEN)
-  else:
-    rl_next = gl.zeros([BLOCK_M], gl.float32, layout=FACTORS_LAYOUT)
-    inv_next = rl_next
   if DEFER_DV:  # tile 0 (no dV product before it), then the walk from tile 1
-    lse_next, delta_next = _lse_delta(lse_ptr, delta_ptr, 1, walk, b, n_heads, kvh, group, tq, BLOCK_M, EVEN)
     rl, inv = rl_next, inv_next
-    if ROW:
-      rl_next, inv_next = _factors(rf_ptr, 1, walk, b, n_heads, kvh, group, tq, BLOCK_M, EVEN)
-    dk, dv, p_op = _query_tile(0, dk, dv, p_op, k_s, v_s, q_bufs, do_bufs, q_ready, do_ready, q_empty, do_empty, lse,
-                               delta, rl, inv, s_init, qk_scale, causal, D_LAYOUT, STAGES, HW_E4M3, HW_E2M1, ROW, True,
-                               True, IS_CAUSAL)
+    if ROWS_IN_RING:
+      lse_next, delta_next = lse, delta
+    else:
+      lse_next, delta_next = _lse_delta(lse_ptr, delta_ptr, 1, walk, b, n_heads, kvh, group, tq, BLOCK_M, EVEN)
+      if ROW:
+        rl_next, inv_next = _factors(rf_ptr, 1, walk, b, n_heads, kvh, group, tq, BLOCK_M, EVEN)
+    dk, dv, p_op = _query_tile(0, dk, dv, p_op, k_s, v_s, q_bufs, do_bufs, row_bufs, q_ready, do_ready, q_empty,
+                               do_empty, lse, delta, rl, inv, s_init, qk_scale, causal, D_LAYOUT, STAGES, HW_E4M3,
+                               HW_E2M1, ROW, True, True, IS_CAUSAL, ROWS_IN_RING)
     start = 1
   else:
     lse_next, delta_next = lse, delta
     start = 0
   for t in range(start, tiles):
     lse, delta = lse_next, delta_next
-    lse_next, delta_next = _lse_delta(lse_ptr, delta_ptr, t + 1, walk, b, n_heads, kvh, group, tq, BLOCK_M,
-                                      EVEN)
     rl, inv = rl_next, inv_next
-    if ROW:
-      rl_next, inv_next = _factors(rf_ptr, t + 1, walk, b, n_heads, kvh, group, tq, BLOCK_M, EVEN)
-    dk, dv, p_op = _query_tile(t, dk, dv, p_op, k_s, v_s, q_bufs, do_bufs, q_ready, do_ready, q_empty, do_empty, lse,
-                               delta, rl, inv, s_init, qk_scale, causal, D_LAYOUT, STAGES, HW_E4M3, HW_E2M1, ROW,
-                               DEFER_DV, False, IS_CAUSAL)
+    if not ROWS_IN_RING:
+      lse_next, delta_next = _lse_delta(lse_ptr, delta_ptr, t + 1, walk, b, n_heads, kvh, group, tq, BLOCK_M,
+                                        EVEN)
+      if ROW:
+        rl_next, inv_next = _factors(rf_ptr, t + 1, walk, b, n_heads, kvh, group, tq, BLOCK_M, EVEN)
+    dk, dv, p_op = _query_tile(t, dk, dv, p_op, k_s, v_s, q_bufs, do_bufs, row_bufs, q_ready, do_ready, q_empty,
+                               do_empty, lse, delta, rl, inv, s_init, qk_scale, causal, D_LAYOUT, STAGES, HW_E4M3,
+                               HW_E2M1, ROW, DEFER_DV, False, IS_CAUSAL, ROWS_IN_RING)
   if DEFER_DV:  # the last tile's dV product
     sp = (tiles - 1) % STAGES
     dv_tok = warpgroup_mma(p_op, do_bufs.index(sp), dv, is_async=True)
@@ -338,13 +370,43 @@ def _copy(desc, row, head, bar, buf, BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr
 
 
 @gluon.jit
-def _producer(smem, args, HEAD_DIM: gl.constexpr, D_PAD: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+def _row_copies(row_bufs, row0, lse_ptr, delta_ptr, rf_ptr, head_row, m0, tq, BLOCK_M: gl.constexpr,
+                ROW: gl.constexpr, EVEN: gl.constexpr):
+  """cp.async copies of one query tile's per-row vectors (:data:`ROW_VECTORS`) into ``row_bufs`` from row ``row0``:
+  rows ``m0 ..`` of lse and delta (``[B, N, Tq]``) at row ``head_row`` (= b N + head) and, ROW, of the row factors
+  (``[B, N, 2, Tq]``). Rows past Tq are not read and land as 0: their Q and dO rows are zeros from the TMA copies,
+  so whatever P they get (1 for an lse of 0) adds exact zeros to dK and dV, where the Triton kernel's lse of -inf
+  gives P = 0 (a NaN of K or V reaches the same keys' dK and dV either way, through the rows before Tq)."""
+  cols = m0 + gl.arange(0, BLOCK_M, layout=gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0]))
+  ok = cols < tq
+  at = head_row.to(gl.int64) * tq + cols
+  if EVEN:
+    async_copy.async_copy_global_to_shared(row_bufs.index(row0 + 0), lse_ptr + at)
+    async_copy.async_copy_global_to_shared(row_bufs.index(row0 + 1), delta_ptr + at)
+  else:
+    async_copy.async_copy_global_to_shared(row_bufs.index(row0 + 0), lse_ptr + at, mask=ok)
+    async_copy.async_copy_global_to_shared(row_bufs.index(row0 + 1), delta_ptr + at, mask=ok)
+  if ROW:
+    at = head_row.to(gl.int64) * (2 * tq) + cols
+    if EVEN:
+      async_copy.async_copy_global_to_shared(row_bufs.index(row0 + 2), rf_ptr + at)
+      async_copy.async_copy_global_to_shared(row_bufs.index(row0 + 3), rf_ptr + at + tq)
+    else:
+      async_copy.async_copy_global_to_shared(row_bufs.index(row0 + 2), rf_ptr + at, mask=ok)
+      async_copy.async_copy_global_to_shared(row_bufs.index(row0 + 3), rf_ptr + at + tq, mask=ok)
+
+
+@gluon.jit
+def _producer(smem, args, HEAD_DIM: gl.constexpr, D_PAD: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+              ROW: gl.constexpr, EVEN: gl.constexpr, ROWS_IN_RING: gl.constexpr):
   """The producer warp: the program's K and V tiles, then Q and dO of walk tiles ``0 .. tiles - 1`` (:func:`_tile`)
-  into the ring. Descriptors over each batch's rows, heads side by side (``stride_h == D``; :func:`_descriptor`);
-  made here, by the warp that uses them."""
-  q_bufs, do_bufs, k_bufs, v_bufs, kv_ready, q_ready, do_ready, q_empty, do_empty = smem
-  (q_ptr, do_ptr, k_ptr, v_ptr, walk, tq, tk, tiles, b, kvh, group, n_heads, kv_heads, start_n, stride_qb, stride_qt,
-   stride_db, stride_dt, stride_kb, stride_kt, stride_vb, stride_vt) = args
+  into the ring by TMA; ROWS_IN_RING: each Q with its rows' vectors (:func:`_row_copies`, completing on the same
+  ``q_ready``).
+  Descriptors over each batch's rows, heads side by side (``stride_h == D``; :func:`_descriptor`); made here, by the
+  warp that uses them."""
+  q_bufs, do_bufs, row_bufs, k_bufs, v_bufs, kv_ready, q_ready, do_ready, q_empty, do_empty = smem
+  (q_ptr, do_ptr, k_ptr, v_ptr, lse_ptr, delta_ptr, rf_ptr, walk, tq, tk, tiles, b, kvh, group, n_heads, kv_heads,
+   start_n, stride_qb, stride_qt, stride_db, stride_dt, stride_kb, stride_kt, stride_vb, stride_vt) = args
   q_desc = _descriptor(q_ptr + b.to(gl.int64) * stride_qb, tq, n_heads, stride_qt, BLOCK_M, HEAD_DIM, D_PAD)
   do_desc = _descriptor(do_ptr + b.to(gl.int64) * stride_db, tq, n_heads, stride_dt, BLOCK_M, HEAD_DIM, D_PAD)
   k_desc = _descriptor(k_ptr + b.to(gl.int64) * stride_kb, tk, kv_heads, stride_kt, WG_ROWS, HEAD_DIM, D_PAD)
@@ -361,6 +423,12 @@ def _producer(smem, args, HEAD_DIM: gl.constexpr, D_PAD: gl.constexpr, BLOCK_M: 
     g, m0 = _tile(t, walk, BLOCK_M)
     head = kvh * group + g
     mbarrier.wait(q_empty.index(st), free)
+    if ROWS_IN_RING:
+      _row_copies(row_bufs, st * _vectors(ROW), lse_ptr, delta_ptr, rf_ptr, b * n_heads + head, m0, tq, BLOCK_M, ROW,
+                  EVEN)
+      # Each lane's arrive counts up the phase's pending arrivals now and down when its copies have landed, so the
+      # phase cannot complete before them; then the expect's arrive and the TMA bytes.
+      async_copy.mbarrier_arrive(q_ready.index(st))
     mbarrier.expect(q_ready.index(st), TILE_BYTES)
     _copy(q_desc, m0, head, q_ready.index(st), q_bufs.index(st), BLOCK_M, HEAD_DIM, D_PAD)
     mbarrier.wait(do_empty.index(st), free)
@@ -376,7 +444,7 @@ def attention_bwd_dkdv_ws_kernel(
     HEAD_DIM: gl.constexpr, D_PAD: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
     HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr, P_ROW_RANGE: gl.constexpr = 0.0, EVEN: gl.constexpr = True,
-    DEFER_DV: gl.constexpr = False, IS_CAUSAL: gl.constexpr = False):
+    DEFER_DV: gl.constexpr = False, IS_CAUSAL: gl.constexpr = False, ROWS_IN_RING: gl.constexpr = False):
   """dK and dV of 128 keys of one KV head per program: grid ``(cdiv(tk, 128), B * K)``. Outputs last, as the launch
   plans order arguments.
 
@@ -433,6 +501,12 @@ def attention_bwd_dkdv_ws_kernel(
   KV_SMEM: gl.constexpr = tile_smem_layout(WG_ROWS, D_PAD)
   q_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, D_PAD], Q_SMEM)
   do_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, D_PAD], Q_SMEM)
+  ROW: gl.constexpr = P_ROW_RANGE > 0
+  if ROWS_IN_RING:
+    row_bufs = gl.allocate_shared_memory(gl.float32, [STAGES * _vectors(ROW), BLOCK_M],
+                                         gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+  else:
+    row_bufs = q_bufs  # not read
   k_bufs = gl.allocate_shared_memory(gl.bfloat16, [CONSUMERS, WG_ROWS, D_PAD], KV_SMEM)
   v_bufs = gl.allocate_shared_memory(gl.bfloat16, [CONSUMERS, WG_ROWS, D_PAD], KV_SMEM)
   kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -447,17 +521,16 @@ def attention_bwd_dkdv_ws_kernel(
     mbarrier.init(q_empty.index(i), count=CONSUMERS)
     mbarrier.init(do_empty.index(i), count=CONSUMERS)
 
-  smem = (q_bufs, do_bufs, k_bufs, v_bufs, kv_ready, q_ready, do_ready, q_empty, do_empty)
-  ROW: gl.constexpr = P_ROW_RANGE > 0
+  smem = (q_bufs, do_bufs, row_bufs, k_bufs, v_bufs, kv_ready, q_ready, do_ready, q_empty, do_empty)
   scalars = (lse_ptr, delta_ptr, rf_ptr, dk_ptr, dv_ptr, leak_ptr, scale, walk, off, tq, tk, tiles, b, kvh, group,
              n_heads, start_n, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh)
-  args = (q_ptr, do_ptr, k_ptr, v_ptr, walk, tq, tk, tiles, b, kvh, group, n_heads, kv_heads, start_n, stride_qb,
-          stride_qt, stride_db, stride_dt, stride_kb, stride_kt, stride_vb, stride_vt)
+  args = (q_ptr, do_ptr, k_ptr, v_ptr, lse_ptr, delta_ptr, rf_ptr, walk, tq, tk, tiles, b, kvh, group, n_heads,
+          kv_heads, start_n, stride_qb, stride_qt, stride_db, stride_dt, stride_kb, stride_kt, stride_vb, stride_vt)
   gl.warp_specialize([(_consumer, (0, smem, scalars, HEAD_DIM, D_PAD, BLOCK_M, STAGES, HW_E4M3, HW_E2M1, ROW, EVEN,
-                                   DEFER_DV, IS_CAUSAL)),
+                                   DEFER_DV, IS_CAUSAL, ROWS_IN_RING)),
                       (_consumer, (1, smem, scalars, HEAD_DIM, D_PAD, BLOCK_M, STAGES, HW_E4M3, HW_E2M1, ROW, EVEN,
-                                   DEFER_DV, IS_CAUSAL)),
-                      (_producer, (smem, args, HEAD_DIM, D_PAD, BLOCK_M, STAGES))], [4, 1],
+                                   DEFER_DV, IS_CAUSAL, ROWS_IN_RING)),
+                      (_producer, (smem, args, HEAD_DIM, D_PAD, BLOCK_M, STAGES, ROW, EVEN, ROWS_IN_RING))], [4, 1],
                      [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -476,4 +549,13 @@ def launch_params(head_dim: int, block_m: int | None = None, stages: int = 2, co
           "P_ROW_RANGE": float(p_row_range),
           # A causal walk of no tile (keys no row sees) still prefetches the rows after the last: its loads are masked.
           "EVEN": (tq or 0) % block_m == 0 and (tk or 0) % BLOCK_N.value == 0 and not is_causal,
-          "IS_CAUSAL": bool(is_causal), "num_warps": 4, "maxnreg": maxnreg}
+          "IS_CAUSAL": bool(is_causal), "ROWS_IN_RING": rows_in_ring(head_dim, p_row_range, is_causal),
+          "num_warps": 4, "maxnreg": maxnreg}
+
+
+def rows_in_ring(head_dim: int, p_row_range: float, is_causal: bool) -> bool:
+  """Whether a launch takes each query tile's lse, delta (and row mode's factors) in the ring with its Q
+  (``ROWS_IN_RING``) rather than loading them a tile ahead in the consumers: the faster of the two on an H100 for
+  each kind of launch measured (docs/BENCHMARKS.md): in the ring with the causal walk (its loop stopped spilling),
+  in row mode and at D = 64; a tile ahead without a mask in block mode at D = 128 and 96."""
+  return bool(is_causal) or p_row_range > 0 or head_dim == 64
