@@ -550,16 +550,17 @@ def test_triton_masks_match_xla_gpu(case):
                                                        (True, 200, 200, 96, "block"), (False, 384, 384, 128, "row"),
                                                        (True, 200, 200, 96, "row")])
 def test_ws_forward_through_the_library_gpu(monkeypatch, causal, t, tk, d, p_scale):
-  """By default O alone through ``jax.jit(jqat.attention)`` and through the torch binding without grad comes from the
-  warp-specialized kernel where it takes the plan (GQA, D = 128 and 96, lengths whole tiles or not, p_scale "block"
-  and "row"; causal: its causal walk, then the Triton kernel's REDO launch) and is within the Triton forward's bound
-  of the XLA reference. A NaN in V
+  """With ``JQAT_ATTN_FWD_KERNEL=ws`` (the default's choice too without a mask; on causal walks the default takes it
+  from WS_CAUSAL_MIN_ROWS rows) O alone through ``jax.jit(jqat.attention)`` and through the torch binding without
+  grad comes from the warp-specialized kernel where it takes the plan (GQA, D = 128 and 96, lengths whole tiles or
+  not, p_scale "block" and "row"; causal: its causal walk, then the Triton kernel's REDO launch) and is within the
+  Triton forward's bound of the XLA reference. A NaN in V
   reaches exactly the elements of O that the XLA reference makes NaN: under the causal mask, not the rows before its
   key (the diagonal tile's hidden pairs: the REDO launch's exact walk)."""
   import jqat.torch as jt
   from jqat.ffi import jax_launch
 
-  monkeypatch.delenv(plans.FWD_KERNEL_ENV, raising=False)
+  monkeypatch.setenv(plans.FWD_KERNEL_ENV, "ws")
   b, n, kh = 1, 6, 3
   target = jax_launch.target()
   if tuple(target.compute_capability or ()) != (9, 0):

@@ -419,10 +419,12 @@ def _walk_local_ops(loops: list, hgmma: int) -> dict:
 
 @pytest.mark.fresh_process  # a real compile: not in a process where the interpreter has run
 def test_ws_forward_plan_builds_for_sm90(monkeypatch, tmp_path):
-  """By default (the same plan as ``JQAT_ATTN_FWD_KERNEL=ws``) the O-alone forward ends in the warp-specialized Gluon
+  """Without a mask by default (the same plan as ``JQAT_ATTN_FWD_KERNEL=ws``) the O-alone forward ends in the
+  warp-specialized Gluon
   kernel on fq(Q), fq(K), fq(V) from the pass (lse to scratch), also at lengths its tiles do not divide, and the
   training forward in its RESIDUALS build (O, O', lse); both build for sm_90 with their worker warps (12 in all) and
-  no spills. A causal walk is followed by the Triton kernel's REDO launch over the outputs in place (it builds too). A
+  no spills. A causal walk (the default's from WS_CAUSAL_MIN_ROWS rows, ``ws``'s at any length) is followed by the
+  Triton kernel's REDO launch over the outputs in place (it builds too). A
   case the warp-specialized kernel does not take, and ``JQAT_ATTN_FWD_KERNEL=triton``, keep the Triton kernel; an
   unknown value is a ValueError naming the variable. Row mode and D = 96 (tiles of 128 channels) take it too."""
   import re
@@ -448,7 +450,15 @@ def test_ws_forward_plan_builds_for_sm90(monkeypatch, tmp_path):
   monkeypatch.setenv(plans.FWD_KERNEL_ENV, "triton")
   causal_opts = AttentionOptions(0.088, is_causal=True)
   triton_causal = plans.attention_forward(q, kv, kv, causal_opts, GPU, residuals=False).launches[-1]
+  # The default: the Triton kernel on causal walks of fewer than WS_CAUSAL_MIN_ROWS rows, the warp-specialized one from
+  # there.
   monkeypatch.delenv(plans.FWD_KERNEL_ENV)
+  assert plans.attention_forward(q, kv, kv, causal_opts, GPU, residuals=False).launches[-1] == triton_causal
+  rows = plans.WS_CAUSAL_MIN_ROWS
+  long_q, long_kv = dense((1, rows, 4, 128), "bfloat16"), dense((1, rows, 2, 128), "bfloat16")
+  long_causal = plans.attention_forward(long_q, long_kv, long_kv, causal_opts, GPU, residuals=False)
+  assert [la.name for la in long_causal.launches[-2:]] == ["jqat_attention_fwd_ws", "jqat_attention_fwd_redo"]
+  monkeypatch.setenv(plans.FWD_KERNEL_ENV, "ws")  # the warp-specialized kernel wherever it takes the launch
   causal = plans.attention_forward(q, kv, kv, causal_opts, GPU, residuals=False)
   ws, redo = causal.launches[-2:]
   assert ws.name == "jqat_attention_fwd_ws" and ws.constexprs["IS_CAUSAL"] and ws.grid == (4, 2)

@@ -440,7 +440,9 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, opts: AttentionOptions, t
            QUANTIZE_P=cfg.quantize_p, **target.dot_flags(q.dtype), **target.quant_flags(), **flags,
            SEQ_ALIGN=seq_align(tq, tk), REDO=False),
       c.num_warps, c.num_stages, maxnreg=c.maxnreg)
-  if forward_kernel() == "ws" and _ws_takes(q, k, v, o, opts, target, bool(mask_names) or tensor or not q_pass):
+  choice = forward_kernel()
+  if (choice != "triton" and _ws_takes(q, k, v, o, opts, target, bool(mask_names) or tensor or not q_pass)
+      and (choice == "ws" or _ws_pays(tq, opts))):
     return _forward_ws(q, k, v, o, opts, target, buffers, inputs, outputs, scratch, launches, qq, kk, vv, fwd, kept)
   scratch = tuple(name for name in scratch if name not in kept)
   return Plan(buffers, inputs, scratch, outputs + kept, launches + (fwd,))
@@ -452,19 +454,32 @@ KERNEL_CHOICES = ("triton", "ws")  # of JQAT_ATTN_FWD_KERNEL and JQAT_ATTN_BWD_K
 _WS_ROWS = 2 * int(kws.WG_ROWS.value)  # query rows of a warp-specialized program: its two consumer warpgroups'
 
 
+# The shortest causal walk (query rows) on which the default forward takes the warp-specialized kernel: through
+# jax.jit on an H100 it was slower than the Triton kernel at (1, 16, 4096, 128) and (8, 16, 1024, 128) causal, the
+# forward alone and fwd+bwd, and faster at 8192 and 16384 rows (docs/BENCHMARKS.md).
+WS_CAUSAL_MIN_ROWS = 8192
+
+
 def _kernel_choice(env: str, default: str = "triton") -> str:
   choice = os.environ.get(env) or default
-  if choice not in KERNEL_CHOICES:
+  if choice not in KERNEL_CHOICES + (default,):
     raise ValueError(f"{env} must be one of {KERNEL_CHOICES} (or unset), got {choice!r}")
   return choice
 
 
 def forward_kernel() -> str:
-  """The forward's kernel (O alone and the training forward): "ws" (the default) launches the warp-specialized Gluon
-  kernel (``kernels_triton.attention_fwd_ws``) wherever it takes the launch (:func:`_ws_takes`) and the Triton kernel
-  (``attention_fwd_kernel``) elsewhere; "triton" (``JQAT_ATTN_FWD_KERNEL=triton``) the Triton kernel always. Both
-  compute the same bits on every check case (docs/BENCHMARKS.md)."""
-  return _kernel_choice(FWD_KERNEL_ENV, "ws")
+  """The forward's kernel (O alone and the training forward): unset ("auto"), the warp-specialized Gluon kernel
+  (``kernels_triton.attention_fwd_ws``) wherever it takes the launch (:func:`_ws_takes`) and is the faster
+  (:func:`_ws_pays`), the Triton kernel (``attention_fwd_kernel``) elsewhere; "ws" (``JQAT_ATTN_FWD_KERNEL=ws``) the
+  warp-specialized kernel wherever it takes the launch; "triton" the Triton kernel always. Both compute the same bits
+  on every check case (docs/BENCHMARKS.md)."""
+  return _kernel_choice(FWD_KERNEL_ENV, "auto")
+
+
+def _ws_pays(tq: int, opts: AttentionOptions) -> bool:
+  """Whether the default forward takes the warp-specialized kernel where it could: not on causal walks of fewer than
+  WS_CAUSAL_MIN_ROWS query rows."""
+  return not opts.is_causal or tq >= WS_CAUSAL_MIN_ROWS
 
 
 def backward_kernel() -> str:

@@ -1,7 +1,8 @@
 """A warp-specialized NVFP4 QAT attention forward for Hopper (sm_90), in Gluon. The forward plans (O alone, and the
 training forward's O, O' and lse) launch it by default wherever it takes the launch (``ffi.plan._ws_takes``: D = 128
-or 96, no mask or the causal one, p_scale "block" or "row", any lengths); ``JQAT_ATTN_FWD_KERNEL=triton`` keeps the
-Triton forward (docs/PERFORMANCE.md, section 3).
+or 96, no mask or the causal one, p_scale "block" or "row", any lengths) but on causal walks shorter than
+``ffi.plan.WS_CAUSAL_MIN_ROWS``, where the Triton forward was the faster; ``JQAT_ATTN_FWD_KERNEL=ws`` launches it
+wherever it takes the launch, ``JQAT_ATTN_FWD_KERNEL=triton`` never (docs/PERFORMANCE.md, section 3).
 
 The function is the forward of ``attention_fwd.attention_fwd_kernel`` (docs/NUMERICS.md, sections 4.3-4.4 and 7.1)
 for its simplest cases: Q, K, V already fake-quantized (the quantize pass's output, ``QUANTIZE_Q`` off), p_scale
