@@ -33,7 +33,9 @@ Barrier protocol as in ``attention_fwd_ws`` (stage ``st`` of query tile ``t``, i
 ``q_ready[st]`` / ``do_ready[st]`` completed by the TMA copies, consumers wait for parity ``n & 1``;
 ``q_empty[st]`` / ``do_empty[st]`` (count 2) arrived at by each consumer once the products that read the buffer are
 complete, the producer waits for parity ``(n & 1) ^ 1`` before its n-th fill. ``kv_ready`` (one phase) guards the
-program's K and V tiles.
+program's K and V tiles. With ROWS_IN_RING the tile's lse and delta (and row mode's factors) land in ``row_bufs`` by
+the producer lanes' cp.async, each lane's ``cp.async.mbarrier.arrive`` on ``q_ready[st]`` issued before the expect,
+so that the phase completes only once they have landed too.
 """
 
 from __future__ import annotations
@@ -59,7 +61,9 @@ ROW_VECTORS = ("lse", "delta", "rl", "inv_rl")
 @gluon.constexpr_function
 def _vectors(row):
   """How many of :data:`ROW_VECTORS` a query tile has: 4 in row mode, else 2."""
-  return 4 if row else 2
+  return len(ROW_VECTORS) if row else 2
+
+
 HEAD_DIMS = (64, 96, 128)
 
 
