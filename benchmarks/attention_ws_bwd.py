@@ -60,6 +60,14 @@ TYPES = ("*bf16",) * 4 + ("*fp32",) * 3 + ("fp32",) + ("i32",) * 17 + ("*bf16", 
 CAUSAL = False  # --causal: every run with a top-left causal mask
 
 
+def launch_params(d, block_m, stages, capability, defer, p_row_range, ring, tq=None, tk=None) -> dict:
+  """``attention_bwd_ws.launch_params`` of a variant (with CAUSAL), ROWS_IN_RING forced where ``ring`` is not None."""
+  params = ws.launch_params(d, block_m, stages, capability, defer, p_row_range, tq, tk, is_causal=CAUSAL)
+  if ring is not None:
+    params["ROWS_IN_RING"] = ring
+  return params
+
+
 def compile_only(arch: int = 90, p_row_range: float = 0.0) -> None:
   """Builds every variant at D = 128, 96 and 64 for ``sm_<arch>`` and prints registers, spills, shared memory and the
   consumers' loop (the loop issuing one query tile's D_PAD / 8 + BLOCK_M / 8 wgmma)."""
@@ -69,8 +77,7 @@ def compile_only(arch: int = 90, p_row_range: float = 0.0) -> None:
   for d in (128, 96, 64):
     for name, block_m, stages, defer, ring in VARIANTS:
       t0 = time.time()
-      params = ws.launch_params(d, block_m, stages, (arch // 10, arch % 10), defer, p_row_range, is_causal=CAUSAL)
-      params["ROWS_IN_RING"] = params["ROWS_IN_RING"] if ring is None else ring
+      params = launch_params(d, block_m, stages, (arch // 10, arch % 10), defer, p_row_range, ring)
       kernel, st, sass, setmaxnreg = build_offline(ws.attention_bwd_dkdv_ws_kernel, TYPES, params, arch)
       wgmma = params["D_PAD"] // 8 + block_m // 8
       loops = [lp["instructions"] for lp in st["loops"] if lp["mix"].get("HGMMA") == wgmma]
@@ -96,9 +103,8 @@ def dkdv_ws(q, k, v, do, lse, delta, scale, *, block_m=32, stages=2, defer_dv=Fa
     raise ValueError("q, k, v, do must have a contiguous last axis and heads side by side")
   dk, dv = torch.empty_like(k), torch.empty_like(v)
   row = row_factors is not None
-  params = ws.launch_params(d, block_m, stages, torch.cuda.get_device_capability(q.device), defer_dv,
-                            plans.P_ROW_RANGE if row else 0.0, t, tk, is_causal=CAUSAL)
-  params["ROWS_IN_RING"] = params["ROWS_IN_RING"] if ring is None else ring
+  params = launch_params(d, block_m, stages, torch.cuda.get_device_capability(q.device), defer_dv,
+                         plans.P_ROW_RANGE if row else 0.0, ring, t, tk)
   args = (q, k, v, do, lse, delta, row_factors if row else lse, scale, t, tk, n, n // kh, 0, *q.stride()[:3],
           *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], dk, dv,
           torch.empty((b * kh, -(-tk // 64)), dtype=torch.int32, device=q.device))  # the causal walk's NaN flags

@@ -551,12 +551,12 @@ def test_triton_masks_match_xla_gpu(case):
                                                        (True, 200, 200, 96, "row")])
 def test_ws_forward_through_the_library_gpu(monkeypatch, causal, t, tk, d, p_scale):
   """With ``JQAT_ATTN_FWD_KERNEL=ws`` (the default's choice too without a mask; on causal walks the default takes it
-  from WS_CAUSAL_MIN_ROWS rows) O alone through ``jax.jit(jqat.attention)`` and through the torch binding without
-  grad comes from the warp-specialized kernel where it takes the plan (GQA, D = 128 and 96, lengths whole tiles or
-  not, p_scale "block" and "row"; causal: its causal walk, then the Triton kernel's REDO launch) and is within the
-  Triton forward's bound of the XLA reference. A NaN in V
-  reaches exactly the elements of O that the XLA reference makes NaN: under the causal mask, not the rows before its
-  key (the diagonal tile's hidden pairs: the REDO launch's exact walk)."""
+  from WS_CAUSAL_MIN_ROWS rows) O alone through ``jax.jit(jqat.attention)`` and through the torch binding without grad
+  comes from the warp-specialized kernel where it takes the plan (GQA, D = 128 and 96, lengths whole tiles or not,
+  p_scale "block" and "row"; causal: its causal walk, then the Triton kernel's REDO launch) and is within the Triton
+  forward's bound of the XLA reference. A NaN in V reaches exactly the elements of O that the XLA reference makes NaN:
+  under the causal mask, not the rows before its key (the diagonal tile's hidden pairs: the REDO launch's exact
+  walk)."""
   import jqat.torch as jt
   from jqat.ffi import jax_launch
 

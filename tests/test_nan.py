@@ -217,12 +217,12 @@ def test_nan_through_the_warp_specialized_causal_walk_gpu(where, d):
                                                       ("v", (0, 70, 0, 9), 128, "row"),
                                                       ("k", (0, 70, 1, 7), 96, "row")])
 def test_nan_through_the_warp_specialized_forward_gpu(monkeypatch, where, index, d, p_scale):
-  """O alone (``jax.jit(jqat.attention)``, nothing differentiates) at D = 128 and 96 on sm_90 runs the
-  warp-specialized forward's causal walk (``JQAT_ATTN_FWD_KERNEL=ws``: the default leaves walks this short to the
-  Triton kernel); a 64-row tile that a NaN reached there (e.g. V's key 70, hidden from rows
-  64-69 of its diagonal tile) goes to the Triton kernel's exact walk (its REDO launch). In row mode also the
-  training forward (``jqat.attention_forward``: O, O', lse and the row max, all four written in place by the REDO
-  launch). The NaN positions stay exact: 96 query rows, 256 keys, top-left (keys past row 95 are seen by none), GQA."""
+  """O alone (``jax.jit(jqat.attention)``, nothing differentiates) at D = 128 and 96 on sm_90 runs the warp-specialized
+  forward's causal walk (``JQAT_ATTN_FWD_KERNEL=ws``: the default leaves walks this short to the Triton kernel); a
+  64-row tile that a NaN reached there (e.g. V's key 70, hidden from rows 64-69 of its diagonal tile) goes to the Triton
+  kernel's exact walk (its REDO launch). In row mode also the training forward (``jqat.attention_forward``: O, O', lse
+  and the row max, all four written in place by the REDO launch). The NaN positions stay exact: 96 query rows, 256 keys,
+  top-left (keys past row 95 are seen by none), GQA."""
   from jqat.ffi import jax_launch
   from jqat.ffi import plan as plans
 

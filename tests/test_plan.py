@@ -420,13 +420,12 @@ def _walk_local_ops(loops: list, hgmma: int) -> dict:
 @pytest.mark.fresh_process  # a real compile: not in a process where the interpreter has run
 def test_ws_forward_plan_builds_for_sm90(monkeypatch, tmp_path):
   """Without a mask by default (the same plan as ``JQAT_ATTN_FWD_KERNEL=ws``) the O-alone forward ends in the
-  warp-specialized Gluon
-  kernel on fq(Q), fq(K), fq(V) from the pass (lse to scratch), also at lengths its tiles do not divide, and the
-  training forward in its RESIDUALS build (O, O', lse); both build for sm_90 with their worker warps (12 in all) and
-  no spills. A causal walk (the default's from WS_CAUSAL_MIN_ROWS rows, ``ws``'s at any length) is followed by the
-  Triton kernel's REDO launch over the outputs in place (it builds too). A
-  case the warp-specialized kernel does not take, and ``JQAT_ATTN_FWD_KERNEL=triton``, keep the Triton kernel; an
-  unknown value is a ValueError naming the variable. Row mode and D = 96 (tiles of 128 channels) take it too."""
+  warp-specialized Gluon kernel on fq(Q), fq(K), fq(V) from the pass (lse to scratch), also at lengths its tiles do not
+  divide, and the training forward in its RESIDUALS build (O, O', lse); both build for sm_90 with their worker warps (12
+  in all) and no spills. A causal walk (the default's from WS_CAUSAL_MIN_ROWS rows, ``ws``'s at any length) is followed
+  by the Triton kernel's REDO launch over the outputs in place (it builds too). A case the warp-specialized kernel does
+  not take, and ``JQAT_ATTN_FWD_KERNEL=triton``, keep the Triton kernel; an unknown value is a ValueError naming the
+  variable. Row mode and D = 96 (tiles of 128 channels) take it too."""
   import re
 
 

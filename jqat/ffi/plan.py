@@ -461,8 +461,11 @@ WS_CAUSAL_MIN_ROWS = 8192
 
 
 def _kernel_choice(env: str, default: str = "triton") -> str:
-  choice = os.environ.get(env) or default
-  if choice not in KERNEL_CHOICES + (default,):
+  """``env``'s value (one of KERNEL_CHOICES), or ``default`` where it is unset or empty."""
+  choice = os.environ.get(env)
+  if not choice:
+    return default
+  if choice not in KERNEL_CHOICES:
     raise ValueError(f"{env} must be one of {KERNEL_CHOICES} (or unset), got {choice!r}")
   return choice
 

@@ -382,22 +382,14 @@ def _row_copies(row_bufs, row0, lse_ptr, delta_ptr, rf_ptr, head_row, m0, tq, BL
   so whatever P they get (1 for an lse of 0) adds exact zeros to dK and dV, where the Triton kernel's lse of -inf
   gives P = 0 (a NaN of K or V reaches the same keys' dK and dV either way, through the rows before Tq)."""
   cols = m0 + gl.arange(0, BLOCK_M, layout=gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0]))
-  ok = cols < tq
+  ok = None if EVEN else cols < tq  # EVEN: every row is before Tq, no mask
   at = head_row.to(gl.int64) * tq + cols
-  if EVEN:
-    async_copy.async_copy_global_to_shared(row_bufs.index(row0 + 0), lse_ptr + at)
-    async_copy.async_copy_global_to_shared(row_bufs.index(row0 + 1), delta_ptr + at)
-  else:
-    async_copy.async_copy_global_to_shared(row_bufs.index(row0 + 0), lse_ptr + at, mask=ok)
-    async_copy.async_copy_global_to_shared(row_bufs.index(row0 + 1), delta_ptr + at, mask=ok)
+  async_copy.async_copy_global_to_shared(row_bufs.index(row0 + 0), lse_ptr + at, mask=ok)
+  async_copy.async_copy_global_to_shared(row_bufs.index(row0 + 1), delta_ptr + at, mask=ok)
   if ROW:
     at = head_row.to(gl.int64) * (2 * tq) + cols
-    if EVEN:
-      async_copy.async_copy_global_to_shared(row_bufs.index(row0 + 2), rf_ptr + at)
-      async_copy.async_copy_global_to_shared(row_bufs.index(row0 + 3), rf_ptr + at + tq)
-    else:
-      async_copy.async_copy_global_to_shared(row_bufs.index(row0 + 2), rf_ptr + at, mask=ok)
-      async_copy.async_copy_global_to_shared(row_bufs.index(row0 + 3), rf_ptr + at + tq, mask=ok)
+    async_copy.async_copy_global_to_shared(row_bufs.index(row0 + 2), rf_ptr + at, mask=ok)
+    async_copy.async_copy_global_to_shared(row_bufs.index(row0 + 3), rf_ptr + at + tq, mask=ok)
 
 
 @gluon.jit
