@@ -2,7 +2,7 @@
 
   python benchmarks/kernel_times.py --out kernel_times.json [--seq 16384] [--heads 16] \\
       [--cases full,causal,window:256,window:1024,window:4096,packed:1024,packed_causal:1024] \\
-      [--p-scale row] [--qkv-scale tensor]
+      [--p-scale row] [--qkv-scale tensor] [--batch 8 --seq 1024 --cases causal --fwd-kernels ws,triton]
 
 Runs the torch binding (the launch plans the JAX binding runs, on torch's stream; its backward
 fake-quantizes Q in a launch of its own, where the JAX one fuses it into the delta launch) under
@@ -11,18 +11,23 @@ GPU's normal clocks (Nsight Compute locks them lower). Cases: ``full`` (non-caus
 ``window:W`` (causal, ``local_window_size=(W - 1, 0)``), ``packed:L`` / ``packed_causal:L`` (documents
 of L tokens as segment ids); ``--p-scale`` / ``--qkv-scale`` pick the numerics mode (docs/NUMERICS.md) of every
 case. Several window widths separate each kernel's cost per tile walked from
-its fixed cost per call (docs/PERFORMANCE.md, section 6).
+its fixed cost per call (docs/PERFORMANCE.md, section 6). ``--fwd-kernels ws,triton`` runs each case once with each
+value of ``JQAT_ATTN_FWD_KERNEL`` (one column each); the groups (``report.KERNEL_GROUPS``) keep the warp-specialized
+kernels apart from the Triton ones, whose launch after them is the REDO launch.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections import defaultdict
 
 import torch
+from report import kernel_group
 
 import jqat.torch as jt
+from jqat.ffi import plan
 
 
 def _case_kwargs(case, seq, device):
@@ -65,13 +70,6 @@ def kernel_times(case, batch, heads, seq, head_dim, reps, p_scale="block", qkv_s
   return {name: t / reps for name, t in sorted(total.items(), key=lambda kv: -kv[1])}
 
 
-def _short(name):
-  for key in ("attention_fwd", "bwd_dkdv", "bwd_dq", "bwd_delta", "fake_quantize", "segments_sorted"):
-    if key in name:
-      return key
-  return name[:40]
-
-
 def main():
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--out", default="kernel_times.json")
@@ -82,18 +80,25 @@ def main():
   ap.add_argument("--reps", type=int, default=10)
   ap.add_argument("--p-scale", default="block", choices=("block", "row"))
   ap.add_argument("--qkv-scale", default="block", choices=("block", "tensor"))
+  ap.add_argument("--fwd-kernels", default="",
+                  help="comma-separated values of JQAT_ATTN_FWD_KERNEL (ws, triton): each case once with each")
   ap.add_argument("--cases", default="full,causal,window:256,window:1024,window:4096,packed:1024,packed_causal:1024")
   args = ap.parse_args()
   rows = {}
   for case in args.cases.split(","):
-    times = kernel_times(case, args.batch, args.heads, args.seq, args.head_dim, args.reps, args.p_scale,
-                         args.qkv_scale)
-    grouped = defaultdict(float)
-    for name, t in times.items():
-      grouped[_short(name)] += t
-    rows[case] = {"kernels": times, "grouped": dict(grouped), "total": sum(times.values())}
-    print(f"{case:<22} total {rows[case]['total']:8.3f} ms  "
-          + "  ".join(f"{k} {t:.3f}" for k, t in sorted(grouped.items(), key=lambda kv: -kv[1])), flush=True)
+    for choice in args.fwd_kernels.split(",") if args.fwd_kernels else [None]:
+      label = case
+      if choice is not None:  # read at each call's plan (the torch binding plans every call)
+        os.environ[plan.FWD_KERNEL_ENV] = choice
+        label = f"{case} ({plan.FWD_KERNEL_ENV}={choice})"
+      times = kernel_times(case, args.batch, args.heads, args.seq, args.head_dim, args.reps, args.p_scale,
+                           args.qkv_scale)
+      grouped = defaultdict(float)
+      for name, t in times.items():
+        grouped[kernel_group(name)] += t
+      rows[label] = {"kernels": times, "grouped": dict(grouped), "total": sum(times.values())}
+      print(f"{label:<22} total {rows[label]['total']:8.3f} ms  "
+            + "  ".join(f"{k} {t:.3f}" for k, t in sorted(grouped.items(), key=lambda kv: -kv[1])), flush=True)
   shape = dict(batch=args.batch, heads=args.heads, seq=args.seq, head_dim=args.head_dim, reps=args.reps,
                p_scale=args.p_scale, qkv_scale=args.qkv_scale)
   with open(args.out, "w") as f:

@@ -84,13 +84,38 @@ def masks(d):
   return _table(header, rows)
 
 
+# Kernel name fragments of benchmarks/kernel_times.py's groups, the warp-specialized kernels before the Triton ones
+# whose names they contain (after the warp-specialized forward or dK/dV kernel, "attention_fwd" / "bwd_dkdv" is the
+# Triton kernel's REDO launch).
+KERNEL_GROUPS = ("attention_fwd_ws", "attention_fwd", "bwd_dkdv_ws", "bwd_dkdv", "bwd_dq", "bwd_delta", "fake_quantize",
+                 "segments_sorted")
+
+
+def kernel_group(name: str) -> str:
+  """The group of a kernel ``name`` in kernel_times.py's tables: the first of KERNEL_GROUPS it contains, else its
+  first 40 characters."""
+  return next((key for key in KERNEL_GROUPS if key in name), name[:40])
+
+
 def kernel_times(d):
-  """benchmarks/kernel_times.py: device ms per fwd+bwd of each kernel group, one column per case."""
+  """benchmarks/kernel_times.py: device ms per fwd+bwd of each kernel group, one column per case (grouped from the
+  per-kernel times where the JSON has them)."""
   cases = list(d["cases"])
-  groups = list(dict.fromkeys(g for c in cases for g in d["cases"][c]["grouped"]))
+
+  def grouped(c):
+    per_kernel = d["cases"][c].get("kernels")
+    if per_kernel is None:
+      return d["cases"][c]["grouped"]
+    out = {}
+    for name, t in per_kernel.items():
+      out[kernel_group(name)] = out.get(kernel_group(name), 0.0) + t
+    return out
+
+  by_case = {c: grouped(c) for c in cases}
+  groups = list(dict.fromkeys(g for c in cases for g in by_case[c]))
   ms = lambda v: "-" if v is None else f"{v:.3f}"
   label = lambda g: "torch elementwise kernels (gradient adds, fills)" if g.startswith("void at::") else g
-  rows = [[label(g)] + [ms(d["cases"][c]["grouped"].get(g)) for c in cases] for g in groups]
+  rows = [[label(g)] + [ms(by_case[c].get(g)) for c in cases] for g in groups]
   rows.append(["total"] + [ms(d["cases"][c]["total"]) for c in cases])
   return _table(["kernel"] + cases, rows)
 

@@ -144,6 +144,20 @@ def test_rows_keeps_the_attention_rows_named():
   assert "16384" in text and "4096" not in text
 
 
+def test_kernel_times_keeps_the_warp_specialized_kernels_apart():
+  """Grouped from the per-kernel times: the warp-specialized forward apart from the Triton forward (its REDO launch
+  there), each case a column; the total as the JSON holds it."""
+  kernels = {"attention_fwd_ws_kernel": 0.294, "attention_fwd_kernel": 0.005, "attention_bwd_dkdv_kernel": 0.3,
+             "fake_quantize_rows3_kernel": 0.1, "fake_quantize_rows_kernel": 0.036}
+  data = {"cases": {"causal (ws)": {"kernels": kernels, "total": 0.735},
+                    "causal (triton)": {"kernels": {"attention_fwd_kernel": 0.204}, "total": 0.204}}}
+  text = "\n".join(report.report(data))
+  assert "| kernel | causal (ws) | causal (triton) |" in text
+  for row in ("| attention_fwd_ws | 0.294 | - |", "| attention_fwd | 0.005 | 0.204 |", "| bwd_dkdv | 0.300 | - |",
+              "| fake_quantize | 0.136 | - |", "| total | 0.735 | 0.204 |"):
+    assert row in text, (row, text)
+
+
 def test_an_unknown_json_is_refused():
   with pytest.raises(ValueError, match="not the JSON of a known benchmark"):
     report.kind({"rows": [{"something": 1}]})
