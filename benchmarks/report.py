@@ -2,6 +2,7 @@
 
   python benchmarks/report.py OUT.json [--command CMD] [--date YYYY-MM-DD] [--machine TEXT] [--software TEXT]
       [--rows 0,3]
+  python benchmarks/report.py A.json B.json --labels a,b ...   (kernel_times.py runs side by side)
 
 Knows the JSON of attention.py (its rows, or ``--memory-only``), masks.py, kernel_times.py, sharding.py,
 rope_qdq.py, torch_rope_qdq.py, qat_matmul.py, compile_time.py, numerics_modes.py, decode.py, decode_gluon.py,
@@ -389,17 +390,32 @@ def report(d, command=None, date=None, machine=None, software=None, rows=None):
   return [x for x in lines if x is not None] + RENDER[kind(d)](d)
 
 
+def merge_kernel_times(parts: list[dict], labels: list[str]) -> dict:
+  """Several kernel_times.py JSONs as one, each one's cases labelled ``"case (label)"`` (one column each): runs of
+  one shape in separate processes, such as one per ``JQAT_ATTN_FWD_KERNEL``."""
+  if len(labels) != len(parts):
+    raise ValueError(f"{len(parts)} JSONs take {len(parts)} labels, got {len(labels)}")
+  if any(kind(d) != "kernel_times" for d in parts):
+    raise ValueError("only kernel_times.py JSONs are merged")
+  cases = {f"{case} ({label})": row for d, label in zip(parts, labels) for case, row in d["cases"].items()}
+  return {**parts[0], "cases": cases}
+
+
 def main():
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("json")
+  ap.add_argument("json", nargs="+", help="one JSON, or several kernel_times.py JSONs (with --labels)")
+  ap.add_argument("--labels", help="kernel_times.py: a comma-separated label per JSON, for its columns")
   ap.add_argument("--command", help="the command line that wrote the JSON")
   ap.add_argument("--date")
   ap.add_argument("--machine", help='e.g. "one NVIDIA H200"')
   ap.add_argument("--software", help='e.g. "jax 0.11.2, triton 3.6.0, jax-triton 0.3.1"')
   ap.add_argument("--rows", help="attention.py rows to keep: comma-separated row indices")
   args = ap.parse_args()
-  with open(args.json) as f:
-    d = json.load(f)
+  parts = []
+  for path in args.json:
+    with open(path) as f:
+      parts.append(json.load(f))
+  d = parts[0] if len(parts) == 1 and not args.labels else merge_kernel_times(parts, (args.labels or "").split(","))
   rows = None if args.rows is None else {int(x) for x in args.rows.split(",")}
   print("\n".join(report(d, args.command, args.date, args.machine, args.software, rows)))
 

@@ -158,6 +158,18 @@ def test_kernel_times_keeps_the_warp_specialized_kernels_apart():
     assert row in text, (row, text)
 
 
+def test_kernel_times_runs_side_by_side():
+  """Several kernel_times.py JSONs, one labelled column per case of each; other JSONs are not merged."""
+  one = lambda t: {"cases": {"causal": {"kernels": {"attention_fwd_kernel": t}, "total": t}}}
+  merged = report.merge_kernel_times([one(0.2), one(0.3)], ["a", "b"])
+  text = "\n".join(report.report(merged))
+  assert "| kernel | causal (a) | causal (b) |" in text and "| attention_fwd | 0.200 | 0.300 |" in text
+  with pytest.raises(ValueError, match="labels"):
+    report.merge_kernel_times([one(0.2), one(0.3)], ["a"])
+  with pytest.raises(ValueError, match="only kernel_times"):
+    report.merge_kernel_times([one(0.2), CASES["masks"][0]], ["a", "b"])
+
+
 def test_an_unknown_json_is_refused():
   with pytest.raises(ValueError, match="not the JSON of a known benchmark"):
     report.kind({"rows": [{"something": 1}]})
