@@ -24,7 +24,7 @@ import os
 from collections import defaultdict
 
 import torch
-from report import kernel_group
+from report import group_times
 
 import jqat.torch as jt
 from jqat.ffi import plan
@@ -93,9 +93,7 @@ def main():
         label = f"{case} ({plan.FWD_KERNEL_ENV}={choice})"
       times = kernel_times(case, args.batch, args.heads, args.seq, args.head_dim, args.reps, args.p_scale,
                            args.qkv_scale)
-      grouped = defaultdict(float)
-      for name, t in times.items():
-        grouped[kernel_group(name)] += t
+      grouped = group_times(times)
       rows[label] = {"kernels": times, "grouped": dict(grouped), "total": sum(times.values())}
       print(f"{label:<22} total {rows[label]['total']:8.3f} ms  "
             + "  ".join(f"{k} {t:.3f}" for k, t in sorted(grouped.items(), key=lambda kv: -kv[1])), flush=True)

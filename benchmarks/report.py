@@ -98,21 +98,21 @@ def kernel_group(name: str) -> str:
   return next((key for key in KERNEL_GROUPS if key in name), name[:40])
 
 
+def group_times(kernels: dict) -> dict:
+  """``{kernel name: ms}`` summed by :func:`kernel_group`, in the order the groups first appear."""
+  out = {}
+  for name, t in kernels.items():
+    out[kernel_group(name)] = out.get(kernel_group(name), 0.0) + t
+  return out
+
+
 def kernel_times(d):
   """benchmarks/kernel_times.py: device ms per fwd+bwd of each kernel group, one column per case (grouped from the
   per-kernel times where the JSON has them)."""
   cases = list(d["cases"])
 
-  def grouped(c):
-    per_kernel = d["cases"][c].get("kernels")
-    if per_kernel is None:
-      return d["cases"][c]["grouped"]
-    out = {}
-    for name, t in per_kernel.items():
-      out[kernel_group(name)] = out.get(kernel_group(name), 0.0) + t
-    return out
-
-  by_case = {c: grouped(c) for c in cases}
+  by_case = {c: group_times(d["cases"][c]["kernels"]) if "kernels" in d["cases"][c] else d["cases"][c]["grouped"]
+             for c in cases}
   groups = list(dict.fromkeys(g for c in cases for g in by_case[c]))
   ms = lambda v: "-" if v is None else f"{v:.3f}"
   label = lambda g: "torch elementwise kernels (gradient adds, fills)" if g.startswith("void at::") else g
@@ -397,8 +397,11 @@ def merge_kernel_times(parts: list[dict], labels: list[str]) -> dict:
     raise ValueError(f"{len(parts)} JSONs take {len(parts)} labels, got {len(labels)}")
   if any(kind(d) != "kernel_times" for d in parts):
     raise ValueError("only kernel_times.py JSONs are merged")
+  devices = {d.get("device") for d in parts}
+  if len(devices) > 1:
+    raise ValueError(f"runs of one device only, got {sorted(map(str, devices))}")
   cases = {f"{case} ({label})": row for d, label in zip(parts, labels) for case, row in d["cases"].items()}
-  return {**parts[0], "cases": cases}
+  return {"device": devices.pop(), "cases": cases}  # each run's shape is its label's to name
 
 
 def main():

@@ -159,7 +159,8 @@ def test_kernel_times_keeps_the_warp_specialized_kernels_apart():
 
 
 def test_kernel_times_runs_side_by_side():
-  """Several kernel_times.py JSONs, one labelled column per case of each; other JSONs are not merged."""
+  """Several kernel_times.py JSONs of one device, one labelled column per case of each; other JSONs, or runs of
+  another device, are not merged."""
   one = lambda t: {"cases": {"causal": {"kernels": {"attention_fwd_kernel": t}, "total": t}}}
   merged = report.merge_kernel_times([one(0.2), one(0.3)], ["a", "b"])
   text = "\n".join(report.report(merged))
@@ -168,6 +169,8 @@ def test_kernel_times_runs_side_by_side():
     report.merge_kernel_times([one(0.2), one(0.3)], ["a"])
   with pytest.raises(ValueError, match="only kernel_times"):
     report.merge_kernel_times([one(0.2), CASES["masks"][0]], ["a", "b"])
+  with pytest.raises(ValueError, match="one device"):
+    report.merge_kernel_times([one(0.2), dict(one(0.3), device="another GPU")], ["a", "b"])
 
 
 def test_an_unknown_json_is_refused():
