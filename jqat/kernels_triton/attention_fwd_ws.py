@@ -363,6 +363,12 @@ def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, D_PAD: gl
   ROW_S: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
   ROW_O: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
   row0 = start_m + WG * WG_ROWS
+  if IS_CAUSAL and not PINGPONG:
+    # The program's last tile lies past consumer 0's diagonal: it hides every key from these rows (p = +0 there, no
+    # term of O, l or m), and the Triton kernel's walk of these rows ends before it. This consumer stops at its
+    # diagonal and never releases that tile, which nothing waits for: the producer's last fill is that tile, and its
+    # fills wait only for the releases of tiles up to STAGES before it, which this walk made.
+    n_tiles = gl.minimum(n_tiles, row0 // BLOCK_N + 1)
 
   # Q: global -> registers -> this warpgroup's shared tile (once). The generic-proxy stores must be made visible to
   # the async proxy (wgmma) by a fence; the compiler's barrier analysis orders the warps' stores before the product.
@@ -477,12 +483,18 @@ def _producer(smem, kv, HEAD_DIM: gl.constexpr, D_PAD: gl.constexpr, BLOCK_N: gl
   KV_SMEM: gl.constexpr = tile_smem_layout(BLOCK_N, D_PAD)
   k_base = k_ptr + b.to(gl.int64) * stride_kb + kvh.to(gl.int64) * stride_kh
   v_base = v_ptr + b.to(gl.int64) * stride_vb + kvh.to(gl.int64) * stride_vh
+  TILE_BYTES: gl.constexpr = BLOCK_N * D_PAD * 2  # a box's bytes, the zeros past HEAD_DIM included
   k_desc = tma.make_tensor_descriptor(k_base, shape=[tk, HEAD_DIM], strides=[stride_kt, 1],
                                       block_shape=[BLOCK_N, D_PAD], layout=KV_SMEM)
+  # Tile 0's K copy goes out before V's descriptor is made (its global write and proxy fences): the first S product
+  # waits for one descriptor, not two. Stage 0's first fill needs no wait (a fresh "empty" barrier).
+  mbarrier.expect(k_ready.index(0), TILE_BYTES)
+  tma.async_copy_global_to_shared(k_desc, [0, 0], k_ready.index(0), k_bufs.index(0))
   v_desc = tma.make_tensor_descriptor(v_base, shape=[tk, HEAD_DIM], strides=[stride_vt, 1],
                                       block_shape=[BLOCK_N, D_PAD], layout=KV_SMEM)
-  TILE_BYTES: gl.constexpr = BLOCK_N * D_PAD * 2  # a box's bytes, the zeros past HEAD_DIM included
-  for j in range(n_tiles):
+  mbarrier.expect(v_ready.index(0), TILE_BYTES)
+  tma.async_copy_global_to_shared(v_desc, [0, 0], v_ready.index(0), v_bufs.index(0))
+  for j in range(1, n_tiles):  # n_tiles >= 1
     st = j % STAGES
     free = ((j // STAGES) & 1) ^ 1  # the (n-1)-th release of the stage; passes at once for its first fill
     mbarrier.wait(k_empty.index(st), free)
