@@ -364,10 +364,10 @@ def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, D_PAD: gl
   ROW_O: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
   row0 = start_m + WG * WG_ROWS
   if IS_CAUSAL and not PINGPONG:
-    # The program's last tile lies past consumer 0's diagonal: it hides every key from these rows (p = +0 there, no
-    # term of O, l or m), and the Triton kernel's walk of these rows ends before it. This consumer stops at its
-    # diagonal and never releases that tile, which nothing waits for: the producer's last fill is that tile, and its
-    # fills wait only for the releases of tiles up to STAGES before it, which this walk made.
+    # The program's last tiles past this consumer's diagonal (with two consumers, consumer 0's one) hide every key
+    # from its rows (p = +0 there, no term of O, l or m), and the Triton kernel's walk of these rows ends before them.
+    # This consumer stops at its diagonal and never releases them, which nothing waits for: they are the producer's
+    # last fills, and a fill waits only for the release of the tile STAGES before it, which this walk made.
     n_tiles = gl.minimum(n_tiles, row0 // BLOCK_N + 1)
 
   # Q: global -> registers -> this warpgroup's shared tile (once). The generic-proxy stores must be made visible to
