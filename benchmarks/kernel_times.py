@@ -94,7 +94,7 @@ def main():
       times = kernel_times(case, args.batch, args.heads, args.seq, args.head_dim, args.reps, args.p_scale,
                            args.qkv_scale)
       grouped = group_times(times)
-      rows[label] = {"kernels": times, "grouped": dict(grouped), "total": sum(times.values())}
+      rows[label] = {"kernels": times, "grouped": grouped, "total": sum(times.values())}
       print(f"{label:<22} total {rows[label]['total']:8.3f} ms  "
             + "  ".join(f"{k} {t:.3f}" for k, t in sorted(grouped.items(), key=lambda kv: -kv[1])), flush=True)
   shape = dict(batch=args.batch, heads=args.heads, seq=args.seq, head_dim=args.head_dim, reps=args.reps,

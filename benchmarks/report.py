@@ -102,7 +102,8 @@ def group_times(kernels: dict) -> dict:
   """``{kernel name: ms}`` summed by :func:`kernel_group`, in the order the groups first appear."""
   out = {}
   for name, t in kernels.items():
-    out[kernel_group(name)] = out.get(kernel_group(name), 0.0) + t
+    group = kernel_group(name)
+    out[group] = out.get(group, 0.0) + t
   return out
 
 
@@ -110,7 +111,6 @@ def kernel_times(d):
   """benchmarks/kernel_times.py: device ms per fwd+bwd of each kernel group, one column per case (grouped from the
   per-kernel times where the JSON has them)."""
   cases = list(d["cases"])
-
   by_case = {c: group_times(d["cases"][c]["kernels"]) if "kernels" in d["cases"][c] else d["cases"][c]["grouped"]
              for c in cases}
   groups = list(dict.fromkeys(g for c in cases for g in by_case[c]))
