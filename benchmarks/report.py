@@ -6,8 +6,8 @@
 
 Knows the JSON of attention.py (its rows, or ``--memory-only``), masks.py, kernel_times.py, sharding.py,
 rope_qdq.py, torch_rope_qdq.py, qat_matmul.py, compile_time.py, numerics_modes.py, decode.py, decode_gluon.py,
-decode_read.py and attention_ws.py, by their keys. Prints a provenance line (the command, date, machine and
-software given, plus the device the JSON names) and the table; times in ms unless a header says otherwise.
+decode_read.py, quantize_pass.py and attention_ws.py, by their keys. Prints a provenance line (the command, date,
+machine and software given, plus the device the JSON names) and the table; times in ms unless a header says otherwise.
 ``--rows`` keeps the rows of attention.py's JSON with those ``row`` indices. Nothing is computed that the JSON does
 not hold, except ratios of two of its figures (and decode.py's share of the device's datasheet HBM bandwidth).
 """
@@ -254,6 +254,14 @@ def decode_read(d):
                           _fixed(r["tbps"], 2)] for r in d["rows"]])
 
 
+def quantize_pass(d):
+  """benchmarks/quantize_pass.py: the plans' quantize pass over Q, K, V against a device copy of the same bytes."""
+  header = ["B, T, N, D", "MB read + written", "pass", "TB/s", "copy", "TB/s", "pass / copy"]
+  return _table(header, [[", ".join(map(str, r["shape"])), f"{r['bytes'] / 1e6:.1f}", _num(r["pass_ms"]),
+                          _fixed(r["pass_tbs"], 2), _num(r["copy_ms"]), _fixed(r["copy_tbs"], 2),
+                          _ratio(r["pass_ms"] / r["copy_ms"])] for r in d["rows"]])
+
+
 def compile_time(d):
   """benchmarks/compile_time.py: seconds from a new process to its first gradient, per cache state."""
   header = ["start", "first gradient, s", "of which the first run, s", "process, s", "kernels compiled",
@@ -363,6 +371,7 @@ def kind(d):
                      ("decode", "jqat_decode_ms" in rows[0]),
                      ("decode_gluon", str(d.get("benchmark", "")).startswith("decode_gluon")),
                      ("decode_read", d.get("benchmark") == "decode_read"),
+                     ("quantize_pass", d.get("benchmark") == "quantize_pass"),
                      ("attention_ws", d.get("benchmark") == "attention_ws"),
                      ("attention_ws_bwd", d.get("benchmark") == "attention_ws_bwd"),
                      ("torch_rope_qdq", "copy_fraction" in results[0]),
@@ -375,7 +384,8 @@ def kind(d):
 RENDER = dict(attention=attention, memory=memory, masks=masks, kernel_times=kernel_times, sharding=sharding,
               rope_qdq=rope_qdq, torch_rope_qdq=torch_rope_qdq, qat_matmul=qat_matmul, compile_time=compile_time,
               numerics_modes=numerics_modes, decode=decode, decode_gluon=decode_gluon,
-              decode_read=decode_read, attention_ws=attention_ws, attention_ws_bwd=attention_ws_bwd)
+              decode_read=decode_read, quantize_pass=quantize_pass, attention_ws=attention_ws,
+              attention_ws_bwd=attention_ws_bwd)
 
 
 def report(d, command=None, date=None, machine=None, software=None, rows=None):

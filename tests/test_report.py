@@ -112,6 +112,11 @@ CASES = {
      "ws_c2_residuals | row | 1 | 0.0e+00 | 0.0e+00 | 0.0e+00 | 3.0e-05 | - | - | yes",
      "0.4279", "0.4018", "| 1.06 |", "| 1.97 |"],
   ),
+  "quantize_pass": (
+    {"benchmark": "quantize_pass", "rows": [dict(shape=[8, 1024, 16, 128], bytes=201326592.0, pass_ms=0.0685392,
+                                                 pass_tbs=2.93739, copy_ms=0.0714272, copy_tbs=2.81863)]},
+    ["8, 1024, 16, 128", "201.3", "0.06854", "2.94", "0.07143", "2.82", "0.96"],
+  ),
   "attention_ws_bwd": (
     {"benchmark": "attention_ws_bwd",
      "check": [dict(variant="ws_m32_s2", dk_differing=0.0, dv_differing=2e-5, dk_vs_oracle=1.6e-3, dv_vs_oracle=1.7e-3,
