@@ -26,7 +26,8 @@ def time_shape(b: int, t: int, n: int) -> dict:
 
   flags = knv.quant_flags(torch.cuda.get_device_capability())
   rows = b * t * n
-  copies = max(2, -(-768_000_000 // (3 * rows * 128 * 2 * 2)))  # at least 768 MB of inputs and outputs in all
+  nbytes = 3 * rows * 128 * 2 * 2  # read and written, per call
+  copies = max(2, -(-768_000_000 // nbytes))  # at least 768 MB of inputs and outputs in all
   gen = torch.Generator(device="cuda").manual_seed(0)
   xs = [[torch.randn(rows, 128, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3)]
         for _ in range(copies)]
@@ -40,11 +41,10 @@ def time_shape(b: int, t: int, n: int) -> dict:
     for x, o in zip(xs[i % copies], outs[i % copies]):
       o.copy_(x)
 
-  gb = 3 * rows * 128 * 2 * 2 / 1e9
-  row = {"shape": [b, t, n, 128], "bytes": gb * 1e9}
+  row = {"shape": [b, t, n, 128], "bytes": float(nbytes)}
   for name, fn in (("pass", quantize), ("copy", copy)):
     ms = graph_replay_ms(fn, calls=20, replays=7)
-    row[f"{name}_ms"], row[f"{name}_tbs"] = ms, gb / ms
+    row[f"{name}_ms"], row[f"{name}_tbs"] = ms, nbytes / 1e9 / ms
   return row
 
 
