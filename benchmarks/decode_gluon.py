@@ -1,7 +1,7 @@
 """The Gluon decode kernel against the Triton kernel (one GPU, torch): the same outputs, and the time of each.
 
     python benchmarks/decode_gluon.py --out decode_gluon.json [--check-only | --time-only] [--compile-only] [--sweep]
-        [--caps]
+        [--caps] [--kernels]
 
 Check: random packed caches (every code byte, E4M3 scales over 2**-9 .. 2**3, some subnormal) and BF16 queries, GQA,
 ragged lengths, contiguous and paged, causal and not, one split and several, p_scale "block" and "row"; per case the
@@ -10,7 +10,8 @@ and where the case is small, the distance of each from the float64 oracle (tests
 bound. Time: the split (and combine) launches of each kernel on full caches, caches cycled over at least 512 MB so
 that no launch finds its cache in the L2; CUDA events around the replay of a CUDA graph of 40 calls, median of 7
 replays; TB/s counts the packed cache bytes read. ``--compile-only`` builds every case's Gluon launch for sm_90
-without a GPU.
+without a GPU. ``--kernels``: the library's plan (the split kernel it chooses, the combine) at decode.py's shapes, the
+device time per call of each launch under ``torch.profiler`` beside the CUDA graph's time per call.
 """
 
 from __future__ import annotations
@@ -90,6 +91,10 @@ CAPS = {
     (1, 32, 8, 131072, 128, 4, 0): _CAPS4,
     (8, 32, 8, 32768, 64, 1, 0): [("gluon_reg0", None), ("gluon_reg128", None)],
 }
+# --kernels: decode.py's shapes, contiguous, one and four new tokens (B, N, K, T, D, Tq, page size); the plan's own
+# choice of split kernel (the Triton one for the 32 query rows of (64, 8, 1, 4096) with four).
+KERNEL_ROWS = [(b, n, kh, t, 128, tq, 0) for b, n, kh, t in ((8, 32, 8, 32768), (32, 32, 8, 8192), (1, 32, 8, 131072),
+                                                              (64, 8, 1, 4096)) for tq in (1, 4)]
 
 
 def describe(shape, dtype):
@@ -295,6 +300,50 @@ def time_case(b, n, kh, t, d, tq, page, kernels=("triton", *VARIANTS), copies_by
   return row
 
 
+def kernel_times(b, n, kh, t, d, tq, page, copies_bytes=512 << 20, calls=40):
+  """Device ms per call of each launch of the default plan (keys ``split_gluon_ms`` or ``split_ms``, ``combine_ms``)
+  and the CUDA graph's ms per call (``graph_ms``)."""
+  import torch
+
+  from jqat.ffi import torch_launch
+
+  target = plans.Target(tuple(torch.cuda.get_device_capability()))
+  packed = b * t * kh * (d // 2 + d // 16) * 2
+  copies = max(2, math.ceil(copies_bytes / packed))
+  caches = [random_cache(b, t, kh, d, page, 100 + c, "cuda") for c in range(copies)]
+  q = torch.randn(b, tq, n, d, device="cuda", dtype=torch.bfloat16)
+  lengths = torch.full((b,), t, dtype=torch.int32, device="cuda")
+  splits = default_num_splits(b, kh, t, 64)
+  row = dict(B=b, N=n, K=kh, T=t, D=d, Tq=tq, page_size=page, splits=splits, cache_bytes=packed)
+  plan = _make_plan(b, tq, n, kh, t, d, splits, page, True, "block", None, target)  # the library's choice
+  sets = []
+  for kc, vc, table in caches:
+    tensors = dict(q=q, k_codes=kc[0], k_scales=kc[1], v_codes=vc[0], v_scales=vc[1], kv_len=lengths)
+    if table is not None:
+      tensors["page_table"] = table
+    tensors.update(torch_launch.allocate(plan, plan.scratch + ("o",), q.device))
+    sets.append(tensors)
+
+  def call(i):
+    torch_launch.execute(plan, sets[i % len(sets)])
+
+  row["graph_ms"] = graph_replay_ms(call)
+  names = {launch.kernel.__name__: launch.name.removeprefix("jqat_decode_") for launch in plan.launches}
+  times = {}
+  with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+    for i in range(calls):
+      call(i)
+    torch.cuda.synchronize()
+  for e in prof.events():
+    if e.device_type == torch.autograd.DeviceType.CUDA:
+      for kernel, name in names.items():
+        if kernel in e.name:
+          times.setdefault(name, []).append(e.device_time / 1e3)
+  row.update({f"{name}_ms": sum(ts) / calls for name, ts in times.items()})
+  print(json.dumps(row), flush=True)
+  return row
+
+
 def main():
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--out", default="decode_gluon.json")
@@ -304,6 +353,7 @@ def main():
   ap.add_argument("--choice", default=None, help="write there the environment of the variant the tests should run")
   ap.add_argument("--sweep", action="store_true", help="time the variants and split counts of SWEEP only")
   ap.add_argument("--caps", action="store_true", help="time the register caps of CAPS only")
+  ap.add_argument("--kernels", action="store_true", help="device time of each launch at KERNEL_ROWS only")
   ap.add_argument("--variants", default="gluon", help="the Gluon variants the check compares, comma-separated")
   args = ap.parse_args()
   if args.compile_only:
@@ -311,6 +361,12 @@ def main():
     return
   import torch
 
+  if args.kernels:
+    rows = [kernel_times(*case) for case in KERNEL_ROWS]
+    with open(args.out, "w") as f:
+      json.dump({"benchmark": "decode_gluon --kernels", "date": time.strftime("%Y-%m-%d"),
+                 "device": torch.cuda.get_device_name(), "kernels": rows}, f, indent=1)
+    return
   if args.sweep or args.caps:
     rows = [time_case(*case, kernels=(), split_counts=runs) for case, runs in (CAPS if args.caps else SWEEP).items()]
     with open(args.out, "w") as f:

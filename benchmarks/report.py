@@ -244,6 +244,17 @@ def decode_gluon(d):
                   + [_num(r[f"{v}_ms"]) for v in variants] + [_ratio(r["triton_ms"] / r[f"{v}_ms"]) for v in variants]
                   + [_fixed(r[f"{v}_tbps"], 2) for v in variants])
     lines += ([""] if lines else []) + _table(header, rows)
+  if d.get("kernels"):  # --kernels: device time of each launch of the library's plan
+    header = ["B, N, K, T, D", "Tq", "splits", "split kernel", "split", "combine", "graph per call", "combine share"]
+    rows = []
+    for r in d["kernels"]:
+      gluon = "split_gluon_ms" in r
+      split = r["split_gluon_ms" if gluon else "split_ms"]
+      combine = r.get("combine_ms")
+      rows.append([f"{r['B']}, {r['N']}, {r['K']}, {r['T']}, {r['D']}", r["Tq"], r["splits"],
+                   "Gluon" if gluon else "Triton", _num(split), _num(combine), _num(r["graph_ms"]),
+                   "-" if combine is None else f"{100 * combine / r['graph_ms']:.0f}%"])
+    lines += ([""] if lines else []) + _table(header, rows)
   return lines
 
 

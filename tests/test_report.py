@@ -75,8 +75,13 @@ CASES = {
   "decode_gluon": (
     {"benchmark": "decode_gluon --sweep", "time": [dict(B=8, N=32, K=8, T=32768, D=128, Tq=1, page_size=0, splits=16,
                                                        gluon_kg4_stages2_s16_ms=0.1284, gluon_kg4_stages2_s16_tbps=2.35,
-                                                       gluon_memonly_s16_ms=0.1215, gluon_memonly_s16_tbps=2.49)]},
-    ["gluon_kg4_stages2 | 16 | 0.1284 | 2.35", "gluon_memonly | 16 | 0.1215 | 2.49"],
+                                                       gluon_memonly_s16_ms=0.1215, gluon_memonly_s16_tbps=2.49)],
+     "kernels": [dict(B=32, N=32, K=8, T=8192, D=128, Tq=4, page_size=0, splits=4, split_gluon_ms=0.1536,
+                      combine_ms=0.0139, graph_ms=0.1677),
+                 dict(B=64, N=8, K=1, T=4096, D=128, Tq=4, page_size=0, splits=8, split_ms=0.06, graph_ms=0.07)]},
+    ["gluon_kg4_stages2 | 16 | 0.1284 | 2.35", "gluon_memonly | 16 | 0.1215 | 2.49",
+     "| 32, 32, 8, 8192, 128 | 4 | 4 | Gluon | 0.1536 | 0.01390 | 0.1677 | 8% |",
+     "| 64, 8, 1, 4096, 128 | 4 | 8 | Triton | 0.06000 | - | 0.07000 | - |"],
   ),
   "decode_read": (
     {"benchmark": "decode_read", "rows": [dict(pattern="per_row", scales=True, warps=8, splits=128, rows=32,
