@@ -262,9 +262,9 @@ def check(results, variants=("gluon",)):
       print(json.dumps(row), flush=True)
 
 
-def time_case(b, n, kh, t, d, tq, page, kernels=("triton", *VARIANTS), copies_bytes=512 << 20, split_counts=None):
-  """Times of each kernel at the default splits (keys ``{kernel}_ms``) and of each ``(kernel, splits)`` pair of
-  ``split_counts`` (keys ``{kernel}_s{splits}_ms``; splits None: the default)."""
+def _timing_case(b, n, kh, t, d, tq, page, copies_bytes):
+  """The inputs of a timed case: ``(target, caches, q, lengths, row)``, ``caches`` random copies of at least
+  ``copies_bytes`` in all (no call finds its cache in the L2), ``row`` the case's JSON fields so far."""
   import torch
 
   target = plans.Target(tuple(torch.cuda.get_device_capability()))
@@ -273,49 +273,15 @@ def time_case(b, n, kh, t, d, tq, page, kernels=("triton", *VARIANTS), copies_by
   caches = [random_cache(b, t, kh, d, page, 100 + c, "cuda") for c in range(copies)]
   q = torch.randn(b, tq, n, d, device="cuda", dtype=torch.bfloat16)
   lengths = torch.full((b,), t, dtype=torch.int32, device="cuda")
-  splits = default_num_splits(b, kh, t, 64)
-  row = dict(B=b, N=n, K=kh, T=t, D=d, Tq=tq, page_size=page, splits=splits, cache_bytes=packed)
+  row = dict(B=b, N=n, K=kh, T=t, D=d, Tq=tq, page_size=page, splits=default_num_splits(b, kh, t, 64),
+             cache_bytes=packed)
+  return target, caches, q, lengths, row
+
+
+def _tensor_sets(plan, caches, q, lengths):
+  """One tensor set of ``plan`` per cache copy (its scratch and output allocated)."""
   from jqat.ffi import torch_launch
 
-  runs = [(kernel, splits, kernel) for kernel in kernels]
-  runs += [(kernel, s or splits, f"{kernel}_s{s or splits}") for kernel, s in split_counts or ()]  # None: default
-  for kernel, splits, name in runs:
-    plan = make_plan(b, tq, n, kh, t, d, splits, page, True, "block", kernel, target)
-    sets = []
-    for kc, vc, table in caches:
-      tensors = dict(q=q, k_codes=kc[0], k_scales=kc[1], v_codes=vc[0], v_scales=vc[1], kv_len=lengths)
-      if table is not None:
-        tensors["page_table"] = table
-      tensors.update(torch_launch.allocate(plan, plan.scratch + ("o",), q.device))
-      sets.append(tensors)
-    for s in sets:  # compiles
-      torch_launch.execute(plan, s)
-    # A CUDA graph of 40 calls cycling through the copies: the replay times the kernels, not Python's launches.
-    ms = graph_replay_ms(lambda i, plan=plan, sets=sets: torch_launch.execute(plan, sets[i % len(sets)]))
-    row[f"{name}_ms"] = ms
-    row[f"{name}_tbps"] = packed / ms / 1e9
-  if "triton_ms" in row and "gluon_ms" in row:
-    row["speedup"] = row["triton_ms"] / row["gluon_ms"]
-  print(json.dumps(row), flush=True)
-  return row
-
-
-def kernel_times(b, n, kh, t, d, tq, page, copies_bytes=512 << 20, calls=40):
-  """Device ms per call of each launch of the default plan (keys ``split_gluon_ms`` or ``split_ms``, ``combine_ms``)
-  and the CUDA graph's ms per call (``graph_ms``)."""
-  import torch
-
-  from jqat.ffi import torch_launch
-
-  target = plans.Target(tuple(torch.cuda.get_device_capability()))
-  packed = b * t * kh * (d // 2 + d // 16) * 2
-  copies = max(2, math.ceil(copies_bytes / packed))
-  caches = [random_cache(b, t, kh, d, page, 100 + c, "cuda") for c in range(copies)]
-  q = torch.randn(b, tq, n, d, device="cuda", dtype=torch.bfloat16)
-  lengths = torch.full((b,), t, dtype=torch.int32, device="cuda")
-  splits = default_num_splits(b, kh, t, 64)
-  row = dict(B=b, N=n, K=kh, T=t, D=d, Tq=tq, page_size=page, splits=splits, cache_bytes=packed)
-  plan = _make_plan(b, tq, n, kh, t, d, splits, page, True, "block", None, target)  # the library's choice
   sets = []
   for kc, vc, table in caches:
     tensors = dict(q=q, k_codes=kc[0], k_scales=kc[1], v_codes=vc[0], v_scales=vc[1], kv_len=lengths)
@@ -323,6 +289,43 @@ def kernel_times(b, n, kh, t, d, tq, page, copies_bytes=512 << 20, calls=40):
       tensors["page_table"] = table
     tensors.update(torch_launch.allocate(plan, plan.scratch + ("o",), q.device))
     sets.append(tensors)
+  return sets
+
+
+def time_case(b, n, kh, t, d, tq, page, kernels=("triton", *VARIANTS), copies_bytes=512 << 20, split_counts=None):
+  """Times of each kernel at the default splits (keys ``{kernel}_ms``) and of each ``(kernel, splits)`` pair of
+  ``split_counts`` (keys ``{kernel}_s{splits}_ms``; splits None: the default)."""
+  from jqat.ffi import torch_launch
+
+  target, caches, q, lengths, row = _timing_case(b, n, kh, t, d, tq, page, copies_bytes)
+  splits = row["splits"]
+  runs = [(kernel, splits, kernel) for kernel in kernels]
+  runs += [(kernel, s or splits, f"{kernel}_s{s or splits}") for kernel, s in split_counts or ()]  # None: default
+  for kernel, splits, name in runs:
+    plan = make_plan(b, tq, n, kh, t, d, splits, page, True, "block", kernel, target)
+    sets = _tensor_sets(plan, caches, q, lengths)
+    for s in sets:  # compiles
+      torch_launch.execute(plan, s)
+    # A CUDA graph of 40 calls cycling through the copies: the replay times the kernels, not Python's launches.
+    ms = graph_replay_ms(lambda i, plan=plan, sets=sets: torch_launch.execute(plan, sets[i % len(sets)]))
+    row[f"{name}_ms"] = ms
+    row[f"{name}_tbps"] = row["cache_bytes"] / ms / 1e9
+  if "triton_ms" in row and "gluon_ms" in row:
+    row["speedup"] = row["triton_ms"] / row["gluon_ms"]
+  print(json.dumps(row), flush=True)
+  return row
+
+
+def kernel_times(b, n, kh, t, d, tq, page, copies_bytes=512 << 20, calls=40):
+  """Device ms per call of each launch of the library's plan (keys ``split_gluon_ms`` or ``split_ms``, and
+  ``combine_ms``) and the CUDA graph's ms per call (``graph_ms``)."""
+  import torch
+
+  from jqat.ffi import torch_launch
+
+  target, caches, q, lengths, row = _timing_case(b, n, kh, t, d, tq, page, copies_bytes)
+  plan = _make_plan(b, tq, n, kh, t, d, row["splits"], page, True, "block", None, target)  # the library's choice
+  sets = _tensor_sets(plan, caches, q, lengths)
 
   def call(i):
     torch_launch.execute(plan, sets[i % len(sets)])
