@@ -32,10 +32,10 @@ SECONDS = {
     "test_masks.py": 79, "test_nan.py": 78, "test_attention_triton.py": 73, "test_decode.py": 71, "test_torch.py": 61,
     "test_nvfp4.py": 39, "test_rope_qdq.py": 38, "test_large_logits.py": 38, "test_tile_ranges.py": 37,
     "test_nvfp4_pallas.py": 35, "test_qat_matmul.py": 31, "test_flax.py": 31, "test_properties.py": 30,
-    "test_grad_fidelity.py": 30, "test_train_lm.py": 25, "test_parallel.py": 21, "test_ffi.py": 20,
-    "test_validation.py": 11, "test_packaging.py": 3, "test_nvfp4_triton.py": 3, "test_bench_numerics.py": 3,
-    "test_bench_fastvideo.py": 2, "test_plan.py": 1, "test_parallel_masks.py": 1, "test_shard_map_xla.py": 1,
-    "test_report.py": 1,
+    "test_grad_fidelity.py": 30, "test_readme.py": 30, "test_train_lm.py": 25, "test_parallel.py": 21,
+    "test_ffi.py": 20, "test_validation.py": 11, "test_packaging.py": 3, "test_nvfp4_triton.py": 3,
+    "test_bench_numerics.py": 3, "test_bench_fastvideo.py": 2, "test_plan.py": 1, "test_parallel_masks.py": 1,
+    "test_shard_map_xla.py": 1, "test_report.py": 1,
 }
 NEW_FILE_SECONDS = 30
 NO_TESTS_COLLECTED = 5
