@@ -47,3 +47,22 @@ def graph_replay_ms(launch, calls: int = 40, replays: int = 7) -> float:
     end.synchronize()
     times.append(start.elapsed_time(end) / calls)
   return statistics.median(times)
+
+
+def kernel_device_ms(launch, calls: int) -> dict:
+  """``{kernel name: mean device milliseconds per call}`` of ``launch(i)`` (i = 0 .. calls - 1) under
+  ``torch.profiler``, largest first: the time each kernel ran on the GPU, at its normal clocks, not the gaps between
+  kernels or Python's launches."""
+  from collections import defaultdict
+
+  import torch
+
+  with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+    for i in range(calls):
+      launch(i)
+    torch.cuda.synchronize()
+  total = defaultdict(float)
+  for ev in prof.events():
+    if ev.device_type == torch.autograd.DeviceType.CUDA:
+      total[ev.name] += ev.device_time / 1e3  # us -> ms
+  return {name: t / calls for name, t in sorted(total.items(), key=lambda kv: -kv[1])}

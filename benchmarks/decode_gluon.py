@@ -24,7 +24,7 @@ import sys
 import time
 
 import numpy as np
-from _timing import graph_replay_ms
+from _timing import graph_replay_ms, kernel_device_ms
 
 from jqat.ffi import plan as plans
 from jqat.ffi.options import DecodeOptions, default_num_splits
@@ -319,8 +319,6 @@ def time_case(b, n, kh, t, d, tq, page, kernels=("triton", *VARIANTS), copies_by
 def kernel_times(b, n, kh, t, d, tq, page, copies_bytes=512 << 20, calls=40):
   """Device ms per call of each launch of the library's plan (keys ``split_gluon_ms`` or ``split_ms``, and
   ``combine_ms``) and the CUDA graph's ms per call (``graph_ms``)."""
-  import torch
-
   from jqat.ffi import torch_launch
 
   target, caches, q, lengths, row = _timing_case(b, n, kh, t, d, tq, page, copies_bytes)
@@ -331,18 +329,10 @@ def kernel_times(b, n, kh, t, d, tq, page, copies_bytes=512 << 20, calls=40):
     torch_launch.execute(plan, sets[i % len(sets)])
 
   row["graph_ms"] = graph_replay_ms(call)
-  names = {launch.kernel.__name__: launch.name.removeprefix("jqat_decode_") for launch in plan.launches}
-  times = {}
-  with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-    for i in range(calls):
-      call(i)
-    torch.cuda.synchronize()
-  for e in prof.events():
-    if e.device_type == torch.autograd.DeviceType.CUDA:
-      for kernel, name in names.items():
-        if kernel in e.name:
-          times.setdefault(name, []).append(e.device_time / 1e3)
-  row.update({f"{name}_ms": sum(ts) / calls for name, ts in times.items()})
+  for kernel, ms in kernel_device_ms(call, calls).items():  # the plan's launches by their kernels' names
+    for launch in plan.launches:
+      if launch.kernel.__name__ in kernel:
+        row[launch.name.removeprefix("jqat_decode_") + "_ms"] = ms
   print(json.dumps(row), flush=True)
   return row
 

@@ -21,9 +21,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from collections import defaultdict
 
 import torch
+from _timing import kernel_device_ms
 from report import group_times
 
 import jqat.torch as jt
@@ -59,15 +59,7 @@ def kernel_times(case, batch, heads, seq, head_dim, reps, p_scale="block", qkv_s
   for _ in range(2):  # compile and warm up
     step()
   torch.cuda.synchronize()
-  with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-    for _ in range(reps):
-      step()
-    torch.cuda.synchronize()
-  total = defaultdict(float)
-  for ev in prof.events():
-    if ev.device_type == torch.autograd.DeviceType.CUDA:
-      total[ev.name] += ev.device_time / 1e3  # us -> ms
-  return {name: t / reps for name, t in sorted(total.items(), key=lambda kv: -kv[1])}
+  return kernel_device_ms(lambda i: step(), reps)
 
 
 def main():
