@@ -14,3 +14,10 @@ def pyplot():
   import matplotlib.pyplot as plt  # noqa: PLC0415
 
   return plt
+
+
+def save(fig, path: str) -> None:
+  """Lay the figure out, write it to ``path`` at the benchmarks' resolution and say so."""
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  print("wrote", path)

@@ -42,7 +42,7 @@ import jqat  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fastvideo  # noqa: E402
-from _figure import pyplot  # noqa: E402
+from _figure import pyplot, save  # noqa: E402
 from _timing import cuda_event_ms  # noqa: E402
 
 # (B, N, K, S, D, causal): issue #13's eight shapes, then a head dim that is no power of two (padded tiles)
@@ -564,9 +564,7 @@ def _plot(rows, path):
   ax.set_ylabel("ms (log)")
   ax.set_yscale("log")
   ax.legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  print("wrote", path)
+  save(fig, path)
 
 
 if __name__ == "__main__":

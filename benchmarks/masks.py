@@ -28,7 +28,7 @@ import os
 
 import jax
 import jax.numpy as jnp
-from _figure import pyplot  # noqa: E402
+from _figure import pyplot, save  # noqa: E402
 from attention import time_ms  # noqa: E402
 
 import jqat  # noqa: E402
@@ -129,9 +129,7 @@ def _plot(rows, path):
   ax.set_xticks(list(x), [r["case"] for r in rows], fontsize=8)
   ax.set_ylabel("time / baseline")
   ax.legend()
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  print(f"wrote {path}")
+  save(fig, path)
 
 
 if __name__ == "__main__":

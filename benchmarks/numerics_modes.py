@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _figure import pyplot  # noqa: E402
+from _figure import pyplot, save  # noqa: E402
 from attention import time_ms  # noqa: E402  (benchmarks/attention.py)
 
 import jqat  # noqa: E402
@@ -292,9 +292,7 @@ def _plot(rows, path):
     ax.set_xlabel("T")
   axes[0].set_ylabel("relative Frobenius error")
   axes[-1].legend(fontsize=6)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  print("wrote", path)
+  save(fig, path)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ import time
 
 import jax
 import jax.numpy as jnp
-from _figure import pyplot  # noqa: E402
+from _figure import pyplot, save  # noqa: E402
 from jax import lax
 
 from jqat import nvfp4
@@ -203,9 +203,7 @@ def _plot(rows, path):
   ax.set_xticks(range(len(rows)), labels, fontsize=8)
   ax.set_ylabel("qat_matmul / BF16 dot (M x K x N, bf16)")
   ax.legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  print("wrote", path)
+  save(fig, path)
 
 
 if __name__ == "__main__":

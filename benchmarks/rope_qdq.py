@@ -34,7 +34,7 @@ import time
 
 import jax
 import jax.numpy as jnp
-from _figure import pyplot  # noqa: E402
+from _figure import pyplot, save  # noqa: E402
 from _timing import cuda_event_ms  # noqa: E402
 from jax import lax
 
@@ -192,9 +192,7 @@ def _plot(results, path):
   ax.set_ylabel("% of D2D copy bandwidth")
   ax.set_title(f"rope_qdq on {jax.devices()[0].device_kind}")
   ax.legend()
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  print(f"wrote {path}")
+  save(fig, path)
 
 
 def _summaries(results):

@@ -22,7 +22,7 @@ import sys
 
 import jax
 import jax.numpy as jnp
-from _figure import pyplot  # noqa: E402
+from _figure import pyplot, save  # noqa: E402
 from attention import time_ms
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -120,9 +120,7 @@ def _plot(rows, path):
   ax.set_xticks(range(len(shapes)), [f"{b}x{t}x{n}x{d}{' causal' if c else ''}" for b, t, n, d, c in shapes])
   ax.set_ylabel("fwd+bwd ms")
   ax.legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  print("wrote", path)
+  save(fig, path)
 
 
 if __name__ == "__main__":
