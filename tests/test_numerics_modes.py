@@ -266,7 +266,7 @@ def test_smooth_k_through_torch():
   got.backward()
   # torch's and JAX's FP32 means sum in different orders: a last-bit change of a smoothed key can flip one
   # of its fq codes (one E2M1 step of one element), so the two agree to the fq-flip bound, not bitwise.
-  assert abs(float(got) - float(want)) <= 1e-3 * abs(float(want))
+  assert abs(got.item() - float(want)) <= 1e-3 * abs(float(want))
   for name, t, g in zip(("dQ", "dK", "dV"), (qt, kt, vt), grads):
     assert np.isfinite(t.grad.float().numpy()).all(), name
     assert_close(t.grad.float().numpy(), np.swapaxes(_f(g), 1, 2), rel=1e-2, name=f"torch {name}")
