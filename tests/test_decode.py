@@ -557,6 +557,41 @@ def test_torch_matches_jax_on_cpu():
     jt.kv_cache_update(kc, vc, to_bhsd(k), to_bhsd(v), pos.long())
 
 
+def test_torch_bad_out_and_lengths_name_the_argument():
+  """jqat.torch.decode_attention's ``out`` (written in place by the kernels, so a wrong one would be written past
+  its end) and ``kv_lengths`` (read per sequence) are checked before anything runs; a refused ``out`` is untouched."""
+  import torch
+
+  import jqat.torch as jt
+
+  b, t, kh, d, n, tq = 2, 64, 2, 32, 4, 1
+  kc, vc = (_torch_cache(jqat.init_kv_cache((b, t, kh, d))) for _ in range(2))
+  q = torch.zeros(b, n, tq, d, dtype=torch.bfloat16)
+  lengths = torch.full((b,), 8, dtype=torch.int32)
+  good = torch.empty(b, n, tq, d, dtype=torch.bfloat16)
+  assert jt.decode_attention(q, kc, vc, lengths, out=good) is good
+  grad = torch.zeros(b, n, tq, d, dtype=torch.bfloat16, requires_grad=True)
+  cases = [
+      (dict(out=torch.full((b, n, tq + 1, d), 7.0, dtype=torch.bfloat16)), ValueError, r"out must be .* of shape"),
+      (dict(out=torch.full((b, n, tq, d), 7.0)), ValueError, r"out must be torch.bfloat16"),
+      (dict(out=torch.full((b, n, tq, 2 * d), 7.0, dtype=torch.bfloat16)[..., ::2]), NotImplementedError,
+       "out must be dense"),
+      (dict(out=torch.full((1, n, tq, d), 7.0, dtype=torch.bfloat16).expand(b, n, tq, d)), NotImplementedError,
+       "out must be dense"),
+      (dict(out=grad), ValueError, "out must not require grad"),
+      (dict(out=q), ValueError, "out overlaps q"),
+      (dict(out=[good]), TypeError, "out must be a torch.Tensor"),
+      (dict(kv_lengths=torch.full((b + 1,), 8, dtype=torch.int32)), ValueError, r"kv_lengths must have shape \(2,\)"),
+  ]
+  for kw, exc, match in cases:
+    args = dict(kv_lengths=lengths) | kw
+    before = kw["out"].clone() if isinstance(kw.get("out"), torch.Tensor) else None
+    with pytest.raises(exc, match=match):
+      jt.decode_attention(q, kc, vc, args.pop("kv_lengths"), **args)
+    if before is not None:
+      assert torch.equal(kw["out"], before), f"{match}: the refused out was written"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel", ["triton", "gluon"])
 def test_torch_kernels_and_cuda_graph_gpu(kernel, decode_kernel):

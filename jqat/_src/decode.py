@@ -160,7 +160,9 @@ def decode_attention(query, k_cache, v_cache, kv_lengths, *, page_table=None, sc
   query: [B, Tq, N, D] bf16 (fp16/fp32 accepted), 1 <= Tq <= 64; its tokens must already be in the cache, at
     positions ``kv_lengths - Tq ... kv_lengths - 1`` (``kv_cache_update``).
   k_cache, v_cache: ``(codes, scales)`` pairs, contiguous or paged with ``page_table`` (module docstring).
-  kv_lengths: int32 [B], the tokens of each sequence in the cache, new ones included (Tq <= length <= T).
+  kv_lengths: int32 [B], the tokens of each sequence in the cache, new ones included (Tq <= length <= T). Values
+    known on the host are checked; traced ones (inside ``jit``) are clamped to ``[0, T]`` and page ids outside
+    ``[0, num_pages)`` into it, so a bad value reads the wrong rows of the cache, never memory outside it.
   is_causal: query i sees keys ``j <= kv_lengths - Tq + i`` (the new tokens causally among themselves); False:
     every query sees all ``kv_lengths`` keys.
   num_splits: the KV walk cut into this many runs of tiles, walked in parallel and merged by their maxima
