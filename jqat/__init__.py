@@ -6,6 +6,8 @@ Public API:
   rope_qdq                                                      - tail RoPE + microscaled QDQ (docs/NUMERICS.md, 9)
   init_kv_cache / kv_cache_update / decode_attention            - serving: packed NVFP4 KV cache (docs/NUMERICS.md, 10)
   parallel.ulysses_attention / parallel.attention             - sequence (Ulysses), batch and head parallelism
+  nvfp4.qat_matmul                                              - the QAT linear layer (docs/API.md)
+  enable_compilation_cache, DEFAULT_BLOCK_N                     - JAX's persistent cache; the default key tile
 
 The names load on first use, so that ``jqat.kernels_triton`` (no JAX, no torch) and the framework-free
 launch plans of ``jqat.ffi.plan`` can be imported without JAX.

@@ -223,8 +223,8 @@ class PackedKVCache:
   Built as an ``nnx.Module`` on first use of the class (``make``), so that its ``nnx.Cache`` variables (the codes and
   scales of K and V and the per-sequence lengths) are updated in place by ``nnx.jit``. Keyword arguments of
   ``decode``/``prefill`` go to ``jqat.decode_attention`` / ``jqat.attention`` (the QAT switches, ``block_n``,
-  ``num_splits``, ``implementation``). Sequences advance together (one length per sequence is kept, so ragged
-  batches can be prefilled with ``lengths``).
+  ``num_splits``, ``implementation``). Sequences advance together: each call moves every sequence on by its number of
+  tokens, so prompts of different lengths are padded to one length (ragged prefill is not supported).
   """
 
   def __new__(cls, batch: int, capacity: int, kv_heads: int, head_dim: int):
@@ -244,8 +244,10 @@ def _packed_kv_cache_module():
 
     def __init__(self, batch: int, capacity: int, kv_heads: int, head_dim: int):
       for name, value in (("batch", batch), ("capacity", capacity), ("kv_heads", kv_heads), ("head_dim", head_dim)):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-          raise ValueError(f"PackedKVCache: {name} must be a positive int, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int):
+          raise TypeError(f"PackedKVCache: {name} must be a positive int, got {value!r} ({type(value).__name__})")
+        if value <= 0:
+          raise ValueError(f"PackedKVCache: {name} must be a positive int, got {value}")
       kc, vc = (_decode.init_kv_cache((batch, capacity, kv_heads, head_dim)) for _ in range(2))
       self.k_codes, self.k_scales = nnx.Cache(kc[0]), nnx.Cache(kc[1])
       self.v_codes, self.v_scales = nnx.Cache(vc[0]), nnx.Cache(vc[1])

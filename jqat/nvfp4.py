@@ -2,7 +2,7 @@
 
   fake_quantize(x, axis=-1, mask=None)   quantize and dequantize, straight-through gradient
   quantize(x, axis=-1) -> (codes, scales) the packed form (two E2M1 codes a byte, one E4M3 scale per 16)
-  dequantize(codes, scales, axis=-1)     its inverse
+  dequantize(codes, scales, axis=-1, dtype=jnp.bfloat16)  its inverse, in dtype
   qat_matmul(x, w)                       fq(x) @ fq(w), straight-through gradients (docs/API.md)
 
 The quantizer lives in ``jqat._src.nvfp4``, the linear layer in ``jqat._src.qat_matmul`` (which uses the quantizer);

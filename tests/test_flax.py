@@ -215,3 +215,31 @@ def test_nnx_jit_training_step_lowers_the_loss():
   losses = [float(step(model, optimizer, tokens)) for _ in range(15)]
   assert all(np.isfinite(losses)), losses
   assert losses[-1] < 0.7 * losses[0], losses
+
+
+def test_packed_kv_cache_prefill_decode_and_bad_sizes():
+  """jqat.flax.PackedKVCache under nnx.jit: prefill writes the prompt and returns causal jqat.attention, decode writes
+  the new token after it and returns jqat.decode_attention over the cache that kv_cache_update builds from the same
+  keys; every sequence advances by the tokens given. Sizes that are not positive ints raise naming them."""
+  b, t, n, kh, d = 2, 8, 4, 2, 32
+  keys = jax.random.split(jax.random.key(7), 3)
+  q, k, v = (jax.random.normal(kk, (b, t + 1, h, d), jnp.bfloat16) for kk, h in zip(keys, (n, kh, kh)))
+  cache = jqat.flax.PackedKVCache(batch=b, capacity=64, kv_heads=kh, head_dim=d)
+  prefill = nnx.jit(lambda c, q, k, v: c.prefill(q, k, v, implementation="xla"))
+  decode = nnx.jit(lambda c, q, k, v: c.decode(q, k, v, implementation="xla", num_splits=1))
+  out_p = prefill(cache, q[:, :t], k[:, :t], v[:, :t])
+  assert (np.asarray(cache.lengths[...]) == t).all()
+  out_d = decode(cache, q[:, t:], k[:, t:], v[:, t:])
+  assert (np.asarray(cache.lengths[...]) == t + 1).all()
+  assert_reordered_equal(out_p, jqat.attention(q[:, :t], k[:, :t], v[:, :t], is_causal=True, implementation="xla"),
+                         name="prefill O")
+  pos = jnp.broadcast_to(jnp.arange(t + 1, dtype=jnp.int32), (b, t + 1))
+  kc, vc = jqat.kv_cache_update(jqat.init_kv_cache((b, 64, kh, d)), jqat.init_kv_cache((b, 64, kh, d)), k, v, pos,
+                                implementation="xla")
+  want = jqat.decode_attention(q[:, t:], kc, vc, jnp.full((b,), t + 1, jnp.int32), num_splits=1, implementation="xla")
+  assert_reordered_equal(out_d, want, name="decode O")
+  cache.reset()
+  assert (np.asarray(cache.lengths[...]) == 0).all()
+  for kw, exc in ((dict(batch="8"), TypeError), (dict(capacity=0), ValueError), (dict(head_dim=True), TypeError)):
+    with pytest.raises(exc, match=f"PackedKVCache: {next(iter(kw))} must be a positive int"):
+      jqat.flax.PackedKVCache(**(dict(batch=b, capacity=64, kv_heads=kh, head_dim=d) | kw))

@@ -82,7 +82,7 @@ def rope_qdq(x, cache, positions, *, quantization="fp4", group_size=32, scale_fo
     [N, H, 128] mode, else x.shape[:-1] or flat [prod(x.shape[:-1])] (one per row).
     Ids should lie in [0, P); others read the nearest row (negative ids row 0, ids >= P
     row P - 1, int64 ids of 2**31 and more included: clamped, never wrapped).
-  quantization, group_size, scale_format: one row of the table above ("fp4"/"fp8" str,
+  quantization, group_size, scale_format: one of the modes of docs/NUMERICS.md, section 9 ("fp4"/"fp8" str,
     16/32 int, "ue8m0"/"e4m3" str); a wrong type raises TypeError, a wrong value ValueError.
   implementation: None (Triton on a supported GPU, else XLA), "triton" or "xla".
 

@@ -82,8 +82,10 @@ def default_scale(head_dim: int) -> float:
 def _window_side(name: str, value) -> int:
   """A non-negative int that the kernels' 32-bit index arithmetic holds (a side of 2**31 or more would wrap there;
   any side of Tq + Tk or more already leaves that side unbounded)."""
-  if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or value < 0:
+  if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
     raise TypeError(f"{name} must be a non-negative int, got {value!r} ({type(value).__name__})")
+  if value < 0:
+    raise ValueError(f"{name} must be a non-negative int, got {value}")
   if value > INT32_MAX:
     raise ValueError(f"{name} must be at most 2**31 - 1 = {INT32_MAX} (a side at least Tq + Tk already hides "
                      f"nothing), got {value}")

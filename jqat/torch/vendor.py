@@ -142,7 +142,8 @@ class Nvfp4AttentionQatBackward:
       self.check_support()
 
   def scratch_workspace_bytes(self) -> int:
-    """Bytes of the plan's scratch (fq(Q), fq(K), fq(V) and delta [B, H, Sq] fp32, 256-byte aligned each)."""
+    """Bytes of the plan's scratch (delta [B, H, Sq] fp32 and, where the plan needs them, fq(Q), row
+    factors and kernel flags, 256-byte aligned each; fq(K) and fq(V) live in dk's and dv's storage)."""
     self._require_checked()
     from jqat.ffi import torch_launch  # noqa: PLC0415
 
