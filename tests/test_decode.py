@@ -593,6 +593,40 @@ def test_torch_bad_out_and_lengths_name_the_argument():
 
 
 @pytest.mark.gpu
+def test_torch_strided_inputs_gpu():
+  """Inputs the kernels cannot index as given, through jqat.torch on CUDA: a page table that is a column slice of a
+  wider one (a serving system's block-table prefix), new keys broadcast along D, a transposed query. Each gives the
+  caches and output of its contiguous copy, bit for bit (the same kernels on the same values): before, the slice was
+  read with the wide table's row length (another page written), the broadcast keys read past their storage."""
+  import torch
+
+  import jqat.torch as jt
+
+  b, t, kh, d, n, page = 2, 256, 2, 64, 4, 64
+  dev = "cuda"
+  per_seq = t // page
+  wide = torch.randperm(2 * b * per_seq, device=dev, dtype=torch.int32)[: b * 2 * per_seq].view(b, 2 * per_seq)
+  table = wide[:, :per_seq]
+  pool = lambda: tuple(_torch_cache(c, dev) for c in jqat.init_kv_cache((2 * b * per_seq, page, kh, d)))
+  new = torch.randn(b, kh, 3, 1, device=dev, dtype=torch.bfloat16).expand(b, kh, 3, d)
+  pos = torch.tensor([[5, 6, 7]] * b, dtype=torch.int32, device=dev)
+  caches = {}
+  for name, tbl, k_new in (("given", table, new), ("contiguous", table.contiguous(), new.contiguous())):
+    kc, vc = pool(), pool()
+    jt.kv_cache_update(kc, vc, k_new, k_new, pos, page_table=tbl)
+    caches[name] = (kc, vc, tbl)
+  for a, e in zip((*caches["given"][0], *caches["given"][1]), (*caches["contiguous"][0], *caches["contiguous"][1])):
+    assert torch.equal(a.view(torch.uint8), e.view(torch.uint8)), "the sliced table or broadcast keys wrote elsewhere"
+  kc, vc, _ = caches["contiguous"]
+  lengths = torch.full((b,), 8, dtype=torch.int32, device=dev)
+  q = torch.randn(b, n, d, 2, device=dev, dtype=torch.bfloat16).transpose(2, 3)  # [B, N, 2, D], last axis strided
+  assert q.stride(-1) == 2
+  got = jt.decode_attention(q, kc, vc, lengths, page_table=table)
+  want = jt.decode_attention(q.contiguous(), kc, vc, lengths, page_table=table.contiguous())
+  assert torch.equal(got, want)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("kernel", ["triton", "gluon"])
 def test_torch_kernels_and_cuda_graph_gpu(kernel, decode_kernel):
   """jqat.torch on CUDA: the kernels against the oracle, and a captured decode step (write + attend) replayed with

@@ -308,6 +308,26 @@ def test_dense_copies_misaligned_tensors_only():
   assert fixed.data_ptr() % 16 == 0 and fixed.is_contiguous() and torch.equal(fixed, x)
 
 
+def test_readable_copies_only_what_the_kernels_cannot_index():
+  """tt.readable keeps an input whose last axis is contiguous, whose other strides are multiples of 16 elements and
+  whose storage is 16-byte aligned (gaps and broadcast axes included: reading them is safe), and copies anything
+  else contiguous; tt.dense copies a dense but misaligned tensor with its own strides, so that gradients allocated
+  like it (torch.empty_like) have the strides the kernels write through."""
+  from jqat.torch import _tensors as tt
+
+  x = torch.randn(2, 8, 4, 64)
+  for ok in (x.transpose(1, 2), torch.randn(2, 4, 8, 128)[..., :64], torch.randn(1, 4, 8, 64).expand(2, 4, 8, 64)):
+    assert tt.readable(ok) is ok
+  for bad in (torch.randn(2, 4, 64, 8).transpose(-1, -2), torch.randn(1, 1, 1, 1).expand(2, 4, 8, 64),
+              torch.cat([x, torch.randn(2, 8, 4, 8)], -1)[..., :64], _misaligned(x)):
+    got = tt.readable(bad)
+    assert got is not bad and got.is_contiguous() and got.data_ptr() % 16 == 0 and torch.equal(got, bad)
+  permuted = _misaligned(x).transpose(1, 2)  # dense, not contiguous, misaligned
+  copy = tt.dense(permuted)
+  assert copy.data_ptr() % 16 == 0 and copy.stride() == permuted.stride() == torch.empty_like(permuted).stride()
+  assert torch.equal(copy, permuted)
+
+
 class _Block(torch.nn.Module):
   """A projection and causal jt.attention, the way a model calls it (BHSD views of one projection)."""
 
@@ -413,6 +433,36 @@ def test_torch_launcher_interpreted_on_strided_views():
   _attention.backward_kernels(do, q, k, v, ro_hp, rlse, op.opts, out=grads, workspace=ws)
   for name, a, e in zip(("dQ", "dK", "dV"), grads, want["grads"]):
     assert_close(f(a), f(e), rel=BOUNDS[name], name=name)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="the launcher runs on CPU tensors only under TRITON_INTERPRET=1")
+def test_backward_on_layouts_the_kernels_cannot_index_interpreted():
+  """A d_out whose row stride is not a multiple of 16 elements (O concatenated with a narrow tensor: autograd hands
+  the backward such a view) and a dense, permuted q whose storage is not 16-byte aligned, its gradient allocated like
+  it (torch.empty_like, as the op does): the gradients of the contiguous call, bit for bit (the same kernels on the
+  same values). Before, the kernels read the first with its stride rounded down and wrote dQ of the second in the
+  layout of its contiguous copy."""
+  from jqat.ffi.options import AttentionOptions
+  from jqat.torch import _attention
+
+  b, h, hkv, sq, skv, d = 1, 2, 1, 17, 20, 16
+  q, k, v, do = _bhsd_inputs(b, h, hkv, sq, skv, d, seed=11)
+  opts = AttentionOptions(d**-0.5, True, 16)
+  o, o_hp, lse = torch.empty_like(q), torch.empty_like(q), torch.empty((b, h, sq))
+  _attention.forward_kernels(q, k, v, o, o_hp, lse, opts)
+
+  def grads(do, q):
+    out = [torch.full_like(x, float("nan")) for x in (q, k, v)]
+    _attention.backward_kernels(do, q, k, v, o_hp, lse, opts, out=out)
+    return out
+
+  want = grads(do, q)
+  odd_do = torch.cat([do, torch.zeros(b, h, sq, 8, dtype=do.dtype)], -1)[..., :d]
+  assert odd_do.stride(2) == d + 8
+  permuted_q = _misaligned(q.transpose(1, 2)).transpose(1, 2)
+  for name, got in (("odd-stride d_out", grads(odd_do, q)), ("misaligned permuted q", grads(do, permuted_q))):
+    for g_name, a, e in zip(("dQ", "dK", "dV"), got, want):
+      _same(a, e, f"{name}: {g_name}")
 
 
 # ----------------------------------------------------------------------------- GPU

@@ -140,12 +140,11 @@ def forward_kernels(q, k, v, o, o_hp, lse, opts: AttentionOptions, masks=NO_MASK
 
 
 def backward_plan(do, q, k, v, o_for_delta, lse, opts: AttentionOptions, masks=NO_MASKS, row_max=None):
-  """The backward's plan and the BTNH views of its inputs (``q, k, v`` dense, ``do``/``o_for_delta`` with a
-  contiguous last axis, ``lse`` and ``row_max`` (p_scale="row" only) contiguous: copies only where a tensor is
-  not already so)."""
+  """The backward's plan and the BTNH views of its inputs (``q, k, v`` dense, ``do``/``o_for_delta`` readable
+  in place (``tt.readable``), ``lse`` and ``row_max`` (p_scale="row" only) contiguous: copies only where a tensor
+  is not already so)."""
   plans, launch = _launcher()
-  views = dict(do=tt.last_contiguous(do), q=tt.dense(q), k=tt.dense(k), v=tt.dense(v),
-               o_for_delta=tt.last_contiguous(o_for_delta))
+  views = dict(do=tt.readable(do), q=tt.dense(q), k=tt.dense(k), v=tt.dense(v), o_for_delta=tt.readable(o_for_delta))
   views = {n: tt.btnh(t) for n, t in views.items()}
   views["lse"] = lse.contiguous()
   if row_max is not None:

@@ -128,11 +128,11 @@ def decode_attention(q, k_cache, v_cache, kv_lengths, *, page_table=None, scale=
   if out is None:
     out = torch.empty((b, n, tq, d), dtype=q.dtype, device=q.device)
   plans, launch = _launcher()
-  views = dict(q=tt.btnh(q), k_codes=k_cache[0], k_scales=k_cache[1], v_codes=v_cache[0], v_scales=v_cache[1],
-               kv_len=kv_lengths, o=tt.btnh(out))
+  views = dict(q=tt.btnh(tt.readable(q)), k_codes=k_cache[0], k_scales=k_cache[1], v_codes=v_cache[0],
+               v_scales=v_cache[1], kv_len=kv_lengths, o=tt.btnh(out))
   names = ("q", "k_codes", "k_scales", "v_codes", "v_scales", "kv_len")
   if page_table is not None:
-    views["page_table"] = page_table
+    views["page_table"] = page_table.contiguous()  # the kernels index it as a dense [B, P] table
     names += ("page_table",)
   # The kernel choice is made once per plan; JQAT_DECODE_KERNEL's value is part of the plan's key.
   plan = _decode_plan(tuple(launch.describe(views[name]) for name in names), opts, launch.target(q),
@@ -182,11 +182,11 @@ def kv_cache_update(k_cache, v_cache, k_new, v_new, positions, *, page_table=Non
       dst.view(torch.uint8).copy_(src.view(torch.uint8))
     return k_cache, v_cache
   _, launch = _launcher()
-  views = dict(k_new=tt.btnh(k_new), v_new=tt.btnh(v_new), positions=positions.contiguous(), k_codes=k_cache[0],
-               k_scales=k_cache[1], v_codes=v_cache[0], v_scales=v_cache[1])
+  views = dict(k_new=tt.btnh(tt.readable(k_new)), v_new=tt.btnh(tt.readable(v_new)), positions=positions.contiguous(),
+               k_codes=k_cache[0], k_scales=k_cache[1], v_codes=v_cache[0], v_scales=v_cache[1])
   names = ("k_new", "v_new", "positions", "k_codes", "k_scales", "v_codes", "v_scales")
   if page_table is not None:
-    views["page_table"] = page_table
+    views["page_table"] = page_table.contiguous()  # the kernels index it as a dense [B, P] table
     names += ("page_table",)
   plan = _update_plan(tuple(launch.describe(views[name]) for name in names), launch.target(k_new),
                       page_table is not None)

@@ -71,12 +71,21 @@ def is_dense(t) -> bool:
 
 def dense(t):
   """``t`` if the kernels can read it in place (dense, last axis contiguous, 16-byte aligned: the forward reads
-  K and V by TMA, which needs aligned base addresses), else a contiguous copy."""
-  return t if is_dense(t) and t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
+  K and V by TMA, which needs aligned base addresses), else a copy: with t's strides where t is dense (so that
+  outputs allocated like t, ``torch.empty_like``, have the strides of the operand the kernels read), else
+  contiguous."""
+  if not is_dense(t):
+    return t.clone(memory_format=torch.contiguous_format)
+  return t if t.data_ptr() % 16 == 0 else torch.empty_like(t).copy_(t)
 
 
-def last_contiguous(t):
-  return t if t.dim() and t.stride(-1) == 1 else t.contiguous()
+def readable(t):
+  """``t`` if the kernels can read it in place as an input (last axis contiguous, every other stride of an axis
+  longer than 1 a multiple of 16 elements, which the kernels assume when they index, 16-byte aligned), else a
+  contiguous copy. Gaps and repeated elements are fine to read; an output must be :func:`is_dense`."""
+  ok = (t.dim() > 0 and t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+        and all(s % 16 == 0 for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n != 1))
+  return t if ok else t.clone(memory_format=torch.contiguous_format)
 
 
 def btnh(t):
