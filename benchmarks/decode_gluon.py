@@ -355,10 +355,12 @@ def main():
   import torch
 
   if args.kernels:
-    rows = [kernel_times(*case) for case in KERNEL_ROWS]
-    with open(args.out, "w") as f:
-      json.dump({"benchmark": "decode_gluon --kernels", "date": time.strftime("%Y-%m-%d"),
-                 "device": torch.cuda.get_device_name(), "kernels": rows}, f, indent=1)
+    rows = []
+    for case in KERNEL_ROWS:  # the file after every row: a run cut short keeps what it measured
+      rows.append(kernel_times(*case))
+      with open(args.out, "w") as f:
+        json.dump({"benchmark": "decode_gluon --kernels", "date": time.strftime("%Y-%m-%d"),
+                   "device": torch.cuda.get_device_name(), "kernels": rows}, f, indent=1)
     return
   if args.sweep or args.caps:
     rows = [time_case(*case, kernels=(), split_counts=runs) for case, runs in (CAPS if args.caps else SWEEP).items()]
