@@ -51,23 +51,6 @@ def _check_cache(k_cache, v_cache, page_table, device):
       raise ValueError(f"page_table must be int32, got {page_table.dtype}")
 
 
-def _check_out(out, q, inputs):
-  """``out``, which the op writes in place: q's shape, dtype and device, dense (no element written twice), not
-  requiring grad, overlapping no input."""
-  tt.check_tensor("out", out)
-  tt.check_device("out", out, q.device)
-  if tuple(out.shape) != tuple(q.shape) or out.dtype != q.dtype:
-    raise ValueError(f"out must be {q.dtype} of shape {tuple(q.shape)} [B, N, Tq, D] (q's), got {out.dtype} "
-                     f"{tuple(out.shape)}")
-  if not tt.is_dense(out):  # a layout the op does not take (torch's convention: NotImplementedError)
-    raise NotImplementedError(f"out must be dense with a contiguous last axis, got strides {tuple(out.stride())}")
-  if out.requires_grad:
-    raise ValueError("out must not require grad (it is written in place)")
-  for name, t in inputs:
-    if tt.overlap(out, t):
-      raise ValueError(f"out overlaps {name}: the output buffer must not alias an input")
-
-
 def _cpu_values(t):
   """``t`` for DLPack into JAX: float8 as its bytes (DLPack has no E4M3 type), viewed back on the JAX side."""
   return tt.to_jax(t.view(torch.uint8)) if t.dtype == torch.float8_e4m3fn else tt.to_jax(t)
@@ -112,7 +95,7 @@ def decode_attention(q, k_cache, v_cache, kv_lengths, *, page_table=None, scale=
   if out is not None:
     inputs = [("q", q), ("k_cache codes", k_cache[0]), ("k_cache scales", k_cache[1]), ("v_cache codes", v_cache[0]),
               ("v_cache scales", v_cache[1]), ("kv_lengths", kv_lengths)]
-    _check_out(out, q, inputs + ([] if page_table is None else [("page_table", page_table)]))
+    tt.check_output("out", out, q, inputs + ([] if page_table is None else [("page_table", page_table)]))
   if q.device.type == "cpu":  # values checked, then the XLA path
     result = _api.decode_attention(
         tt.to_jax(tt.btnh(q)), _jax_cache(k_cache), _jax_cache(v_cache), tt.to_jax(kv_lengths),

@@ -41,6 +41,23 @@ def _check_cuda_backend(index: int) -> None:
     raise RuntimeError(f"triton is needed for CUDA tensors ({e})") from None
 
 
+def check_output(name, t, like, inputs, *, contiguous=False):
+  """An output buffer the kernels write in place: ``like``'s shape, dtype and device, contiguous (else dense: no
+  element written twice), not requiring grad, overlapping none of ``inputs`` ((name, tensor) pairs)."""
+  check_tensor(name, t)
+  check_device(name, t, like.device)
+  if tuple(t.shape) != tuple(like.shape) or t.dtype != like.dtype:
+    raise ValueError(f"{name} must be {like.dtype} of shape {tuple(like.shape)}, got {t.dtype} {tuple(t.shape)}")
+  if not (t.is_contiguous() if contiguous else is_dense(t)):  # a layout not taken (torch's convention)
+    raise NotImplementedError(f"{name} must be {'contiguous' if contiguous else 'dense with a contiguous last axis'}, "
+                              f"got strides {tuple(t.stride())}")
+  if t.requires_grad:
+    raise ValueError(f"{name} must not require grad (it is written in place)")
+  for in_name, x in inputs:
+    if overlap(t, x):
+      raise ValueError(f"{name} overlaps {in_name}: output buffers must not alias inputs")
+
+
 def span(t):
   """Byte range ``[lo, hi)`` of the storage ``t`` can touch (None when empty)."""
   if t.numel() == 0:

@@ -82,19 +82,8 @@ def _check_backward_inputs(q, k, v, high_precision_o, do, lse, *, contiguous=Tru
 
 def _check_grad_buffers(inputs, grads):
   """dq/dk/dv: contiguous, the shape, dtype and device of q/k/v, overlapping no input and no other output."""
-  q, k, v = inputs[:3]
-  for name, g, like in zip(("dq_tensor", "dk_tensor", "dv_tensor"), grads, (q, k, v)):
-    tt.check_tensor(name, g)
-    tt.check_device(name, g, q.device)
-    if tuple(g.shape) != tuple(like.shape) or g.dtype != like.dtype:
-      raise ValueError(f"{name} must be {like.dtype} of shape {tuple(like.shape)}, got {g.dtype} {tuple(g.shape)}")
-    if not g.is_contiguous():
-      raise NotImplementedError(f"{name} must be contiguous, got strides {tuple(g.stride())}")
-    if g.requires_grad:
-      raise ValueError(f"{name} must not require grad (it is written in place)")
-    for in_name, t in zip(_BWD_NAMES, inputs):
-      if tt.overlap(g, t):
-        raise ValueError(f"{name} overlaps {in_name}: output buffers must not alias inputs")
+  for name, g, like in zip(("dq_tensor", "dk_tensor", "dv_tensor"), grads, inputs[:3]):
+    tt.check_output(name, g, like, list(zip(_BWD_NAMES, inputs)), contiguous=True)
   names = ("dq_tensor", "dk_tensor", "dv_tensor")
   for i in range(3):
     for j in range(i + 1, 3):
