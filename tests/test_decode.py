@@ -607,7 +607,7 @@ def test_torch_strided_inputs_gpu():
   per_seq = t // page
   wide = torch.randperm(2 * b * per_seq, device=dev, dtype=torch.int32)[: b * 2 * per_seq].view(b, 2 * per_seq)
   table = wide[:, :per_seq]
-  pool = lambda: tuple(_torch_cache(c, dev) for c in jqat.init_kv_cache((2 * b * per_seq, page, kh, d)))
+  pool = lambda: _torch_cache(jqat.init_kv_cache((2 * b * per_seq, page, kh, d)), dev)
   new = torch.randn(b, kh, 3, 1, device=dev, dtype=torch.bfloat16).expand(b, kh, 3, d)
   pos = torch.tensor([[5, 6, 7]] * b, dtype=torch.int32, device=dev)
   caches = {}
