@@ -28,14 +28,14 @@ ROOT = os.path.dirname(TESTS)
 # 8-device children of test_parallel.py and test_shard_map_xla.py run beside both shards and are not counted.
 # Re-measure when a file's cost moves by more than ~30 s.
 SECONDS = {
-    "test_attention_reference.py": 204, "test_callback_launch.py": 168, "test_numerics_modes.py": 138,
-    "test_attention_triton.py": 136, "test_masks.py": 128, "test_nan.py": 118, "test_decode.py": 103,
-    "test_torch.py": 73, "test_nvfp4.py": 55, "test_rope_qdq.py": 53, "test_large_logits.py": 49, "test_flax.py": 47,
-    "test_grad_fidelity.py": 41, "test_tile_ranges.py": 40, "test_plan.py": 39, "test_qat_matmul.py": 38,
-    "test_properties.py": 34, "test_readme.py": 31, "test_ffi.py": 28, "test_train_lm.py": 27,
-    "test_nvfp4_pallas.py": 23, "test_parallel.py": 23, "test_validation.py": 12, "test_packaging.py": 9,
-    "test_nvfp4_triton.py": 6, "test_bench_numerics.py": 5, "test_bench_fastvideo.py": 4, "test_parallel_masks.py": 1,
-    "test_report.py": 1, "test_shard_map_xla.py": 1,
+    "test_callback_launch.py": 196, "test_attention_reference.py": 151, "test_numerics_modes.py": 114,
+    "test_nan.py": 90, "test_masks.py": 86, "test_decode.py": 85, "test_attention_triton.py": 75, "test_torch.py": 61,
+    "test_flax.py": 48, "test_nvfp4.py": 42, "test_large_logits.py": 42, "test_tile_ranges.py": 39,
+    "test_plan.py": 37, "test_grad_fidelity.py": 35, "test_nvfp4_pallas.py": 34, "test_qat_matmul.py": 31,
+    "test_rope_qdq.py": 31, "test_properties.py": 30, "test_ffi.py": 29, "test_train_lm.py": 26,
+    "test_parallel.py": 22, "test_readme.py": 20, "test_validation.py": 11, "test_bench_numerics.py": 9,
+    "test_packaging.py": 4, "test_nvfp4_triton.py": 4, "test_bench_fastvideo.py": 3, "test_report.py": 1,
+    "test_parallel_masks.py": 1, "test_shard_map_xla.py": 1,
 }
 NEW_FILE_SECONDS = 30
 NO_TESTS_COLLECTED = 5
