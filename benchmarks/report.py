@@ -6,8 +6,9 @@
 
 Knows the JSON of attention.py (its rows, or ``--memory-only``), masks.py, kernel_times.py, sharding.py,
 rope_qdq.py, torch_rope_qdq.py, qat_matmul.py, compile_time.py, numerics_modes.py, decode.py, decode_gluon.py,
-decode_read.py, quantize_pass.py and attention_ws.py, by their keys. Prints a provenance line (the command, date,
-machine and software given, plus the device the JSON names) and the table; times in ms unless a header says otherwise.
+decode_read.py, quantize_pass.py, attention_ws.py and ncu_counters.py, by their keys. Prints a provenance line (the
+command, date, machine and software given, plus the device the JSON names) and the table; times in ms unless a header
+says otherwise.
 ``--rows`` keeps the rows of attention.py's JSON with those ``row`` indices. Nothing is computed that the JSON does
 not hold, except ratios of two of its figures (and decode.py's share of the device's datasheet HBM bandwidth).
 """
@@ -371,6 +372,29 @@ def attention_ws_bwd(d):
   return lines
 
 
+# ncu_counters.py: the per-launch columns, each (header, ncu's row name, decimals; None: 4 significant digits); the
+# three largest stall reasons follow.
+NCU_COLUMNS = [("ms", "Duration", None), ("registers", "Registers Per Thread", 0),
+               ("warps / SM", "Achieved Active Warps Per SM", 1), ("issue slots busy %", "Issue Slots Busy", 1),
+               ("tensor pipe %", "Tensor (All)", 1), ("ALU %", "ALU", 1), ("FMA %", "FMA", 1), ("XU %", "XU", 1),
+               ("DRAM %", "DRAM Throughput", 1),
+               ("cycles / issued instruction", "Warp Cycles Per Issued Instruction", 2)]
+
+
+def ncu_counters(d):
+  rows = []
+  for r in d["rows"]:
+    m = r["metrics"]
+    stalls = sorted(((v, k[len("Stall "):]) for k, v in m.items() if k.startswith("Stall ")), reverse=True)[:3]
+    grid = "x".join(map(str, r["grid"])) + " of " + str(r["block"][0] * r["block"][1] * r["block"][2])
+    launches = f" ({r['launches']} launches)" if r.get("launches", 1) > 1 else ""
+    cells = (_num(m.get(key)) if places is None else _fixed(m.get(key), places) for _, key, places in NCU_COLUMNS)
+    rows.append([r["label"], f"`{r['kernel']}`{launches}", grid, *cells,
+                 ", ".join(f"{name.lower()} {v:.2f}" for v, name in stalls) or "-"])
+  return _table(["case", "kernel", "grid of threads", *(h for h, _, _ in NCU_COLUMNS),
+                 "largest stalls (cycles / issued instruction)"], rows)
+
+
 def kind(d):
   """Which script wrote ``d``."""
   rows = d.get("rows") or [{}]
@@ -385,6 +409,7 @@ def kind(d):
                      ("quantize_pass", d.get("benchmark") == "quantize_pass"),
                      ("attention_ws", d.get("benchmark") == "attention_ws"),
                      ("attention_ws_bwd", d.get("benchmark") == "attention_ws_bwd"),
+                     ("ncu_counters", d.get("benchmark") == "ncu_counters"),
                      ("torch_rope_qdq", "copy_fraction" in results[0]),
                      ("rope_qdq", "speedup_vs_reference" in results[0]), ("compile_time", "warm" in d)]:
     if test:
@@ -396,7 +421,7 @@ RENDER = dict(attention=attention, memory=memory, masks=masks, kernel_times=kern
               rope_qdq=rope_qdq, torch_rope_qdq=torch_rope_qdq, qat_matmul=qat_matmul, compile_time=compile_time,
               numerics_modes=numerics_modes, decode=decode, decode_gluon=decode_gluon,
               decode_read=decode_read, quantize_pass=quantize_pass, attention_ws=attention_ws,
-              attention_ws_bwd=attention_ws_bwd)
+              attention_ws_bwd=attention_ws_bwd, ncu_counters=ncu_counters)
 
 
 def report(d, command=None, date=None, machine=None, software=None, rows=None):

@@ -194,3 +194,61 @@ def test_command_line(tmp_path):
   out = subprocess.run([sys.executable, SCRIPT, str(path), "--date", "2026-12-02"], capture_output=True, text=True,
                        check=True).stdout
   assert out.startswith("2026-12-02.\n\n| case | baseline |") and "| window 1024 at 16384 |" in out
+
+
+_NCU_TEXT = """[831] python3.12@127.0.0.1
+  fake_quantize_rows3_kernel (49152, 1, 1)x(128, 1, 1), Context 1, Stream 7, Device 0, CC 9.0
+    Section: GPU Speed Of Light Throughput
+    ----------------------- ----------- -------------
+    Metric Name             Metric Unit  Metric Value
+    ----------------------- ----------- -------------
+    DRAM Throughput                   %         87.96
+    Duration                         us        129.54
+  attention_fwd_ws_kernel (128, 16, 1)x(384, 1, 1), Context 1, Stream 7, Device 0, CC 9.0
+    Section: GPU Speed Of Light Throughput
+    Metric Name             Metric Unit  Metric Value
+    Elapsed Cycles                cycle    10,589,837
+    Duration                         ms          5.68
+    Waves Per SM                                15.52
+    OPT   This workload exhibits low compute throughput and memory bandwidth utilization relative to the peak
+          performance of this device. Achieved compute throughput 12.0 below
+    Table Name : Pipe Utilization (% of elapsed cycles)
+    Tensor (All)                   %        38.54
+    ALU                            %        38.30
+    Table Name : Pipe Utilization (% of active cycles)
+    ALU                            %        39.59
+    Executed Instructions by SASS Opcode Category              3,124,014,910 (2,011,276,928;
+                                                                   409,536,512; 208,199,680)
+    Stall Barrier                   inst         1.60
+    Stall Wait                      inst         0.67
+    Stall Not Selected              inst         0.54
+    Stall Long Scoreboard           inst         0.47
+  fake_quantize_rows3_kernel (49152, 1, 1)x(128, 1, 1), Context 1, Stream 7, Device 0, CC 9.0
+    Duration                         us        129.76
+"""
+
+
+def test_ncu_counters_reads_each_launch_and_becomes_a_table():
+  """ncu_counters.py: each launch's rows of `ncu --print-details all` as numbers (durations in ms, the first of a
+  repeated name, wrapped chart rows skipped), a kernel launched again kept once with its last values and its count;
+  report.py renders them with the largest stalls."""
+  ncu = load_bench("ncu_counters")
+  launches = ncu.parse(_NCU_TEXT)
+  assert [x["kernel"] for x in launches] == ["fake_quantize_rows3_kernel", "attention_fwd_ws_kernel",
+                                             "fake_quantize_rows3_kernel"]
+  fwd = launches[1]
+  assert fwd["grid"] == [128, 16, 1] and fwd["block"] == [384, 1, 1]
+  assert fwd["metrics"] == {"Elapsed Cycles": 10589837.0, "Duration": 5.68, "Waves Per SM": 15.52,
+                            "Tensor (All)": 38.54, "ALU": 38.30, "Stall Barrier": 1.60, "Stall Wait": 0.67,
+                            "Stall Not Selected": 0.54, "Stall Long Scoreboard": 0.47}
+  assert launches[0]["metrics"] == {"DRAM Throughput": 87.96, "Duration": 129.54e-3}
+  kept = ncu.select(launches, None)
+  assert [(x["kernel"], x["launches"], x["metrics"]["Duration"]) for x in kept] == [
+    ("fake_quantize_rows3_kernel", 2, 129.76e-3), ("attention_fwd_ws_kernel", 1, 5.68)]
+  assert [x["kernel"] for x in ncu.select(launches, "attention")] == ["attention_fwd_ws_kernel"]
+  data = {"benchmark": "ncu_counters", "rows": [{"label": "O alone", **x} for x in kept]}
+  assert report.kind(data) == "ncu_counters"
+  text = "\n".join(report.report(data))
+  assert "| O alone | `attention_fwd_ws_kernel` | 128x16x1 of 384 | 5.680 | - | - | - | 38.5 | 38.3 |" in text, text
+  assert "| barrier 1.60, wait 0.67, not selected 0.54 |" in text
+  assert "`fake_quantize_rows3_kernel` (2 launches) | 49152x1x1 of 128 | 0.1298 |" in text
