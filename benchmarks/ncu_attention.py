@@ -12,6 +12,9 @@ profiled launches are not the first, compiling ones). ``--window W`` adds a caus
 ``--p-scale row``: the probabilities' row mode (the backward's dK/dV reads the row factors). ``--btnh``: tensors
 stored [B, S, H, D] (heads side by side, JAX's layout), the storage the warp-specialized dK/dV kernel takes
 (``--kernel-name regex:dkdv_ws``); without it BHSD storage runs the Triton dK/dV kernel.
+The counters of a report as a table: ``ncu --import R.ncu-rep --print-details all > r.txt``, then
+``benchmarks/ncu_counters.py r.txt`` and ``benchmarks/report.py`` (docs/BENCHMARKS.md, "Nsight Compute counters per
+kernel").
 """
 
 from __future__ import annotations

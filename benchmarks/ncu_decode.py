@@ -6,6 +6,9 @@
 
 Random codes and scales (benchmarks/decode_gluon.py's caches), BF16 queries; three calls, so that the profiled
 launches are not the first, compiling ones. ``JQAT_DECODE_KERNEL`` picks the split kernel as in the library.
+The counters of a report as a table: ``ncu --import R.ncu-rep --print-details all > r.txt``, then
+``benchmarks/ncu_counters.py r.txt`` and ``benchmarks/report.py`` (docs/BENCHMARKS.md, "Nsight Compute counters per
+kernel").
 """
 
 from __future__ import annotations
