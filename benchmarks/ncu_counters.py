@@ -39,12 +39,13 @@ def parse(text: str) -> list[dict]:
       launches.append({"kernel": m.group(1), "grid": [int(g) for g in m.group(2, 3, 4)],
                        "block": [int(b) for b in m.group(5, 6, 7)], "metrics": {}})
       continue
-    if not launches or not line.startswith("    ") or line.startswith("     " * 2):
+    # metric rows are indented 4; deeper lines continue a rule's text or a wrapped chart
+    if not launches or not line.startswith("    ") or line.startswith(" " * 10):
       continue
     parts = re.split(r"\s{2,}", line.strip())
-    if len(parts) not in (2, 3) or parts[0] in ("Metric Name",):
+    if len(parts) not in (2, 3):
       continue
-    value = _number(parts[-1])
+    value = _number(parts[-1])  # None for headers ("Metric Value") and text
     if value is None:
       continue
     name, unit = parts[0], (parts[1] if len(parts) == 3 else "")
