@@ -15,15 +15,16 @@ relative to the running max), the Triton forward's distance from the same oracle
 from the Triton kernel and the share of O's elements that differ from it, and the largest |lse - lse_oracle|. The
 kernels run exp2 with log2 e folded into the scale where the oracle runs exp, so each is compared with the oracle,
 and the bound is relative to the Triton kernel's own distance. The quantized inputs are also checked bit for bit
-against the oracle's fq. Where the plan's variant is among those checked, it also runs the training forward at D =
-96 and 128 (``ws_c2_residuals``: O, O' and lse, and in row mode the row max), whose outputs must equal the Triton
-training forward's element for element, and the row-mode cases (no oracle of row mode here: O alone is compared
+against the oracle's fq. The variants of FULL_CHECKS (the plan's, and the lookahead build ``ws_c2_ahead``) that are
+among those checked also run the training forward at D = 96 and 128 (``<variant>_residuals``: O, O' and lse, and in
+row mode the row max), whose outputs must equal the Triton training forward's element for element, and the row-mode
+cases (no oracle of row mode here: O alone is compared
 element for element with the Triton O-alone forward's). The Triton kernels are reached through the plans with
 ``JQAT_ATTN_FWD_KERNEL=triton`` (set here): the new kernel is launched directly.
 
 Time: CUDA events around 20 back-to-back calls, median of 5 (benchmarks/_timing.py), at the shapes of TIMES
-(``--time-rows`` picks some): the new kernel's variants (consumer warpgroups, ping-pong, stages), the Triton O-alone
-forward (``torch.ops.jqat.attention_out``: one launch) and cuDNN's BF16 forward (torch SDPA under
+(``--time-rows`` picks some): the new kernel's variants (consumer warpgroups, ping-pong, stages, the lookahead),
+the Triton O-alone forward (``torch.ops.jqat.attention_out``: one launch) and cuDNN's BF16 forward (torch SDPA under
 ``sdpa_kernel(CUDNN_ATTENTION)``, on the unquantized BF16 inputs); TFLOP/s count the two matmuls (4 B H T^2 D).
 """
 
@@ -47,15 +48,17 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from jqat.ffi.options import P_ROW_RANGE  # noqa: E402
 from jqat.kernels_triton import attention_fwd_ws as ws  # noqa: E402
 
-# (name, consumers, ping-pong, stages): the variants checked and timed. The first is the plan's.
+# (name, consumers, ping-pong, stages, lookahead): the variants checked and timed. The first is the plan's.
 VARIANTS = [
-    ("ws_c2", 2, False, 3),
-    ("ws_c2_pingpong", 2, True, 3),
-    ("ws_c2_pingpong_s2", 2, True, 2),
-    ("ws_c2_pingpong_s4", 2, True, 4),
-    ("ws_c1", 1, False, 3),
-    ("ws_c3", 3, False, 3),
+    ("ws_c2", 2, False, 3, False),
+    ("ws_c2_ahead", 2, False, 3, True),
+    ("ws_c2_pingpong", 2, True, 3, False),
+    ("ws_c2_pingpong_s2", 2, True, 2, False),
+    ("ws_c2_pingpong_s4", 2, True, 4, False),
+    ("ws_c1", 1, False, 3, False),
+    ("ws_c3", 3, False, 3, False),
 ]
+FULL_CHECKS = VARIANTS[:2]  # the variants checked in row mode and as the training forward too (the plan's first)
 # (B, H, K, T, D, causal): K the KV heads (GQA where K < H); causal is top-left (Tq = Tk here)
 CHECKS = [(1, 2, 2, 256, 128, False), (2, 4, 4, 1024, 128, False), (1, 4, 2, 512, 128, False),
           (1, 2, 2, 512, 64, False), (1, 2, 2, 512, 128, True), (2, 4, 2, 1024, 128, True), (1, 2, 2, 384, 64, True),
@@ -111,17 +114,18 @@ def compile_only(arch: int = 90) -> list[dict]:
   types = ("*bf16", ) * 3 + ("fp32",) + ("i32", ) * 16 + ("*bf16", "*fp32", "*i32")  # outputs last (then O')
   for d, causal, residuals, p_scale in BUILDS:
     every = p_scale == "block" and not residuals and (d == 64 or (d == 128 and not causal))
-    for name, consumers, pingpong, stages in VARIANTS if every else VARIANTS[:1]:
+    for name, consumers, pingpong, stages, ahead in VARIANTS if every else FULL_CHECKS:
       row_range = P_ROW_RANGE if p_scale == "row" else 0.0
-      params = ws.launch_params(d, stages, consumers, pingpong, (arch // 10, arch % 10), causal, residuals, row_range)
+      params = ws.launch_params(d, stages, consumers, pingpong, (arch // 10, arch % 10), causal, residuals, row_range,
+                                ahead)
       t0 = time.time()
       arg_types = types + ("*bf16",) * residuals + ("*fp32",) * (residuals and p_scale == "row")
       kernel, st, sass, setmaxnreg = build_offline(ws.attention_fwd_ws_kernel, arg_types, params, arch)
-      # The consumers' KV loops: the loops issuing one tile's products (D / 16 wgmma for S, 4 for each P V), not the
-      # partitions' dispatch loop around them.
-      d_pad = params["D_PAD"]
-      loops = [lp["instructions"] for lp in st["loops"]
-               if lp["mix"].get("HGMMA") == d_pad // 16 + 4 * (1 + residuals)]
+      # The consumers' KV loops, in instructions a tile: the loops issuing one tile's products (D / 16 wgmma for S, 4
+      # for each P V), or two tiles' (the lookahead's unmasked walk), not the partitions' dispatch loop around them.
+      per_tile = params["D_PAD"] // 16 + 4 * (1 + residuals)
+      loops = [lp["instructions"] / (lp["mix"]["HGMMA"] // per_tile) for lp in st["loops"]
+               if lp["mix"].get("HGMMA") in (per_tile, 2 * per_tile)]
       row = {"variant": name, "D": d, "causal": causal, "residuals": residuals, "p_scale": p_scale,
              "compile_s": round(time.time() - t0, 2),
              "warps": kernel.metadata.num_warps,
@@ -145,7 +149,7 @@ def compile_only(arch: int = 90) -> list[dict]:
 
 def attention_fwd_ws(q, k, v, scale: float | None = None, *, stages: int = 3, consumers: int = 2,
                      pingpong: bool = False, is_causal: bool = False, residuals: bool = False,
-                     p_scale: str = "block"):
+                     p_scale: str = "block", lookahead: bool = False):
   """O and lse of one variant of the warp-specialized forward on torch CUDA tensors (sm_90): q [B, T, N, D], k, v
   [B, Tk, K, D] bf16, already fake-quantized, BTNH with a contiguous last axis. Returns ``(o [B, T, N, D] bf16, lse
   [B, N, T] fp32)``, with ``residuals`` ``(o, o', lse)`` (the training forward's outputs) and in row mode also the
@@ -170,7 +174,7 @@ def attention_fwd_ws(q, k, v, scale: float | None = None, *, stages: int = 3, co
   leaks = torch.empty((b * n, -(-t // int(ws.WG_ROWS.value))), dtype=torch.int32, device=q.device)
   row_max = residuals and p_scale == "row"
   params = ws.launch_params(d, stages, consumers, pingpong, torch.cuda.get_device_capability(q.device), is_causal,
-                            residuals, P_ROW_RANGE if p_scale == "row" else 0.0)
+                            residuals, P_ROW_RANGE if p_scale == "row" else 0.0, lookahead)
   o_hp = torch.empty_like(q) if residuals else None
   m = torch.empty_like(lse) if row_max else None
   args = (q, k, v, scale, t, tk, n, n // kh, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3], o,
@@ -269,7 +273,7 @@ def check(variants=VARIANTS) -> list[dict]:
   from oracle import attention_oracle, fq_oracle
 
   rows = PARTIAL.setdefault("result", {}).setdefault("check", [])
-  plan_checked = VARIANTS[0] in variants  # the row-mode and training-forward checks are the plan's variant's
+  plan_checked = any(v in variants for v in FULL_CHECKS)  # the row-mode and training-forward checks
   for i, (b, h, kh, t, d, causal, *mode) in enumerate(CHECKS):
     p_scale = mode[0] if mode else "block"
     if p_scale == "row" and not plan_checked:
@@ -290,9 +294,9 @@ def check(variants=VARIANTS) -> list[dict]:
                                              quantize_p=True)
       base.update(triton_vs_oracle=rel(tri, want_o),
                   triton_lse_max_abs=float(np.max(np.abs(tri_fwd[2].cpu().numpy() - want_lse))))
-      for name, consumers, pingpong, stages in variants:
+      for name, consumers, pingpong, stages, ahead in variants:
         try:
-          o, lse = attention_fwd_ws(q, k, v, stages=stages, consumers=consumers, pingpong=pingpong,
+          o, lse = attention_fwd_ws(q, k, v, stages=stages, consumers=consumers, pingpong=pingpong, lookahead=ahead,
                                     is_causal=causal)
           finish_or_die(f"{name} at {case}")
           got = o.float().cpu().numpy()
@@ -311,30 +315,30 @@ def check(variants=VARIANTS) -> list[dict]:
         print(f"check {case} {name:18s} ws-oracle {row['ws_vs_oracle']:.3e} triton-oracle "
               f"{row['triton_vs_oracle']:.3e} ws-triton {row['ws_vs_triton']:.3e} differing {row['differing']:.5f} "
               f"lse {row['ws_lse_max_abs']:.1e} fq {fq_ok} ok {row['ok']}", flush=True)
-    if d == 64 or not plan_checked:
+    if d == 64:
       continue
-    name, consumers, pingpong, stages = VARIANTS[0]  # the plan's variant
-    if p_scale == "row":  # no oracle of row mode here (tests/test_numerics_modes_triton.py): O alone bit for bit
-      o, _ = attention_fwd_ws(q, k, v, stages=stages, consumers=consumers, pingpong=pingpong, is_causal=causal,
-                              p_scale=p_scale)
-      finish_or_die(f"{name} at {case}")
-      differing = float((o != tri_o_alone).float().mean())
-      rows.append(dict(base, variant=name, differing=differing, ok=fq_ok and differing == 0.0))
-      print(f"check {case} {name:18s} differing from the Triton O-alone forward: O {differing:.5f} "
-            f"ok {rows[-1]['ok']}", flush=True)
-    # The training forward: O, O' and lse (and the row max) against the Triton training forward's, element for
-    # element
-    outs = attention_fwd_ws(q, k, v, stages=stages, consumers=consumers, pingpong=pingpong, is_causal=causal,
-                            residuals=True, p_scale=p_scale)
-    finish_or_die(f"{name} O, O', lse at {case}")
-    differing = [float((x != y).float().mean()) for x, y in zip(outs, tri_fwd, strict=True)]
-    row = dict(base, variant=name + "_residuals", **dict(zip(("differing", "differing_o_hp", "differing_lse",
-                                                               "differing_row_max"), differing)))
-    row["ok"] = fq_ok and max(differing) == 0.0
-    rows.append(row)
-    print(f"check {case} {row['variant']:18s} differing from the Triton training forward: "
-          + " ".join(f"{n} {x:.5f}" for n, x in zip(("O", "O'", "lse", "row max"), differing)) + f" ok {row['ok']}",
-          flush=True)
+    for name, consumers, pingpong, stages, ahead in [v for v in FULL_CHECKS if v in variants]:
+      if p_scale == "row":  # no oracle of row mode here (tests/test_numerics_modes_triton.py): O alone bit for bit
+        o, _ = attention_fwd_ws(q, k, v, stages=stages, consumers=consumers, pingpong=pingpong, lookahead=ahead,
+                                is_causal=causal, p_scale=p_scale)
+        finish_or_die(f"{name} at {case}")
+        differing = float((o != tri_o_alone).float().mean())
+        rows.append(dict(base, variant=name, differing=differing, ok=fq_ok and differing == 0.0))
+        print(f"check {case} {name:18s} differing from the Triton O-alone forward: O {differing:.5f} "
+              f"ok {rows[-1]['ok']}", flush=True)
+      # The training forward: O, O' and lse (and the row max) against the Triton training forward's, element for
+      # element
+      outs = attention_fwd_ws(q, k, v, stages=stages, consumers=consumers, pingpong=pingpong, lookahead=ahead,
+                              is_causal=causal, residuals=True, p_scale=p_scale)
+      finish_or_die(f"{name} O, O', lse at {case}")
+      differing = [float((x != y).float().mean()) for x, y in zip(outs, tri_fwd, strict=True)]
+      row = dict(base, variant=name + "_residuals", **dict(zip(("differing", "differing_o_hp", "differing_lse",
+                                                                 "differing_row_max"), differing)))
+      row["ok"] = fq_ok and max(differing) == 0.0
+      rows.append(row)
+      print(f"check {case} {row['variant']:18s} differing from the Triton training forward: "
+            + " ".join(f"{n} {x:.5f}" for n, x in zip(("O", "O'", "lse", "row max"), differing)) + f" ok {row['ok']}",
+            flush=True)
   return rows
 
 
@@ -376,9 +380,9 @@ def time_shapes(iters: int, repeats: int, variants=VARIANTS, shapes=TIMES) -> li
       except RuntimeError as e:  # cuDNN refused this layout (or this torch build has no cuDNN attention)
         row[f"cudnn_error_{layout}"] = str(e).splitlines()[0]
     _save_partial()
-    for name, consumers, pingpong, stages in variants:
+    for name, consumers, pingpong, stages, ahead in variants:
       fn = functools.partial(attention_fwd_ws, q, k, v, stages=stages, consumers=consumers, pingpong=pingpong,
-                             is_causal=causal)
+                             lookahead=ahead, is_causal=causal)
       try:
         o, _ = fn()
         finish_or_die(f"{name} at {shape}")
@@ -430,7 +434,7 @@ def main():
   import torch
 
   result = {"benchmark": "attention_ws", "date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(),
-            "variants": [dict(zip(("name", "consumers", "pingpong", "stages"), v)) for v in VARIANTS]}
+            "variants": [dict(zip(("name", "consumers", "pingpong", "stages", "lookahead"), v)) for v in VARIANTS]}
   PARTIAL.update(out=args.out, result=result)
   if not args.time_only:
     result["check"] = check(checked)

@@ -7,6 +7,7 @@ JAX binding's jax-triton call and the kernels' launchers are replaced by recorde
 
 import dataclasses
 import inspect
+import re
 
 import jax.numpy as jnp
 import pytest
@@ -418,6 +419,27 @@ def _walk_local_ops(loops: list, hgmma: int) -> dict:
 
 
 @pytest.mark.fresh_process  # a real compile: not in a process where the interpreter has run
+def test_ws_forward_lookahead_builds_asynchronous_for_sm90(monkeypatch, tmp_path):
+  """The warp-specialized forward's LOOKAHEAD build of O alone (S_{j+1} issued before tile j's softmax; the unmasked
+  walk two tiles an iteration, so that the product in flight is never a register move's operand) builds for sm_90
+  without spills and with its wgmma asynchronous: ptxas notes no serialization, and the two-tile loop issues its 24
+  wgmma (8 for each S, 4 for each P V) behind 12 warpgroup arrives and waits, where a serialized build waits after
+  every wgmma."""
+  monkeypatch.setenv("JQAT_CACHE_DIR", str(tmp_path))
+  monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+  monkeypatch.setenv(plans.FWD_KERNEL_ENV, "ws")
+  dense = plans.Tensor.dense
+  q, kv = dense((1, 256, 4, 128), "bfloat16"), dense((1, 256, 2, 128), "bfloat16")
+  plan = plans.attention_forward(q, kv, kv, AttentionOptions(0.088), GPU, residuals=False)
+  launch = dataclasses.replace(plan.launches[-1], constexprs=dict(plan.launches[-1].constexprs, LOOKAHEAD=True))
+  usage, loops = _warp_specialized_build(plan, launch, tmp_path, loops=True)
+  assert re.search(r"STACK:0\b", usage), usage
+  pairs = [lp for lp in loops if lp["mix"].get("HGMMA") == 24]
+  assert pairs and all(lp["mix"]["WARPGROUP"] <= 12 for lp in pairs), [lp["mix"] for lp in loops]
+  assert load_bench("sass_stats").ptxas_warnings(_plain_build(plan, launch), 90) == []
+
+
+@pytest.mark.fresh_process  # a real compile: not in a process where the interpreter has run
 def test_ws_forward_plan_builds_for_sm90(monkeypatch, tmp_path):
   """Without a mask by default (the same plan as ``JQAT_ATTN_FWD_KERNEL=ws``) the O-alone forward ends in the
   warp-specialized Gluon kernel on fq(Q), fq(K), fq(V) from the pass (lse to scratch), also at lengths its tiles do not
@@ -426,9 +448,6 @@ def test_ws_forward_plan_builds_for_sm90(monkeypatch, tmp_path):
   by the Triton kernel's REDO launch over the outputs in place (it builds too). A case the warp-specialized kernel does
   not take, and ``JQAT_ATTN_FWD_KERNEL=triton``, keep the Triton kernel; an unknown value is a ValueError naming the
   variable. Row mode and D = 96 (tiles of 128 channels) take it too."""
-  import re
-
-
   monkeypatch.setenv("JQAT_CACHE_DIR", str(tmp_path))
   monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
   monkeypatch.delenv(plans.FWD_KERNEL_ENV, raising=False)
@@ -527,7 +546,6 @@ def test_ws_dkdv_plan_builds_for_sm90(monkeypatch, tmp_path):
   loop invariants. A case it does not
   take, or a dK/dV launch configuration of one's own, keeps the Triton kernel; an unknown value is a ValueError naming
   the variable."""
-  import re
 
   from jqat.kernels_triton import attention_bwd as kbwd
 

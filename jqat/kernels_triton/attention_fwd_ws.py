@@ -28,6 +28,12 @@ Here each program takes FlashAttention-3's structure:
   registers (the A operand of P V), so no P round trip through shared memory. ptxas hoists a plain
   ``wgmma.wait_group`` to the top of the tile (the P V product then overlapped only the row maximum), so the wait
   for P V is issued from inline PTX behind a branch (:func:`rescale`), which it cannot move above;
+- LOOKAHEAD (a build for O alone; not launched by the plan, ``benchmarks/attention_ws.py``'s ``ws_c2_ahead``): S_{j+1}
+  is issued at the top of tile j, before P_{j-1} V_{j-1}, so that it runs during tile j's softmax and the next tile
+  starts on a finished S (:func:`_tile_ahead`). Its accumulator is 32 more registers a thread: the training forward's
+  build spills, O alone's does not. The unmasked walk takes two tiles an iteration, so that S_{j+1} and P_j alternate
+  between two sets of registers instead of being copied at the loop's end (ptxas serializes every wgmma of a loop
+  where a register move reads a product still in flight);
 - fq(P)'s block scales once per quad (:func:`fq_probs_quad`): the 4 lanes that share a block exchange their partial
   maxima so that each lane finishes one block's maximum, scale and reciprocal, and the 4 are gathered back (3 + 8
   shuffles a row, against 8 for the maxima alone and 4 scales and reciprocals a lane before);
@@ -342,9 +348,48 @@ def _tile(j, m, l, accs, ops, q_s, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_
 
 
 @gluon.jit
+def _tile_ahead(j, m, l, accs, ops, s_cur, q_s, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, s_init, qk_scale,
+                row0, tk, n_tiles, STAGES: gl.constexpr, MASKED: gl.constexpr, CAUSAL: gl.constexpr,
+                RESIDUALS: gl.constexpr, ROW: gl.constexpr, O_LAYOUT: gl.constexpr, HW_E4M3: gl.constexpr,
+                HW_E2M1: gl.constexpr):
+  """KV tile ``j > 0`` of a consumer whose S_j was issued one tile before (``s_cur``, in flight): issues S_{j+1} and
+  then acc += fq(P_{j-1}) V_{j-1} (with RESIDUALS also acc'), waits for S_j alone, computes its softmax step while
+  both products run, then the rescale (whose wait for the P V products also covers S_{j+1}, issued before them). The
+  last tile issues its own S again (tile ``n_tiles - 1``, never read: every issue has the same group count), without
+  waiting for a copy. Returns ``(m, l, accs, the operands of tile j, S_{j+1} in flight)``."""
+  st = j % STAGES
+  sp = (j - 1) % STAGES
+  nj = gl.minimum(j + 1, n_tiles - 1)
+  sn = nj % STAGES
+  if j + 1 < n_tiles:
+    mbarrier.wait(k_ready.index(sn), (nj // STAGES) & 1)
+  s_tok = warpgroup_mma(q_s, k_bufs.index(sn).permute((1, 0)), s_init, use_acc=False, is_async=True)
+  mbarrier.wait(v_ready.index(sp), ((j - 1) // STAGES) & 1)
+  o_tok = warpgroup_mma(ops[0], v_bufs.index(sp), accs[0], is_async=True)
+  if RESIDUALS:
+    h_tok = warpgroup_mma(ops[1], v_bufs.index(sp), accs[1], is_async=True)
+  s = warpgroup_mma_wait(2 + RESIDUALS, deps=[s_cur])  # S_j done (S_{j+1} and P V may still run)
+  mbarrier.arrive(k_empty.index(st))
+  m, l, alpha, nxt = _softmax_step(s, m, l, qk_scale, O_LAYOUT, HW_E4M3, HW_E2M1, MASKED, CAUSAL, RESIDUALS, ROW,
+                                   row0, j, tk)
+  # As in _tile, a wait for nothing new; the rescale's own wait (for every group) completes S_{j+1} too
+  if RESIDUALS:
+    acc, acc_hp, _, _, p0, p1 = warpgroup_mma_wait(2 + RESIDUALS, deps=[o_tok, h_tok, ops[0], ops[1], nxt[0],
+                                                                         nxt[1]])
+    accs = (rescale(acc, alpha), rescale(acc_hp, alpha))
+    nxt = (p0, p1)
+  else:
+    acc, _, p0 = warpgroup_mma_wait(2, deps=[o_tok, ops[0], nxt[0]])
+    accs = (rescale(acc, alpha),)
+    nxt = (p0,)
+  mbarrier.arrive(v_empty.index(sp))
+  return m, l, accs, nxt, s_tok
+
+
+@gluon.jit
 def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, D_PAD: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, PINGPONG: gl.constexpr, HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr,
-              IS_CAUSAL: gl.constexpr, RESIDUALS: gl.constexpr, ROW: gl.constexpr):
+              IS_CAUSAL: gl.constexpr, RESIDUALS: gl.constexpr, ROW: gl.constexpr, LOOKAHEAD: gl.constexpr):
   """Consumer warpgroup WG: query rows ``[start_m + 64 WG, +64)`` of head ``h``, batch ``b``; walks the
   ``n_tiles`` KV tiles of the ring and stores O (with RESIDUALS also O', and with ROW the row max) and lse of its
   rows, on tiles of D_PAD channels (Q's past HEAD_DIM load as 0, O's are not stored). ``smem``: the shared
@@ -390,29 +435,59 @@ def _consumer(WG: gl.constexpr, smem, scalars, HEAD_DIM: gl.constexpr, D_PAD: gl
   accs = (acc, acc) if RESIDUALS else (acc,)  # O's accumulator, and O''s
   s_init = gl.zeros([WG_ROWS, BLOCK_N], gl.float32, layout=S_LAYOUT)  # not read: use_acc=False
 
-  # Tile 0: S alone (acc is 0: its rescale by alpha = 0 changes nothing).
+  # Tile 0: S alone (acc is 0: its rescale by alpha = 0 changes nothing); with LOOKAHEAD S_1 follows it at once
+  # (tile 0's again where it is the only one, never read).
   mbarrier.wait(k_ready.index(0), 0)
   _take_turn(turns, WG, 0, PINGPONG)
   s_tok = warpgroup_mma(q_s, k_bufs.index(0).permute((1, 0)), s_init, use_acc=False, is_async=True)
   _pass_turn(turns, WG, PINGPONG)
-  s = warpgroup_mma_wait(0, deps=[s_tok])
+  if LOOKAHEAD:
+    n1 = gl.minimum(n_tiles - 1, 1)
+    if n_tiles > 1:
+      mbarrier.wait(k_ready.index(n1 % STAGES), 0)
+    s_ahead = warpgroup_mma(q_s, k_bufs.index(n1 % STAGES).permute((1, 0)), s_init, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(1, deps=[s_tok])
+  else:
+    s = warpgroup_mma_wait(0, deps=[s_tok])
   mbarrier.arrive(k_empty.index(0))
   # Tile 0 masked (the keys past tk when it is the last, the causal mask), then the whole tiles before the first that
   # the mask reaches unmasked, the rest masked: with IS_CAUSAL from the first that holds a key past row0, and the
   # last when tk is not a multiple of BLOCK_N.
   m, l, alpha, ops = _softmax_step(s, m, l, qk_scale, O_LAYOUT, HW_E4M3, HW_E2M1, True, IS_CAUSAL, RESIDUALS, ROW,
                                    row0, 0, tk)
+  if LOOKAHEAD:
+    # S_1 complete before the walks: it may pass to the second loop (or none) without going through the first, and
+    # ptxas serializes every wgmma where a register move reads a product still in flight
+    m = warpgroup_mma_wait(0, deps=[m])
   split = tk // BLOCK_N
   if IS_CAUSAL:
     split = gl.minimum(split, row0 // BLOCK_N)
-  for j in range(1, split):
-    m, l, accs, ops = _tile(j, m, l, accs, ops, q_s, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turns, s_init,
-                            qk_scale, row0, tk, WG, STAGES, PINGPONG, False, IS_CAUSAL, RESIDUALS, ROW, O_LAYOUT,
-                            HW_E4M3, HW_E2M1)
-  for j in range(gl.maximum(split, 1), n_tiles):
-    m, l, accs, ops = _tile(j, m, l, accs, ops, q_s, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turns, s_init,
-                            qk_scale, row0, tk, WG, STAGES, PINGPONG, True, IS_CAUSAL, RESIDUALS, ROW, O_LAYOUT,
-                            HW_E4M3, HW_E2M1)
+  if LOOKAHEAD:
+    # The unmasked walk two tiles an iteration, so that S_{j+1}'s accumulator and P_j's operand alternate between two
+    # sets of registers instead of being copied at the loop's end (an odd last unmasked tile goes to the masked walk,
+    # where its mask hides nothing).
+    pairs = gl.maximum(split - 1, 0) // 2
+    for i in range(0, pairs):
+      j = 1 + 2 * i
+      m, l, accs, ops, s_next = _tile_ahead(j, m, l, accs, ops, s_ahead, q_s, k_bufs, v_bufs, k_ready, v_ready,
+                                            k_empty, v_empty, s_init, qk_scale, row0, tk, n_tiles, STAGES, False,
+                                            IS_CAUSAL, RESIDUALS, ROW, O_LAYOUT, HW_E4M3, HW_E2M1)
+      m, l, accs, ops, s_ahead = _tile_ahead(j + 1, m, l, accs, ops, s_next, q_s, k_bufs, v_bufs, k_ready, v_ready,
+                                             k_empty, v_empty, s_init, qk_scale, row0, tk, n_tiles, STAGES, False,
+                                             IS_CAUSAL, RESIDUALS, ROW, O_LAYOUT, HW_E4M3, HW_E2M1)
+    for j in range(1 + 2 * pairs, n_tiles):
+      m, l, accs, ops, s_ahead = _tile_ahead(j, m, l, accs, ops, s_ahead, q_s, k_bufs, v_bufs, k_ready, v_ready,
+                                             k_empty, v_empty, s_init, qk_scale, row0, tk, n_tiles, STAGES, True,
+                                             IS_CAUSAL, RESIDUALS, ROW, O_LAYOUT, HW_E4M3, HW_E2M1)
+  else:
+    for j in range(1, split):
+      m, l, accs, ops = _tile(j, m, l, accs, ops, q_s, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turns,
+                              s_init, qk_scale, row0, tk, WG, STAGES, PINGPONG, False, IS_CAUSAL, RESIDUALS, ROW,
+                              O_LAYOUT, HW_E4M3, HW_E2M1)
+    for j in range(gl.maximum(split, 1), n_tiles):
+      m, l, accs, ops = _tile(j, m, l, accs, ops, q_s, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turns,
+                              s_init, qk_scale, row0, tk, WG, STAGES, PINGPONG, True, IS_CAUSAL, RESIDUALS, ROW,
+                              O_LAYOUT, HW_E4M3, HW_E2M1)
 
   sp = (n_tiles - 1) % STAGES
   mbarrier.wait(v_ready.index(sp), ((n_tiles - 1) // STAGES) & 1)
@@ -513,7 +588,7 @@ def attention_fwd_ws_kernel(
     HEAD_DIM: gl.constexpr, D_PAD: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, HW_E4M3: gl.constexpr,
     HW_E2M1: gl.constexpr, IS_CAUSAL: gl.constexpr = False, RESIDUALS: gl.constexpr = False,
-    P_ROW_RANGE: gl.constexpr = 0.0):
+    P_ROW_RANGE: gl.constexpr = 0.0, LOOKAHEAD: gl.constexpr = False):
   """O (and lse) of ``64 * CONSUMERS`` query rows of one head per program: grid ``(cdiv(tq, 64 CONSUMERS), B * N)``,
   or ``(B * N, cdiv(tq, 64 CONSUMERS))`` with IS_CAUSAL (heads fastest, longest walks first). Outputs last, as the
   launch plans order arguments.
@@ -538,6 +613,7 @@ def attention_fwd_ws_kernel(
   gl.static_assert(BLOCK_N == 64, "KV tiles of 64 keys")
   gl.static_assert(CONSUMERS >= 1 and CONSUMERS <= 3, "one to three consumer warpgroups")
   gl.static_assert(CONSUMERS == 2 or not PINGPONG, "ping-pong takes two consumers")
+  gl.static_assert(not (LOOKAHEAD and PINGPONG), "the lookahead schedule takes no turns")
   gl.static_assert(STAGES >= 2, "a consumer holds two stages at once (K_j and V_{j-1})")
   gl.static_assert(gl.num_warps() == 4, "the default partition is one consumer warpgroup")
   # Strides are multiples of 16 elements (D % 16 == 0 rows): shown to the compiler for 16-byte accesses.
@@ -585,29 +661,29 @@ def attention_fwd_ws_kernel(
   kv = (k_ptr, v_ptr, n_tiles, tk, b, kvh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh)
   if CONSUMERS == 3:
     gl.warp_specialize([(_consumer, (0, smem, scalars, HEAD_DIM, D_PAD, BLOCK_N, STAGES, PINGPONG, HW_E4M3,
-                                     HW_E2M1, IS_CAUSAL, RESIDUALS, ROW)),
+                                     HW_E2M1, IS_CAUSAL, RESIDUALS, ROW, LOOKAHEAD)),
                         (_consumer, (1, smem, scalars, HEAD_DIM, D_PAD, BLOCK_N, STAGES, PINGPONG, HW_E4M3,
-                                     HW_E2M1, IS_CAUSAL, RESIDUALS, ROW)),
+                                     HW_E2M1, IS_CAUSAL, RESIDUALS, ROW, LOOKAHEAD)),
                         (_consumer, (2, smem, scalars, HEAD_DIM, D_PAD, BLOCK_N, STAGES, PINGPONG, HW_E4M3,
-                                     HW_E2M1, IS_CAUSAL, RESIDUALS, ROW)),
+                                     HW_E2M1, IS_CAUSAL, RESIDUALS, ROW, LOOKAHEAD)),
                         (_producer, (smem, kv, HEAD_DIM, D_PAD, BLOCK_N, STAGES))], [4, 4, 1],
                        [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
   elif CONSUMERS == 2:
     gl.warp_specialize([(_consumer, (0, smem, scalars, HEAD_DIM, D_PAD, BLOCK_N, STAGES, PINGPONG, HW_E4M3,
-                                     HW_E2M1, IS_CAUSAL, RESIDUALS, ROW)),
+                                     HW_E2M1, IS_CAUSAL, RESIDUALS, ROW, LOOKAHEAD)),
                         (_consumer, (1, smem, scalars, HEAD_DIM, D_PAD, BLOCK_N, STAGES, PINGPONG, HW_E4M3,
-                                     HW_E2M1, IS_CAUSAL, RESIDUALS, ROW)),
+                                     HW_E2M1, IS_CAUSAL, RESIDUALS, ROW, LOOKAHEAD)),
                         (_producer, (smem, kv, HEAD_DIM, D_PAD, BLOCK_N, STAGES))], [4, 1],
                        [CONSUMER_REGS, PRODUCER_REGS])
   else:
     gl.warp_specialize([(_consumer, (0, smem, scalars, HEAD_DIM, D_PAD, BLOCK_N, STAGES, PINGPONG, HW_E4M3,
-                                     HW_E2M1, IS_CAUSAL, RESIDUALS, ROW)),
+                                     HW_E2M1, IS_CAUSAL, RESIDUALS, ROW, LOOKAHEAD)),
                         (_producer, (smem, kv, HEAD_DIM, D_PAD, BLOCK_N, STAGES))], [1], [PRODUCER_REGS])
 
 
 def launch_params(head_dim: int, stages: int = 3, consumers: int = 2, pingpong: bool = False,
                   compute_capability=(9, 0), is_causal: bool = False, residuals: bool = False,
-                  p_row_range: float = 0.0) -> dict:
+                  p_row_range: float = 0.0, lookahead: bool = False) -> dict:
   """Constexprs and launch options of :func:`attention_fwd_ws_kernel` (without ``residuals`` o_hp_ptr is None: the
   launch has no O' output; m_ptr is None unless ``residuals`` in row mode, ``p_row_range`` > 0)."""
   maxnreg, consumer_regs = registers(consumers)
@@ -617,5 +693,6 @@ def launch_params(head_dim: int, stages: int = 3, consumers: int = 2, pingpong: 
           "CONSUMERS": consumers, "PINGPONG": bool(pingpong and consumers == 2),
           "CONSUMER_REGS": consumer_regs, "HW_E4M3": flags["HW_E4M3"], "HW_E2M1": flags["HW_E2M1"],
           "IS_CAUSAL": bool(is_causal), "RESIDUALS": bool(residuals), "P_ROW_RANGE": float(p_row_range),
+          "LOOKAHEAD": bool(lookahead),
           **({} if residuals else {"o_hp_ptr": None}), **({} if row_max else {"m_ptr": None}),
           "num_warps": 4, "maxnreg": maxnreg}
