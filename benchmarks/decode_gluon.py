@@ -1,7 +1,7 @@
 """The Gluon decode kernel against the Triton kernel (one GPU, torch): the same outputs, and the time of each.
 
     python benchmarks/decode_gluon.py --out decode_gluon.json [--check-only | --time-only] [--compile-only] [--sweep]
-        [--caps] [--kernels]
+        [--caps] [--kernels [--combine-warps 1,2]]
 
 Check: random packed caches (every code byte, E4M3 scales over 2**-9 .. 2**3, some subnormal) and BF16 queries, GQA,
 ragged lengths, contiguous and paged, causal and not, one split and several, p_scale "block" and "row"; per case the
@@ -11,7 +11,8 @@ bound. Time: the split (and combine) launches of each kernel on full caches, cac
 that no launch finds its cache in the L2; CUDA events around the replay of a CUDA graph of 40 calls, median of 7
 replays; TB/s counts the packed cache bytes read. ``--compile-only`` builds every case's Gluon launch for sm_90
 without a GPU. ``--kernels``: the library's plan (the split kernel it chooses, the combine) at decode.py's shapes, the
-device time per call of each launch under ``torch.profiler`` beside the CUDA graph's time per call.
+device time per call of each launch under ``torch.profiler`` beside the CUDA graph's time per call;
+``--combine-warps`` adds the combine launch's time with other warps a program than the plan's 4.
 """
 
 from __future__ import annotations
@@ -316,9 +317,12 @@ def time_case(b, n, kh, t, d, tq, page, kernels=("triton", *VARIANTS), copies_by
   return row
 
 
-def kernel_times(b, n, kh, t, d, tq, page, copies_bytes=512 << 20, calls=40):
+def kernel_times(b, n, kh, t, d, tq, page, copies_bytes=512 << 20, calls=40, combine_warps=()):
   """Device ms per call of each launch of the library's plan (keys ``split_gluon_ms`` or ``split_ms``, and
-  ``combine_ms``) and the CUDA graph's ms per call (``graph_ms``)."""
+  ``combine_ms``) and the CUDA graph's ms per call (``graph_ms``); for each of ``combine_warps`` the combine
+  launch's device ms with that many warps instead of the plan's (``combine_w<N>_ms``)."""
+  import dataclasses
+
   from jqat.ffi import torch_launch
 
   target, caches, q, lengths, row = _timing_case(b, n, kh, t, d, tq, page, copies_bytes)
@@ -333,6 +337,14 @@ def kernel_times(b, n, kh, t, d, tq, page, copies_bytes=512 << 20, calls=40):
     for launch in plan.launches:
       if launch.kernel.__name__ in kernel:
         row[launch.name.removeprefix("jqat_decode_") + "_ms"] = ms
+  for warps in combine_warps:
+    launches = tuple(dataclasses.replace(la, num_warps=warps) if la.name == "jqat_decode_combine" else la
+                     for la in plan.launches)
+    if launches == plan.launches:  # one split: no combine
+      break
+    other = dataclasses.replace(plan, launches=launches)
+    times = kernel_device_ms(lambda i, other=other: torch_launch.execute(other, sets[i % len(sets)]), calls)
+    row[f"combine_w{warps}_ms"] = next(ms for kernel, ms in times.items() if "decode_combine" in kernel)
   print(json.dumps(row), flush=True)
   return row
 
@@ -347,6 +359,8 @@ def main():
   ap.add_argument("--sweep", action="store_true", help="time the variants and split counts of SWEEP only")
   ap.add_argument("--caps", action="store_true", help="time the register caps of CAPS only")
   ap.add_argument("--kernels", action="store_true", help="device time of each launch at KERNEL_ROWS only")
+  ap.add_argument("--combine-warps", default="",
+                  help="with --kernels: also the combine launch with these warps a program (comma-separated)")
   ap.add_argument("--variants", default="gluon", help="the Gluon variants the check compares, comma-separated")
   args = ap.parse_args()
   if args.compile_only:
@@ -357,7 +371,7 @@ def main():
   if args.kernels:
     rows = []
     for case in KERNEL_ROWS:  # the file after every row: a run cut short keeps what it measured
-      rows.append(kernel_times(*case))
+      rows.append(kernel_times(*case, combine_warps=[int(w) for w in args.combine_warps.split(",") if w]))
       with open(args.out, "w") as f:
         json.dump({"benchmark": "decode_gluon --kernels", "date": time.strftime("%Y-%m-%d"),
                    "device": torch.cuda.get_device_name(), "kernels": rows}, f, indent=1)

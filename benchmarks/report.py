@@ -246,7 +246,11 @@ def decode_gluon(d):
                   + [_fixed(r[f"{v}_tbps"], 2) for v in variants])
     lines += ([""] if lines else []) + _table(header, rows)
   if d.get("kernels"):  # --kernels: device time of each launch of the library's plan
-    header = ["B, N, K, T, D", "Tq", "splits", "split kernel", "split", "combine", "graph per call", "combine share"]
+    # --combine-warps: the combine launch with other warps a program, a column each
+    warps = sorted({int(k[len("combine_w"):-len("_ms")]) for r in d["kernels"] for k in r
+                    if k.startswith("combine_w")})
+    header = (["B, N, K, T, D", "Tq", "splits", "split kernel", "split", "combine", "graph per call", "combine share"]
+              + [f"combine, {w} warp{'s' * (w > 1)}" for w in warps])
     rows = []
     for r in d["kernels"]:
       gluon = "split_gluon_ms" in r
@@ -254,7 +258,8 @@ def decode_gluon(d):
       combine = r.get("combine_ms")
       rows.append([f"{r['B']}, {r['N']}, {r['K']}, {r['T']}, {r['D']}", r["Tq"], r["splits"],
                    "Gluon" if gluon else "Triton", _num(split), _num(combine), _num(r["graph_ms"]),
-                   "-" if combine is None else f"{100 * combine / r['graph_ms']:.0f}%"])
+                   "-" if combine is None else f"{100 * combine / r['graph_ms']:.0f}%"]
+                  + [_num(r.get(f"combine_w{w}_ms")) for w in warps])
     lines += ([""] if lines else []) + _table(header, rows)
   return lines
 
