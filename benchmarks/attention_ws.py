@@ -18,9 +18,9 @@ and the bound is relative to the Triton kernel's own distance. The quantized inp
 against the oracle's fq. The variants of FULL_CHECKS (the plan's, and the lookahead build ``ws_c2_ahead``) that are
 among those checked also run the training forward at D = 96 and 128 (``<variant>_residuals``: O, O' and lse, and in
 row mode the row max), whose outputs must equal the Triton training forward's element for element, and the row-mode
-cases (no oracle of row mode here: O alone is compared
-element for element with the Triton O-alone forward's). The Triton kernels are reached through the plans with
-``JQAT_ATTN_FWD_KERNEL=triton`` (set here): the new kernel is launched directly.
+cases (no oracle of row mode here: O alone is compared element for element with the Triton O-alone forward's). The
+Triton kernels are reached through the plans with ``JQAT_ATTN_FWD_KERNEL=triton`` (set here): the new kernel is
+launched directly.
 
 Time: CUDA events around 20 back-to-back calls, median of 5 (benchmarks/_timing.py), at the shapes of TIMES
 (``--time-rows`` picks some): the new kernel's variants (consumer warpgroups, ping-pong, stages, the lookahead),
