@@ -311,6 +311,40 @@ def _pass_turn(turns, WG: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
+def _pv_products(accs, ops, v_bufs, sp, RESIDUALS: gl.constexpr):
+  """Issues acc += fq(P) V (with RESIDUALS also acc' += bf16(P) V) on the V tile in stage ``sp``, asynchronously: the
+  tokens of the products, ``(acc,)`` or ``(acc, acc')`` in flight."""
+  toks = (warpgroup_mma(ops[0], v_bufs.index(sp), accs[0], is_async=True),)
+  if RESIDUALS:
+    toks = (toks[0], warpgroup_mma(ops[1], v_bufs.index(sp), accs[1], is_async=True))
+  return toks
+
+
+@gluon.jit
+def _softmax_and_rescale(s, m, l, ops, toks, v_empty, sp, qk_scale, row0, j, tk, PENDING: gl.constexpr,
+                         MASKED: gl.constexpr, CAUSAL: gl.constexpr, RESIDUALS: gl.constexpr, ROW: gl.constexpr,
+                         O_LAYOUT: gl.constexpr, HW_E4M3: gl.constexpr, HW_E2M1: gl.constexpr):
+  """The rest of KV tile ``j`` once its S is done: the softmax step (:func:`_softmax_step`) while the P V products
+  ``toks`` (:func:`_pv_products`) run, ``PENDING`` wgmma groups being in flight, then the rescale of their
+  accumulators, and the release of their V buffer (stage ``sp``). Returns ``(m, l, accs, the operands of
+  tile j)``."""
+  m, l, alpha, nxt = _softmax_step(s, m, l, qk_scale, O_LAYOUT, HW_E4M3, HW_E2M1, MASKED, CAUSAL, RESIDUALS, ROW,
+                                   row0, j, tk)
+  # A wait for nothing new (PENDING: the groups in flight): it hands out the accumulators' registers, and orders the
+  # next operands before the rescale, which waits for the products itself
+  if RESIDUALS:
+    acc, acc_hp, _, _, p0, p1 = warpgroup_mma_wait(PENDING, deps=[toks[0], toks[1], ops[0], ops[1], nxt[0], nxt[1]])
+    accs = (rescale(acc, alpha), rescale(acc_hp, alpha))
+    nxt = (p0, p1)
+  else:
+    acc, _, p0 = warpgroup_mma_wait(PENDING, deps=[toks[0], ops[0], nxt[0]])
+    accs = (rescale(acc, alpha),)
+    nxt = (p0,)
+  mbarrier.arrive(v_empty.index(sp))
+  return m, l, accs, nxt
+
+
+@gluon.jit
 def _tile(j, m, l, accs, ops, q_s, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, turns, s_init, qk_scale, row0,
           tk, WG: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, MASKED: gl.constexpr,
           CAUSAL: gl.constexpr, RESIDUALS: gl.constexpr, ROW: gl.constexpr, O_LAYOUT: gl.constexpr,
@@ -325,26 +359,12 @@ def _tile(j, m, l, accs, ops, q_s, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_
   mbarrier.wait(v_ready.index(sp), ((j - 1) // STAGES) & 1)
   _take_turn(turns, WG, j, PINGPONG)
   s_tok = warpgroup_mma(q_s, k_bufs.index(st).permute((1, 0)), s_init, use_acc=False, is_async=True)
-  o_tok = warpgroup_mma(ops[0], v_bufs.index(sp), accs[0], is_async=True)
-  if RESIDUALS:
-    h_tok = warpgroup_mma(ops[1], v_bufs.index(sp), accs[1], is_async=True)
+  toks = _pv_products(accs, ops, v_bufs, sp, RESIDUALS)
   _pass_turn(turns, WG, PINGPONG)
   s = warpgroup_mma_wait(1 + RESIDUALS, deps=[s_tok])  # S_j done (P V may still run)
   mbarrier.arrive(k_empty.index(st))
-  m, l, alpha, nxt = _softmax_step(s, m, l, qk_scale, O_LAYOUT, HW_E4M3, HW_E2M1, MASKED, CAUSAL, RESIDUALS, ROW,
-                                   row0, j, tk)
-  # A wait for nothing new (the P V products are the ones in flight): it hands out the accumulators' registers, and
-  # orders the next operands before the rescale, which waits for the products itself
-  if RESIDUALS:
-    acc, acc_hp, _, _, p0, p1 = warpgroup_mma_wait(2, deps=[o_tok, h_tok, ops[0], ops[1], nxt[0], nxt[1]])
-    accs = (rescale(acc, alpha), rescale(acc_hp, alpha))
-    nxt = (p0, p1)
-  else:
-    acc, _, p0 = warpgroup_mma_wait(1, deps=[o_tok, ops[0], nxt[0]])
-    accs = (rescale(acc, alpha),)
-    nxt = (p0,)
-  mbarrier.arrive(v_empty.index(sp))
-  return m, l, accs, nxt
+  return _softmax_and_rescale(s, m, l, ops, toks, v_empty, sp, qk_scale, row0, j, tk, 1 + RESIDUALS, MASKED,
+                              CAUSAL, RESIDUALS, ROW, O_LAYOUT, HW_E4M3, HW_E2M1)
 
 
 @gluon.jit
@@ -365,24 +385,12 @@ def _tile_ahead(j, m, l, accs, ops, s_cur, q_s, k_bufs, v_bufs, k_ready, v_ready
     mbarrier.wait(k_ready.index(sn), (nj // STAGES) & 1)
   s_tok = warpgroup_mma(q_s, k_bufs.index(sn).permute((1, 0)), s_init, use_acc=False, is_async=True)
   mbarrier.wait(v_ready.index(sp), ((j - 1) // STAGES) & 1)
-  o_tok = warpgroup_mma(ops[0], v_bufs.index(sp), accs[0], is_async=True)
-  if RESIDUALS:
-    h_tok = warpgroup_mma(ops[1], v_bufs.index(sp), accs[1], is_async=True)
+  toks = _pv_products(accs, ops, v_bufs, sp, RESIDUALS)
   s = warpgroup_mma_wait(2 + RESIDUALS, deps=[s_cur])  # S_j done (S_{j+1} and P V may still run)
   mbarrier.arrive(k_empty.index(st))
-  m, l, alpha, nxt = _softmax_step(s, m, l, qk_scale, O_LAYOUT, HW_E4M3, HW_E2M1, MASKED, CAUSAL, RESIDUALS, ROW,
-                                   row0, j, tk)
-  # As in _tile, a wait for nothing new; the rescale's own wait (for every group) completes S_{j+1} too
-  if RESIDUALS:
-    acc, acc_hp, _, _, p0, p1 = warpgroup_mma_wait(2 + RESIDUALS, deps=[o_tok, h_tok, ops[0], ops[1], nxt[0],
-                                                                         nxt[1]])
-    accs = (rescale(acc, alpha), rescale(acc_hp, alpha))
-    nxt = (p0, p1)
-  else:
-    acc, _, p0 = warpgroup_mma_wait(2, deps=[o_tok, ops[0], nxt[0]])
-    accs = (rescale(acc, alpha),)
-    nxt = (p0,)
-  mbarrier.arrive(v_empty.index(sp))
+  # The rescale's own wait (for every group) completes S_{j+1} too
+  m, l, accs, nxt = _softmax_and_rescale(s, m, l, ops, toks, v_empty, sp, qk_scale, row0, j, tk, 2 + RESIDUALS,
+                                         MASKED, CAUSAL, RESIDUALS, ROW, O_LAYOUT, HW_E4M3, HW_E2M1)
   return m, l, accs, nxt, s_tok
 
 
